@@ -1,0 +1,38 @@
+"""All-reduce (centralized) baseline.
+
+Every replica takes its local optimizer step, then parameters are averaged exactly over all n
+replicas: x_i ← (1/n) Σ_j x_j. With plain SGD this is mini-batch SGD on the union of the local
+batches. Reference: ALGORITHMS.md §3.1 (``algorithms.py::allreduce`` of epfml/relaysgd).
+
+Hyperparameters: those of the local optimizer (`core.algorithms.optim.SGDConfig`).
+Invariant: after every step all rows of ``x`` are equal.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from core.algorithms.optim import LocalSGD
+
+
+@ALGORITHMS.register("allreduce")
+class AllReduce(Algorithm):
+    name: ClassVar[str] = "allreduce"
+    uses_gossip: ClassVar[bool] = False
+
+    def __init__(self, optimizer: LocalSGD) -> None:
+        self.optimizer = optimizer
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
+        self.optimizer.step(x, grad, ctx.lr)
+        x.copy_(ctx.comm.allreduce_mean(x))
+        return StepReport(exact_average=True)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.optimizer.load_state_dict(state)

@@ -1,0 +1,40 @@
+"""D-SGD (D-PSGD, Lian et al. 2017) in the "local step, then gossip" form used by Consensus Control
+(Kong et al., ICML 2021) and RelaySGD:
+
+    x_i^{t+½} = x_i^t − η · d_i^t        (local SGD step; local Nesterov momentum, weight decay)
+    x_i^{t+1} = Σ_j w_ij x_j^{t+½}       (one or more gossip rounds with the phase's W)
+
+Each replica keeps its own momentum buffer; it is not gossiped. In an "exact" phase of the plan
+the gossip is replaced by exact averaging (dec-phase-k experiments), and in a controlled phase the
+gossip is repeated until the consensus statistic meets its target (`core.control`).
+
+Hyperparameters: lr η > 0 (from the schedule), momentum μ ∈ [0, 1), weight decay ≥ 0.
+Invariants: W symmetric and doubly stochastic, so gossip preserves the mean x̄ exactly.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, communicate
+from core.algorithms.optim import LocalSGD
+
+
+@ALGORITHMS.register("dsgd")
+class DSGD(Algorithm):
+    name: ClassVar[str] = "dsgd"
+
+    def __init__(self, optimizer: LocalSGD) -> None:
+        self.optimizer = optimizer
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
+        self.optimizer.step(x, grad, ctx.lr)
+        return communicate(x, ctx)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.optimizer.load_state_dict(state)

@@ -1,0 +1,105 @@
+"""The communication interface every algorithm is written against ("one algorithm, two engines").
+
+Tensors passed here have a leading dimension of *the replicas this process holds*, k:
+
+* in the vectorized engine k = n (all replicas, one process) and communication is in-memory
+  linear algebra (`sim.vectorized.VectorizedComm`);
+* in a peer process k = 1 and the same calls go over gRPC (`peer` package).
+
+Row ``r`` of a local tensor belongs to the global replica ``comm.ranks[r]``. Mixing matrices are
+always the *global* n×n matrices from `core.topology`; each backend only uses the rows of its
+local replicas. Weights are float64 numpy arrays (the topology code is torch-free); tensors stay
+in the dtype/device they come in.
+
+A gossip round never raises because a neighbour is slow, dead or sends garbage: it returns a
+`MixOutcome` saying who answered and what weight was renormalised, and the mix uses what arrived.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+Edge = tuple[int, int]
+"""A directed edge (src, dst) between global replica ids."""
+
+
+@dataclass
+class CommCounters:
+    """Traffic accounting, cumulative over the life of a `Comm` (all local replicas together)."""
+
+    bytes_raw: int = 0  # payload bytes before compression (dtype size × elements)
+    bytes_wire: int = 0  # bytes actually put on the wire (after the codec)
+    messages: int = 0  # tensors sent (one per directed edge per round)
+    rounds: int = 0  # gossip rounds / exchanges performed
+
+    def add(self, *, raw: int, wire: int, messages: int) -> None:
+        self.bytes_raw += raw
+        self.bytes_wire += wire
+        self.messages += messages
+
+
+@dataclass
+class MixOutcome:
+    """What happened in one gossip round, per local replica (row)."""
+
+    answered: list[list[int]] = field(default_factory=list)  # neighbours whose tensor arrived
+    missing: list[list[int]] = field(default_factory=list)  # late or dead neighbours
+    rejected: list[list[tuple[int, str]]] = field(default_factory=list)  # (neighbour, reason)
+
+    @property
+    def complete(self) -> bool:
+        return not any(self.missing) and not any(self.rejected)
+
+
+@dataclass
+class MixResult:
+    x: torch.Tensor  # [k, d] mixed rows: x_i' = Σ_j w_ij x_j (renormalised over what arrived)
+    outcome: MixOutcome
+
+
+class Comm(ABC):
+    """Abstract transport seen by `core` algorithms."""
+
+    counters: CommCounters
+
+    @property
+    @abstractmethod
+    def world_size(self) -> int:
+        """n, the number of replicas in the whole run."""
+
+    @property
+    @abstractmethod
+    def ranks(self) -> Sequence[int]:
+        """Global ids of the k local replicas, in row order."""
+
+    @abstractmethod
+    def mix(self, x: torch.Tensor, W: np.ndarray) -> MixResult:
+        """One gossip round with the global mixing matrix ``W`` (n×n, float64).
+
+        Returns rows ``Σ_j W[i, j] x_j`` for every local replica i. ``x`` is not modified.
+        """
+
+    @abstractmethod
+    def allreduce_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """Exact average over all n replicas, returned for every local row ([k, d])."""
+
+    @abstractmethod
+    def exchange(
+        self, outgoing: Mapping[Edge, torch.Tensor], incoming: Sequence[Edge]
+    ) -> dict[Edge, torch.Tensor]:
+        """Per-edge messages (RelaySGD, CHOCO, push-sum).
+
+        ``outgoing`` maps every directed edge (src, dst) with a local ``src`` to a 1-D tensor;
+        ``incoming`` lists the edges with a local ``dst`` whose message this call must return.
+        Edges whose message did not arrive are absent from the result.
+        """
+
+    def mean_scalar(self, values: torch.Tensor) -> float:
+        """Mean over all n replicas of one scalar per local replica ([k] → float)."""
+        v = values.detach().reshape(-1, 1).to(torch.float64)
+        return float(self.allreduce_mean(v)[0, 0])

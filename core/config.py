@@ -1,0 +1,469 @@
+"""Run configuration: one frozen, validated object built from defaults → TOML file → ``CONCORD_*``
+environment → command-line ``--set key=value`` overrides.
+
+Validation reports *every* problem at once, each with its dotted key, so a user fixes a config in
+one go. This module is torch-free: the orchestrator validates the same config.
+
+Names accepted here (algorithms, datasets, models, partitions, topologies) are the public names of
+the registries in `core`; ``tests/core/test_config.py`` checks both lists agree.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from core.topology import TOPOLOGY_NAMES
+
+ALGORITHM_NAMES: tuple[str, ...] = ("allreduce", "dsgd")
+DATASET_NAMES: tuple[str, ...] = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
+MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn1d", "cnn", "resnet20")
+PARTITION_NAMES: tuple[str, ...] = ("iid", "dirichlet", "sorted", "shards")
+ENGINE_NAMES: tuple[str, ...] = ("vectorized", "processes")
+PLAN_PRESETS = "'gossip', 'exact', 'dec-phase-K', or a list of per-phase modes"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; ``problems`` holds (dotted key, message) pairs, all of them."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = [f"  - {key or '<root>'}: {msg}" for key, msg in self.problems]
+        super().__init__(f"{len(self.problems)} config problem(s){where}:\n" + "\n".join(lines))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _user_callable(name: str) -> bool:
+    module, sep, attr = name.partition(":")
+    return bool(sep and module and attr)
+
+
+class DatasetConfig(_Section):
+    name: str = "mnist1d"
+    samples: int | None = Field(default=None, gt=0, description="generated datasets: total samples")
+    root: str | None = Field(default=None, description="directory of on-disk datasets (cifar10)")
+    test_samples: int | None = Field(
+        default=None, gt=0, description="evaluate on at most this many"
+    )
+    augment: bool = False
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in DATASET_NAMES:
+            raise ValueError(_unknown("dataset", v, DATASET_NAMES))
+        return v
+
+
+class PartitionConfig(_Section):
+    scheme: str = "iid"
+    alpha: float = Field(default=1.0, gt=0, description="Dirichlet concentration")
+    shuffled_fraction: float = Field(default=0.0, ge=0, le=1, description="'sorted' scheme")
+    shards_per_peer: int = Field(default=2, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict, description="passed to user code")
+
+    @field_validator("scheme")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in PARTITION_NAMES and not _user_callable(v):
+            raise ValueError(_unknown("partition scheme", v, PARTITION_NAMES, "module:callable"))
+        return v
+
+
+class ModelConfig(_Section):
+    name: str = "cnn1d"
+    width: int | None = Field(default=None, gt=0)
+    norm: Literal["bn", "gn"] | None = None
+    hidden: list[int] | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in MODEL_NAMES and not _user_callable(v):
+            raise ValueError(_unknown("model", v, MODEL_NAMES, "module:callable"))
+        return v
+
+    def build_options(self) -> dict[str, Any]:
+        opts = dict(self.options)
+        for key in ("width", "norm", "hidden"):
+            value = getattr(self, key)
+            if value is not None:
+                opts[key] = value
+        return opts
+
+
+class OptimConfig(_Section):
+    lr: float = Field(default=0.1, gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    nesterov: bool = True
+    weight_decay: float = Field(default=1e-4, ge=0)
+    batch_size: int = Field(default=16, ge=1, description="local (per-peer) batch size")
+    warmup: float = Field(default=0.05, ge=0, lt=1, description="fraction of training")
+    warmup_from: float = Field(default=0.0, ge=0, le=1, description="warm-up starts at this × lr")
+    milestones: list[float] = Field(default_factory=lambda: [0.5, 0.75])
+    gamma: float = Field(default=0.1, gt=0, le=1)
+
+    @field_validator("milestones")
+    @classmethod
+    def _increasing(cls, v: list[float]) -> list[float]:
+        if any(not 0 < m < 1 for m in v):
+            raise ValueError(f"milestones are fractions of training in (0, 1); got {v}")
+        if any(b <= a for a, b in itertools.pairwise(v)):
+            raise ValueError(f"milestones must be strictly increasing; got {v}")
+        return v
+
+
+class ControlSection(_Section):
+    """Consensus control. The default (adaptive control of phase 1, Kong et al.'s practical
+    guideline) applies to gossip algorithms only; it is silently inert for all-reduce and for
+    exact-averaging phases. A ``mode`` set explicitly is checked against the plan."""
+
+    mode: Literal["none", "constant", "adaptive"] = "adaptive"
+    factor: float = Field(default=1.0, gt=0)
+    phases: list[int] = Field(default_factory=lambda: [1], description="controlled phases, 1-based")
+    max_rounds: int = Field(default=20, ge=1)
+    lagged: bool = False
+    ema: float = Field(default=0.9, ge=0, lt=1)
+    statistic: Literal["theta", "xi"] = "theta"
+
+
+class EvalConfig(_Section):
+    every: float = Field(default=1.0, gt=0, description="evaluate every this many epochs")
+    peers: bool = True
+
+
+class RunConfig(_Section):
+    """Everything a run needs. Top-level keys mirror the paper's experimental knobs."""
+
+    name: str | None = None
+    peers: int = Field(default=8, ge=1, le=4096)
+    topology: str = "ring"
+    weights: Literal["metropolis", "uniform", "pairwise"] | None = None
+    kappa: float = Field(default=1.0, gt=0, le=1)
+    algorithm: str = "dsgd"
+    plan: str | list[Literal["exact", "gossip"]] = "gossip"
+    phase_topologies: list[str | None] | None = None
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    control: ControlSection = Field(default_factory=ControlSection)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    epochs: float = Field(default=30.0, gt=0)
+    seed: int = Field(default=0, ge=0)
+    engine: Literal["vectorized", "processes"] = "vectorized"
+    device: str = "auto"
+    threads: int | None = Field(default=None, ge=1)
+
+    @field_validator("dataset", "model", mode="before")
+    @classmethod
+    def _name_shorthand(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v
+
+    @field_validator("partition", mode="before")
+    @classmethod
+    def _scheme_shorthand(cls, v: Any) -> Any:
+        return {"scheme": v} if isinstance(v, str) else v
+
+    @field_validator("topology")
+    @classmethod
+    def _topology(cls, v: str) -> str:
+        return _check_topology(v)
+
+    @field_validator("phase_topologies")
+    @classmethod
+    def _phase_topologies(cls, v: list[str | None] | None) -> list[str | None] | None:
+        if v is not None:
+            for t in v:
+                if t is not None:
+                    _check_topology(t)
+        return v
+
+    @field_validator("algorithm")
+    @classmethod
+    def _algorithm(cls, v: str) -> str:
+        if v not in ALGORITHM_NAMES:
+            raise ValueError(_unknown("algorithm", v, ALGORITHM_NAMES))
+        return v
+
+    @field_validator("plan")
+    @classmethod
+    def _plan(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, str) and v not in ("gossip", "exact"):
+            rest = v.removeprefix("dec-phase-")
+            if rest == v or not rest.isdigit() or int(rest) < 1:
+                raise ValueError(f"unknown plan {v!r}; valid: {PLAN_PRESETS}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()):
+            return v
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N'; got {v!r}")
+
+    @model_validator(mode="after")
+    def _cross(self) -> RunConfig:
+        problems: list[str] = []
+        n_phases = len(self.optim.milestones) + 1
+        modes = self.phase_modes()
+        if isinstance(self.plan, list) and len(self.plan) != n_phases:
+            problems.append(
+                f"plan lists {len(self.plan)} phase modes but optim.milestones make "
+                f"{n_phases} phases"
+            )
+        if isinstance(self.plan, str) and self.plan.startswith("dec-phase-"):
+            k = int(self.plan.removeprefix("dec-phase-"))
+            if k > n_phases:
+                problems.append(f"plan {self.plan!r}: there are only {n_phases} phases")
+        if self.phase_topologies is not None and len(self.phase_topologies) != n_phases:
+            problems.append(
+                f"phase_topologies lists {len(self.phase_topologies)} entries for {n_phases} phases"
+            )
+        if self.control.mode != "none" and "mode" in self.control.model_fields_set:
+            for k in self.control.phases:
+                if not 1 <= k <= n_phases:
+                    problems.append(f"control.phases: phase {k} does not exist (1..{n_phases})")
+                elif modes[k - 1] == "exact":
+                    problems.append(
+                        f"control.phases: phase {k} uses exact averaging under plan "
+                        f"{self.plan!r}; consensus control needs a gossip phase"
+                    )
+            if self.algorithm == "allreduce":
+                problems.append("control.mode: all-reduce has no consensus distance to control")
+            if self.control.statistic == "xi" and self.engine == "processes":
+                problems.append(
+                    "control.statistic 'xi' (exact consensus distance) is only known in the "
+                    "vectorized engine; real peers control on the estimator 'theta'"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def phase_modes(self) -> list[str]:
+        n_phases = len(self.optim.milestones) + 1
+        if isinstance(self.plan, list):
+            return [str(m) for m in self.plan] + ["gossip"] * max(0, n_phases - len(self.plan))
+        if self.plan in ("gossip", "exact"):
+            return [self.plan] * n_phases
+        k = int(self.plan.removeprefix("dec-phase-"))
+        return ["gossip" if i + 1 == k else "exact" for i in range(n_phases)]
+
+    def plan_label(self) -> str:
+        return self.plan if isinstance(self.plan, str) else ",".join(self.plan)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, resolved (for config.toml and manifests)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def explicit_dict(self) -> dict[str, Any]:
+        """Only the fields that were set explicitly (defaults stay defaults when re-validated)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def controlled_phases(self) -> list[int]:
+        """Phases under consensus control: listed in control.phases, gossip, gossip algorithm."""
+        if self.control.mode == "none" or self.algorithm == "allreduce":
+            return []
+        modes = self.phase_modes()
+        return [k for k in self.control.phases if 1 <= k <= len(modes) and modes[k - 1] == "gossip"]
+
+
+def _check_topology(v: str) -> str:
+    if v.startswith("file:"):
+        path = Path(v.removeprefix("file:"))
+        if not path.is_file():
+            raise ValueError(f"topology edge-list file {str(path)!r} does not exist")
+        return v
+    if v not in TOPOLOGY_NAMES:
+        raise ValueError(_unknown("topology", v, TOPOLOGY_NAMES, "file:PATH"))
+    return v
+
+
+def _unknown(kind: str, value: str, names: Sequence[str], *extra: str) -> str:
+    close = difflib.get_close_matches(value, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown {kind} {value!r}{hint}; valid: {', '.join([*names, *extra])}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a config from layers
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override value as a TOML literal (``0.5``, ``true``, ``[1, 2]``, ``"x"``), else
+    take it as a bare string (``ring``)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    problems = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(
+                (item, "an override must look like key=value (e.g. control.factor=0.5)")
+            )
+            continue
+        out[key] = parse_value(value.strip())
+    if problems:
+        raise ConfigError(problems, "--set")
+    return out
+
+
+def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``CONCORD_PEERS=16`` → {"peers": 16}; ``CONCORD_CONTROL__FACTOR=0.5`` → {"control.factor":
+    0.5}.
+
+    Only the variables naming a config key are taken (others, like CONCORD_CACHE, are not config).
+    """
+    environ = os.environ if environ is None else environ
+    fields = set(RunConfig.model_fields)
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith("CONCORD_"):
+            continue
+        key = name.removeprefix("CONCORD_").lower().replace("__", ".")
+        if key.split(".")[0] in fields:
+            out[key] = parse_value(value)
+    return out
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if isinstance(child, str) and part in ("dataset", "model"):
+            child = {"name": child}
+        elif isinstance(child, str) and part == "partition":
+            child = {"scheme": child}
+        elif not isinstance(child, dict):
+            child = {}
+        node[part] = child = dict(child)
+        node = child
+    node[parts[-1]] = value
+
+
+def build_config(
+    data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None, source: str | None = None
+) -> RunConfig:
+    tree: dict[str, Any] = dict(data)
+    for key, value in (overrides or {}).items():
+        _set_dotted(tree, key, value)
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_problems(exc), source) from None
+
+
+def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            parent = _section_fields(loc[:-1])
+            close = difflib.get_close_matches(loc[-1], parent, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            msg = f"unknown key{hint} (valid here: {', '.join(parent)})"
+        elif "input" in err and err["type"] not in ("value_error",):
+            msg = f"{msg} (got {err['input']!r})"
+        problems.append((".".join(loc), msg))
+    return problems
+
+
+def _section_fields(loc: Sequence[str]) -> list[str]:
+    model: type[BaseModel] = RunConfig
+    for part in loc:
+        field = model.model_fields.get(part)
+        ann = field.annotation if field else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return []
+    return list(model.model_fields)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """defaults → TOML file → ``CONCORD_*`` environment → ``--set`` overrides."""
+    data: dict[str, Any] = {}
+    source = None
+    if path is not None:
+        source = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError([("", f"config file {source!r} does not exist")], source)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError([("", f"not valid TOML: {exc}")], source) from None
+    merged = env_overrides(environ)
+    merged.update(parse_overrides(overrides))
+    return build_config(data, merged, source)
+
+
+def apply_overrides(cfg: RunConfig, overrides: Mapping[str, Any]) -> RunConfig:
+    """A copy of ``cfg`` with dotted-key overrides applied and everything re-validated."""
+    return build_config(cfg.explicit_dict(), overrides)
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """Serialise a resolved config to TOML (tables after scalars), readable by `load_config`."""
+    return _toml_table(cfg.to_dict(), [])
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else _toml_value(k)
+
+
+def _toml_table(d: Mapping[str, Any], path: list[str]) -> str:
+    lines = []
+    tables = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k != "options":
+            tables.append((k, v))
+            continue
+        lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+    out = "\n".join(lines)
+    for k, v in tables:
+        header = ".".join([*path, k])
+        out += f"\n\n[{header}]\n" + _toml_table(v, [*path, k])
+    return out.strip() + "\n"

@@ -1,0 +1,118 @@
+"""Consensus distance Ξ and its locally computable estimator Θ (Kong et al., ICML 2021).
+
+Definitions (Kong, Lin, Koloskova, Jaggi, Stich, "Consensus Control for Decentralized Deep
+Learning", ICML 2021, §3 and Appendix A; see ``ALGORITHMS.md`` §1 and §4.3):
+
+* **Consensus distance** of n replicas stacked as rows of ``X`` ([n, d]):
+  Ξ² = (1/n) Σ_i ‖x_i − x̄‖² = (1/n)‖X − X̄‖_F², i.e. the sum over coordinates of the
+  *population* variance across replicas (as in ``epfml/topology-in-decentralized-learning``).
+* **Local statistic** after one gossip round x_i ← Σ_j w_ij x_j: θ_i = ‖x_i(after) − x_i(before)‖²
+  (the paper's ‖Σ_j w_ij x_j − x_i‖²). Every node has it locally; only the scalar needs an
+  all-reduce.
+* **Estimator** Θ = sqrt((1/n) Σ_i θ_i). For a symmetric doubly stochastic W with eigenvalues
+  1 = λ_1 ≥ λ_2 ≥ … ≥ λ_n > −1 (with X taken *before* the round):
+  (1 − λ_2)² Ξ² ≤ Θ² ≤ (1 − λ_n)² Ξ² ≤ 4 Ξ², hence Ξ ≤ Θ / (1 − λ_2) ≤ (2/p) Θ with the
+  mixing parameter p = 1 − max(|λ_2|, |λ_n|)² (the paper's Lemma A.1 constant).
+  The lower bound is attained by low-frequency (smooth) disagreement, which is what D-SGD
+  produces, so Θ can under-state Ξ by up to 1/(1 − λ_2) on sparse graphs: calibrate targets on
+  the same statistic the controller is fed (see `core.control.Calibration`).
+
+All reductions are done in float64 whatever the input dtype, so that float32 training does not
+lose the (small) differences between replicas; results are returned as Python floats or float64
+tensors on the input's device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["consensus_distance", "grad_norms", "local_theta", "theta"]
+
+
+def _rows(X: Tensor, name: str) -> Tensor:
+    """View ``X`` ([k, ...]) as float64 [k, d]; reject tensors without a replica dimension."""
+    if not isinstance(X, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape [k, d], got {type(X).__name__}")
+    if X.dim() < 2:
+        raise ValueError(
+            f"{name} must have shape [k, d] (replicas × parameters), got shape {tuple(X.shape)}"
+        )
+    if X.shape[0] < 1:
+        raise ValueError(f"{name} must hold at least one replica, got shape {tuple(X.shape)}")
+    if not X.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {X.dtype}")
+    return X.reshape(X.shape[0], -1).to(torch.float64)
+
+
+def consensus_distance(X: Tensor) -> float:
+    """Exact consensus distance Ξ of the replicas in ``X``.
+
+    Args:
+        X: [n, d] tensor, row i = flattened parameters of replica i (trailing dims beyond the
+            second are flattened). Any floating dtype; computed in float64.
+
+    Returns:
+        Ξ = sqrt((1/n) ‖X − X̄‖_F²) ≥ 0; exactly 0.0 when n = 1 or all rows are equal.
+    """
+    Xd = _rows(X, "X")
+    dev = Xd - Xd.mean(dim=0, keepdim=True)
+    return math.sqrt(float(dev.square().sum()) / Xd.shape[0])
+
+
+def local_theta(x_before: Tensor, x_after: Tensor) -> Tensor:
+    """Per-replica statistic θ_i = ‖x_i(after round) − x_i(before round)‖².
+
+    Args:
+        x_before: [k, d] local replicas before one gossip round.
+        x_after: [k, d] the same replicas after that round (same shape).
+
+    Returns:
+        [k] float64 tensor of θ_i ≥ 0, on the inputs' device.
+    """
+    before = _rows(x_before, "x_before")
+    after = _rows(x_after, "x_after")
+    if before.shape != after.shape:
+        raise ValueError(
+            f"x_before and x_after must have the same shape, got {tuple(x_before.shape)} "
+            f"and {tuple(x_after.shape)}"
+        )
+    return (after - before).square().sum(dim=1)
+
+
+def theta(thetas: Tensor | Sequence[float]) -> float:
+    """Estimator Θ = sqrt(mean_i θ_i) from the n local statistics of one round.
+
+    Args:
+        thetas: the θ_i of *all* n replicas (a [n] tensor or a sequence of floats), each ≥ 0
+            and finite — in a distributed run this is the result of a scalar all-reduce.
+
+    Returns:
+        Θ ≥ 0 (Θ² = (1/n) Σ_i θ_i).
+    """
+    if isinstance(thetas, Tensor):
+        values = [float(v) for v in thetas.detach().reshape(-1).to(torch.float64).cpu()]
+    else:
+        values = [float(v) for v in thetas]
+    if not values:
+        raise ValueError("thetas must hold one θ_i per replica, got an empty sequence")
+    for i, v in enumerate(values):
+        if not math.isfinite(v) or v < 0.0:
+            raise ValueError(f"thetas[{i}] = {v!r}; each θ_i must be a finite number ≥ 0")
+    return math.sqrt(math.fsum(values) / len(values))
+
+
+def grad_norms(G: Tensor) -> Tensor:
+    """Per-replica gradient norms ‖g_i‖₂ (input of the adaptive consensus target).
+
+    Args:
+        G: [k, d] flattened local gradients, one row per replica.
+
+    Returns:
+        [k] float64 tensor of ‖g_i‖ ≥ 0. The adaptive target uses their mean over all n replicas
+        (a scalar all-reduce in a distributed run).
+    """
+    return torch.linalg.vector_norm(_rows(G, "G"), dim=1)

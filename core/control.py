@@ -1,0 +1,454 @@
+"""Consensus control: decide, round by round, whether to gossip again (torch-free).
+
+Procedure of Kong et al., "Consensus Control for Decentralized Deep Learning" (ICML 2021, §3.3
+"more gossip iterations", §4.2 "consensus distance control", Appendix A.2; ``ALGORITHMS.md`` §4.4):
+in a controlled phase, after the local optimizer step every node gossips once; while the
+consensus statistic (Θ from `core.consensus.theta`, or the exact Ξ in simulation) is above the
+target and fewer than ``max_rounds`` rounds were done, gossip again with the same topology.
+
+Targets (``ControlConfig.mode``):
+
+* ``"constant"`` — target = factor × Ξ_max(phase), the maximum statistic seen during that phase
+  in an *uncontrolled* run (the paper's main approach; factor ∈ {1, ½, ¼} in its Table 2). The
+  engine runs that calibration pass; this module only records (`CalibrationRecorder`) and
+  consumes (`Calibration`) it. Calibrate on the same statistic the controller is fed: Θ can
+  under-state Ξ by up to 1/(1 − λ₂) (see `core.consensus`).
+* ``"adaptive"`` — target_t = factor × φ̂_t, φ̂ an EMA of the mean local gradient norm
+  (1/n) Σ_i ‖g_i‖ (paper Appendix E.3.1 / A.2; the EMA constant is not given in the paper):
+  φ̂ ← ema · φ̂ + (1 − ema) · φ_t, reset at the first step of each phase and initialised with
+  that step's value.
+* ``"none"`` — never repeat.
+
+Two protocols (``ControlConfig.lagged``):
+
+* **barrier** (default): after every round the orchestrator feeds the round's statistic to
+  `ConsensusController.after_round`, which answers repeat/stop; at most ``max_rounds`` rounds.
+* **lagged** (no per-round barrier): the number of rounds R of a step is fixed when the step
+  begins, decided from the statistics of the previous step of the same controlled phase by
+  `lagged_rounds`: with s_r the statistic after round r of that step (R rounds done),
+  R + 1 if s_R > target; R − 1 if R ≥ 2 and s_{R−1} ≤ target (one round fewer would already
+  have sufficed); R otherwise; clamped to [1, max_rounds]. The first step of every controlled
+  phase uses R = 1. The target used is that of the step whose statistics are judged.
+
+The orchestrator imports this module, so it must never import torch.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args
+
+from core.registry import Registry
+
+if TYPE_CHECKING:
+    from core.plan import PhasePlan
+
+__all__ = [
+    "CONTROL_MODES",
+    "STATISTICS",
+    "TARGET_POLICIES",
+    "Calibration",
+    "CalibrationRecorder",
+    "ConsensusController",
+    "ControlConfig",
+    "ControlMode",
+    "Decision",
+    "lagged_rounds",
+]
+
+ControlMode = Literal["none", "constant", "adaptive"]
+CONTROL_MODES: tuple[str, ...] = get_args(ControlMode)
+Statistic = Literal["theta", "xi"]
+STATISTICS: tuple[str, ...] = get_args(Statistic)
+_VERSION = 1
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_stat(name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} = {v!r}; must be a finite number ≥ 0")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Consensus-control hyperparameters.
+
+    mode: "none" | "constant" | "adaptive" (see module docstring).
+    factor: > 0; multiplies Ξ_max (constant) or the gradient-norm EMA (adaptive).
+    max_rounds: ≥ 1; hard bound on gossip rounds per step.
+    lagged: False = per-round barrier; True = rounds of step t+1 from statistics of step t.
+    ema: EMA coefficient in [0, 1) of the adaptive target (0 = no smoothing).
+    statistic: "theta" (estimator Θ) or "xi" (exact Ξ, simulation only): what is fed to the
+        controller; a constant-target calibration must be of the same kind.
+    """
+
+    mode: ControlMode = "none"
+    factor: float = 1.0
+    max_rounds: int = 20
+    lagged: bool = False
+    ema: float = 0.9
+    statistic: Statistic = "theta"
+
+    def __post_init__(self) -> None:
+        if self.mode not in CONTROL_MODES:
+            raise ValueError(f"control mode = {self.mode!r}; valid: {', '.join(CONTROL_MODES)}")
+        if not isinstance(self.factor, int | float) or not (
+            math.isfinite(self.factor) and self.factor > 0
+        ):
+            raise ValueError(f"control factor = {self.factor!r}; must be a finite number > 0")
+        if not _is_int(self.max_rounds) or self.max_rounds < 1:
+            raise ValueError(f"max_rounds = {self.max_rounds!r}; must be an integer ≥ 1")
+        if not isinstance(self.lagged, bool):
+            raise ValueError(f"lagged = {self.lagged!r}; must be a bool")
+        if not isinstance(self.ema, int | float) or not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"ema = {self.ema!r}; the EMA coefficient must be in [0, 1)")
+        if self.statistic not in STATISTICS:
+            raise ValueError(f"statistic = {self.statistic!r}; valid: {', '.join(STATISTICS)}")
+
+
+@dataclass
+class Calibration:
+    """Result of the uncontrolled calibration pass (input of the constant target).
+
+    max_statistic: phase index (1-based) → max Θ (or Ξ) observed during that phase, ≥ 0.
+    statistic: "theta" or "xi", the kind of statistic recorded.
+    """
+
+    max_statistic: dict[int, float]
+    statistic: str
+
+    def __post_init__(self) -> None:
+        if self.statistic not in STATISTICS:
+            raise ValueError(f"calibration statistic = {self.statistic!r}; valid: {STATISTICS}")
+        for k, v in self.max_statistic.items():
+            if not _is_int(k) or k < 1:
+                raise ValueError(f"calibration phase index {k!r}; must be an integer ≥ 1")
+            _check_stat(f"calibration max_statistic[{k}]", v)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict (phase keys become strings, as JSON requires)."""
+        return {
+            "version": _VERSION,
+            "statistic": self.statistic,
+            "max_statistic": {str(k): float(v) for k, v in sorted(self.max_statistic.items())},
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Calibration:
+        if not isinstance(d, Mapping) or d.get("version") != _VERSION:
+            raise ValueError(f"calibration must be a mapping with version {_VERSION}, got {d!r}")
+        raw = d.get("max_statistic")
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"calibration max_statistic must be a mapping, got {raw!r}")
+        out: dict[int, float] = {}
+        for k, v in raw.items():
+            try:
+                idx = int(k)
+            except (TypeError, ValueError):
+                raise ValueError(f"calibration phase key {k!r} is not an integer") from None
+            out[idx] = _check_stat(f"calibration max_statistic[{k}]", v)
+        return cls(out, str(d.get("statistic")))
+
+
+class CalibrationRecorder:
+    """Records the per-phase maximum of the statistic during an uncontrolled run."""
+
+    def __init__(self, statistic: str = "theta") -> None:
+        if statistic not in STATISTICS:
+            raise ValueError(f"statistic = {statistic!r}; valid: {', '.join(STATISTICS)}")
+        self.statistic = statistic
+        self._max: dict[int, float] = {}
+
+    def observe(self, step: int, phase_index: int, statistic: float) -> None:
+        """Record one round's statistic; a non-finite value (diverged run) is an error."""
+        if not _is_int(step) or step < 0:
+            raise ValueError(f"step = {step!r}; must be an integer ≥ 0")
+        if not _is_int(phase_index) or phase_index < 1:
+            raise ValueError(f"phase_index = {phase_index!r}; must be an integer ≥ 1")
+        s = _check_stat(f"statistic at step {step}", statistic)
+        self._max[phase_index] = max(s, self._max.get(phase_index, s))
+
+    def result(self) -> Calibration:
+        return Calibration(dict(self._max), self.statistic)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Answer after one gossip round.
+
+    repeat: do another round in this step. target: the target compared against (None when the
+    phase is uncontrolled). rounds_next: lagged mode only, on the step's last round — the
+    rounds planned for the next step. reason: "above-target", "at-target", "max-rounds",
+    "uncontrolled" or "lagged-plan".
+    """
+
+    repeat: bool
+    target: float | None
+    rounds_next: int | None = None
+    reason: str = ""
+
+
+def lagged_rounds(statistics: Sequence[float], target: float, max_rounds: int) -> int:
+    """Rounds for the next step from the statistics after each of this step's R rounds.
+
+    R + 1 if statistics[R−1] > target; R − 1 if R ≥ 2 and statistics[R−2] ≤ target; else R;
+    clamped to [1, max_rounds].
+    """
+    r = len(statistics)
+    if r < 1:
+        raise ValueError("statistics is empty; the lagged rule needs ≥ 1 round's statistic")
+    if statistics[-1] > target:
+        nxt = r + 1
+    elif r >= 2 and statistics[-2] <= target:
+        nxt = r - 1
+    else:
+        nxt = r
+    return min(max(nxt, 1), max_rounds)
+
+
+class TargetPolicy(ABC):
+    """How a controlled phase's target is computed (one implementation per control mode)."""
+
+    def __init__(self, config: ControlConfig, calibration: Calibration | None) -> None:
+        self.config = config
+        self.calibration = calibration
+
+    def observe(self, phase_index: int, mean_grad_norm: float) -> None:  # noqa: B027
+        """Called at the start of each step of a controlled phase (optional hook)."""
+
+    @abstractmethod
+    def target(self, phase_index: int) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:  # noqa: B027
+        """Restore the policy state (stateless by default)."""
+
+
+TARGET_POLICIES: Registry[type[TargetPolicy]] = Registry("consensus target")
+
+
+@TARGET_POLICIES.register("constant")
+class ConstantTarget(TargetPolicy):
+    """target = factor × Calibration.max_statistic[phase]."""
+
+    def target(self, phase_index: int) -> float:
+        cal = self.calibration
+        if cal is None or phase_index not in cal.max_statistic:
+            raise ValueError(f"constant target: no calibration for phase {phase_index}")
+        return self.config.factor * cal.max_statistic[phase_index]
+
+
+@TARGET_POLICIES.register("adaptive")
+class AdaptiveTarget(TargetPolicy):
+    """target = factor × EMA of the mean local gradient norm, reset at each phase start."""
+
+    def __init__(self, config: ControlConfig, calibration: Calibration | None) -> None:
+        super().__init__(config, calibration)
+        self.value: float | None = None
+        self.phase: int | None = None
+
+    def observe(self, phase_index: int, mean_grad_norm: float) -> None:
+        if self.phase != phase_index or self.value is None:
+            self.value, self.phase = mean_grad_norm, phase_index
+        else:
+            self.value = self.config.ema * self.value + (1.0 - self.config.ema) * mean_grad_norm
+
+    def target(self, phase_index: int) -> float:
+        if self.value is None or self.phase != phase_index:
+            raise ValueError(
+                f"adaptive target of phase {phase_index} asked before begin_step fed a "
+                "gradient norm in that phase"
+            )
+        return self.config.factor * self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "phase": self.phase}
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        value, phase = d.get("value"), d.get("phase")
+        if value is not None:
+            value = _check_stat("adaptive target state 'value'", value)
+        if phase is not None and (not _is_int(phase) or phase < 1):
+            raise ValueError(f"adaptive target state 'phase' = {phase!r}; must be ≥ 1 or None")
+        self.value, self.phase = value, phase
+
+
+class ConsensusController:
+    """Per-run state machine deciding gossip repeat/stop (see the module docstring).
+
+    Call order per step: ``begin_step`` → ``after_round`` for rounds 1, 2, … (barrier mode; in
+    lagged mode optional, it then follows the plan) → ``end_step`` (needed in lagged mode).
+    """
+
+    def __init__(
+        self, config: ControlConfig, plan: PhasePlan, calibration: Calibration | None = None
+    ) -> None:
+        self.config = config
+        self.plan = plan
+        controlled = plan.controlled_indices
+        if config.mode == "none" and controlled:
+            raise ValueError(
+                f"the plan controls phase(s) {controlled} but the control mode is 'none'; "
+                "use 'constant' or 'adaptive'"
+            )
+        if config.mode == "constant":
+            if calibration is None:
+                raise ValueError(
+                    f"control mode 'constant' needs a Calibration for phase(s) {controlled}"
+                )
+            missing = [k for k in controlled if k not in calibration.max_statistic]
+            if missing:
+                raise ValueError(
+                    f"calibration has no max statistic for controlled phase(s) {missing} "
+                    f"(it has {sorted(calibration.max_statistic)})"
+                )
+            if calibration.statistic != config.statistic:
+                raise ValueError(
+                    f"calibration recorded {calibration.statistic!r} but the controller is fed "
+                    f"{config.statistic!r}; calibrate on the statistic you control"
+                )
+        self.calibration = calibration
+        self._policy: TargetPolicy | None = (
+            None if config.mode == "none" else TARGET_POLICIES.get(config.mode)(config, calibration)
+        )
+        self._step: int | None = None  # step begun and not yet ended
+        self._planned = 1  # rounds planned for the current step (lagged)
+        self._stats: list[float] = []  # statistics reported by after_round in this step
+        self._stopped = False  # after_round already answered stop in this step
+        self._rounds_next = 1  # lagged: rounds for the next step of phase `_lag_phase`
+        self._lag_phase: int | None = None
+
+    def begin_step(self, step: int, mean_grad_norm: float) -> int:
+        """Start ``step``; feed the mean local gradient norm (pass 0.0 if unused).
+
+        Returns the rounds planned for this step: lagged mode in a controlled phase → the
+        lagged rule's R; otherwise 1 (barrier mode: more rounds come from ``after_round``).
+        """
+        g = _check_stat("mean_grad_norm", mean_grad_norm)
+        phase = self.plan.phase_at(step)
+        planned = 1
+        if self._policy is not None and phase.controlled:
+            self._policy.observe(phase.index, g)
+            if self.config.lagged and self._lag_phase == phase.index:
+                planned = self._rounds_next
+        self._step, self._planned, self._stats, self._stopped = step, planned, [], False
+        return planned
+
+    def target(self, step: int) -> float | None:
+        """Target of ``step`` (None when its phase is uncontrolled)."""
+        phase = self.plan.phase_at(step)
+        if self._policy is None or not phase.controlled:
+            return None
+        return self._policy.target(phase.index)
+
+    def _check_current(self, step: int, what: str) -> None:
+        if self._step != step:
+            raise ValueError(
+                f"{what}(step={step!r}) but the current step is {self._step!r}; "
+                f"call begin_step({step!r}) first"
+            )
+
+    def after_round(self, step: int, round_index: int, statistic: float) -> Decision:
+        """Decide after round ``round_index`` (1-based, consecutive) of ``step``."""
+        self._check_current(step, "after_round")
+        if self._stopped:
+            raise ValueError(f"after_round: step {step} was already told to stop")
+        if round_index != len(self._stats) + 1:
+            raise ValueError(
+                f"round_index = {round_index!r}; expected {len(self._stats) + 1} (rounds are "
+                "1-based and reported in order)"
+            )
+        s = _check_stat(f"statistic (step {step}, round {round_index})", statistic)
+        self._stats.append(s)
+        phase = self.plan.phase_at(step)
+        if self._policy is None or not phase.controlled:
+            self._stopped = True
+            return Decision(False, None, reason="uncontrolled")
+        tgt = self._policy.target(phase.index)
+        if self.config.lagged:
+            repeat = round_index < self._planned
+            self._stopped = not repeat
+            nxt = None if repeat else lagged_rounds(self._stats, tgt, self.config.max_rounds)
+            return Decision(repeat, tgt, rounds_next=nxt, reason="lagged-plan")
+        if s <= tgt:
+            decision = Decision(False, tgt, reason="at-target")
+        elif round_index >= self.config.max_rounds:
+            decision = Decision(False, tgt, reason="max-rounds")
+        else:
+            decision = Decision(True, tgt, reason="above-target")
+        self._stopped = not decision.repeat
+        return decision
+
+    def end_step(self, step: int, statistics: Sequence[float]) -> None:
+        """Close ``step`` given the statistic after each of its rounds (lagged bookkeeping)."""
+        self._check_current(step, "end_step")
+        stats = [_check_stat(f"statistics[{i}]", v) for i, v in enumerate(statistics)]
+        if self._stats and stats != self._stats:
+            raise ValueError(
+                f"end_step(step={step}) statistics {stats} differ from those reported by "
+                f"after_round {self._stats}"
+            )
+        phase = self.plan.phase_at(step)
+        if self.config.lagged and self._policy is not None and phase.controlled:
+            if not 1 <= len(stats) <= self.config.max_rounds:
+                raise ValueError(
+                    f"end_step(step={step}) got {len(stats)} statistics; a controlled step has "
+                    f"1 … max_rounds = {self.config.max_rounds} rounds"
+                )
+            tgt = self._policy.target(phase.index)
+            self._rounds_next = lagged_rounds(stats, tgt, self.config.max_rounds)
+            self._lag_phase = phase.index
+        self._step, self._stats, self._stopped = None, [], False
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state for checkpoints (config, plan and calibration are not included)."""
+        return {
+            "version": _VERSION,
+            "mode": self.config.mode,
+            "lagged": self.config.lagged,
+            "policy": self._policy.state_dict() if self._policy is not None else {},
+            "step": self._step,
+            "planned": self._planned,
+            "stats": list(self._stats),
+            "stopped": self._stopped,
+            "rounds_next": self._rounds_next,
+            "lag_phase": self._lag_phase,
+        }
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        if not isinstance(d, Mapping) or d.get("version") != _VERSION:
+            raise ValueError(f"controller state must be a mapping with version {_VERSION}")
+        if d.get("mode") != self.config.mode or d.get("lagged") != self.config.lagged:
+            raise ValueError(
+                f"controller state is for mode={d.get('mode')!r}, lagged={d.get('lagged')!r}; "
+                f"this controller has mode={self.config.mode!r}, lagged={self.config.lagged!r}"
+            )
+        step, lag_phase = d.get("step"), d.get("lag_phase")
+        for name, v, lo in (("step", step, 0), ("lag_phase", lag_phase, 1)):
+            if v is not None and (not _is_int(v) or v < lo):
+                raise ValueError(f"controller state {name!r} = {v!r}; must be ≥ {lo} or None")
+        planned = self._rounds_field(d, "planned")
+        rounds_next = self._rounds_field(d, "rounds_next")
+        stats = [_check_stat("controller state 'stats'", v) for v in d.get("stats", [])]
+        if self._policy is not None:
+            self._policy.load_state_dict(d.get("policy", {}))
+        self._step, self._planned, self._stats = step, planned, stats
+        self._stopped = bool(d.get("stopped", False))
+        self._rounds_next, self._lag_phase = rounds_next, lag_phase
+
+    def _rounds_field(self, d: Mapping[str, Any], name: str) -> int:
+        v = d.get(name)
+        if not _is_int(v) or not 1 <= v <= self.config.max_rounds:
+            raise ValueError(
+                f"controller state {name!r} = {v!r}; must be in 1 … {self.config.max_rounds}"
+            )
+        return int(v)

@@ -1,0 +1,125 @@
+"""The `Dataset` container, dataset errors and small helpers shared by the loaders.
+
+Every loader returns a `Dataset`: train and test tensors already preprocessed (standardised or
+normalised), so the engines only index them. Invariants checked on construction:
+
+- ``x_train`` is float32 of shape [N, *input_shape], ``y_train`` int64 of shape [N] (same for test);
+- labels lie in [0, num_classes).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CACHE_ENV = "CONCORD_CACHE"  # overrides the default cache directory ~/.cache/concord
+DATA_ENV = "CONCORD_DATA"  # parent directory of on-disk datasets (e.g. cifar-10-batches-py)
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """The files of an on-disk dataset are missing; the message says where they are expected."""
+
+
+class DatasetFormatError(ValueError):
+    """An on-disk dataset file exists but does not have the expected structure."""
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: tensors have no boolean equality
+class Dataset:
+    """A classification dataset held in memory.
+
+    Shapes: ``x_train`` [N, *input_shape] float32, ``y_train`` [N] int64, ``x_test``
+    [M, *input_shape] float32, ``y_test`` [M] int64. ``meta`` holds the generation parameters /
+    source paths and is JSON-serialisable.
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for split, x, y in (
+            ("train", self.x_train, self.y_train),
+            ("test", self.x_test, self.y_test),
+        ):
+            if x.dtype != torch.float32 or y.dtype != torch.int64:
+                raise ValueError(
+                    f"dataset {self.name!r} {split}: x must be float32 and y int64, "
+                    f"got {x.dtype} and {y.dtype}"
+                )
+            if tuple(x.shape[1:]) != tuple(self.input_shape) or y.shape != (x.shape[0],):
+                dims = ", ".join(map(str, self.input_shape))
+                raise ValueError(
+                    f"dataset {self.name!r} {split}: x has shape {tuple(x.shape)} and y "
+                    f"{tuple(y.shape)}; expected [N, {dims}] and [N]"
+                )
+            if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
+                raise ValueError(
+                    f"dataset {self.name!r} {split}: labels span {int(y.min())}..{int(y.max())}, "
+                    f"outside 0..{self.num_classes - 1}"
+                )
+
+    @property
+    def num_train(self) -> int:
+        return int(self.x_train.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.x_test.shape[0])
+
+
+def default_cache_dir() -> Path:
+    """$CONCORD_CACHE if set, else ~/.cache/concord."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "concord"
+
+
+def default_data_dir() -> Path:
+    """$CONCORD_DATA if set, else ./data."""
+    env = os.environ.get(DATA_ENV)
+    return Path(env).expanduser() if env else Path("data")
+
+
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded stratified split: each class puts round(test_fraction · count) samples in test.
+
+    Returns (train_indices, test_indices), each a shuffled int64 array.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    train: list[np.ndarray] = []
+    test: list[np.ndarray] = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        k = round(test_fraction * len(idx))
+        test.append(idx[:k])
+        train.append(idx[k:])
+    tr = rng.permutation(np.concatenate(train)).astype(np.int64)
+    te = rng.permutation(np.concatenate(test)).astype(np.int64)
+    return tr, te
+
+
+def check_fraction(name: str, value: float) -> float:
+    """A fraction strictly between 0 and 1 (train_split, test_fraction)."""
+    if not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+    return float(value)
+
+
+def check_positive_int(name: str, value: object, minimum: int = 1) -> int:
+    """An int ≥ minimum (bools rejected)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < minimum:
+        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
+    return int(value)

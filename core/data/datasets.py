@@ -1,0 +1,108 @@
+"""Offline datasets by name: ``load_dataset(name, seed=…, root=…, cache_dir=…, **options)``.
+
+==================  =========================================================  ===============
+name                source                                                     input_shape
+==================  =========================================================  ===============
+mnist1d             generated locally (Greydanus 2020), cached as .npz          (40,)
+digits              scikit-learn ``load_digits`` (ships with sklearn), ÷ 16      (1, 8, 8)
+gaussian-mixture    generated (`core.data.synthetic`)                           (dim,)
+cifar10             local ``cifar-10-batches-py`` files (`core.data.cifar`)     (3, 32, 32)
+==================  =========================================================  ===============
+
+Nothing is downloaded. ``root`` is used by on-disk datasets and ``cache_dir`` by generated ones that
+cache; each is ignored by datasets that do not use it, so a caller may pass both for any name.
+Options a dataset does not know raise ValueError listing the valid ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.data.base import Dataset, check_fraction, stratified_split
+from core.data.cifar import load_cifar10
+from core.data.mnist1d import load_mnist1d
+from core.data.synthetic import load_gaussian_mixture
+from core.registry import Registry
+
+DatasetLoader = Callable[..., Dataset]
+DATASETS: Registry[DatasetLoader] = Registry("dataset")
+DATASET_NAMES = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
+_CONTEXT_ARGS = ("seed", "root", "cache_dir")  # passed only to loaders that declare them
+
+
+def load_digits_dataset(*, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
+    """scikit-learn's 8×8 handwritten digits (1797 images, 10 classes), pixels scaled to [0, 1].
+
+    Seeded stratified split: each class puts round(test_fraction · count) images in test;
+    test_fraction in (0, 1), default 0.2.
+    """
+    from sklearn.datasets import load_digits  # local import: sklearn is slow to import
+
+    tf = check_fraction("test_fraction", test_fraction)
+    bunch = load_digits()
+    x = (np.asarray(bunch.data, dtype=np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    y = np.asarray(bunch.target, dtype=np.int64)
+    tr, te = stratified_split(y, tf, np.random.default_rng(seed))
+    return Dataset(
+        name="digits",
+        x_train=torch.from_numpy(x[tr]),
+        y_train=torch.from_numpy(y[tr]),
+        x_test=torch.from_numpy(x[te]),
+        y_test=torch.from_numpy(y[te]),
+        num_classes=10,
+        input_shape=(1, 8, 8),
+        meta={"source": "sklearn.datasets.load_digits", "seed": seed, "test_fraction": tf},
+    )
+
+
+DATASETS.add("mnist1d", load_mnist1d)
+DATASETS.add("digits", load_digits_dataset)
+DATASETS.add("gaussian-mixture", load_gaussian_mixture)
+DATASETS.add("cifar10", load_cifar10)
+
+
+def dataset_options(name: str) -> list[str]:
+    """The option names ``load_dataset(name, **options)`` accepts (besides seed/root/cache_dir)."""
+    loader = DATASETS.get(name)
+    params = inspect.signature(loader).parameters
+    names = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+    if loader is load_mnist1d:
+        from core.data.mnist1d import DEFAULTS
+
+        names += list(DEFAULTS)
+    return [n for n in names if n not in _CONTEXT_ARGS]
+
+
+def load_dataset(
+    name: str,
+    *,
+    seed: int = 0,
+    root: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    **options: Any,
+) -> Dataset:
+    """Load a dataset by name (see the module table); deterministic given (name, seed, options).
+
+    Raises `core.registry.UnknownNameError` for an unknown name, ValueError for an unknown or
+    invalid option or a negative seed, `DatasetNotFoundError` when on-disk files are missing.
+    """
+    loader = DATASETS.get(name)
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be an integer ≥ 0, got {seed!r}")
+    valid = dataset_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"dataset {name!r} has no option(s) {', '.join(unknown)}; valid: "
+            f"{', '.join(valid) or '(none)'}"
+        )
+    declared = inspect.signature(loader).parameters
+    context = {"seed": int(seed), "root": root, "cache_dir": cache_dir}
+    kwargs = {k: v for k, v in context.items() if k in declared}
+    return loader(**kwargs, **options)

@@ -1,0 +1,380 @@
+"""Named topologies and their gossip schedules (torch-free) — ALGORITHMS.md §2.
+
+Entry points: `make_schedule` (what the engines and the orchestrator use), `build_graph` (static
+graphs and trees, e.g. for RelaySum), `describe` (the JSON summary behind
+``concord topology NAME --peers N --json``), plus `double_binary_trees` and `bfs_spanning_tree`.
+Node ids are 0…n−1, n ≥ 2. Definitions (ALGORITHMS.md §2.2):
+
+* ``complete`` all pairs; ``ring`` i ↔ i±1 mod n; ``chain`` i ↔ i+1; ``star`` 0 ↔ i.
+* ``torus`` m × (n/m) periodic grid with m the largest divisor of n with m ≤ √n (Tao Lin's
+  ``TorusGraph``); needs m ≥ 3 (so n ≥ 9 and n not prime or 2·prime), else the "torus" would
+  degenerate into a ring or prism.
+* ``hypercube`` i ↔ i XOR 2^k, n a power of 2 (relaysgd ``HyperCubeTopology``).
+* ``exponential`` static undirected i ↔ i ± 2^k mod n, k = 0…⌊log2(n−1)⌋ (degree 7/9/11 for
+  n = 16/32/64).
+* ``exponential-one-peer`` time-varying, period T = ⌊log2(n−1)⌋ + 1. For n = 2^τ round k pairs
+  i with i XOR 2^(k mod τ) (hypercube dimension exchange: the symmetric one-peer exponential
+  graph, each node talks to the node 2^k away), pairwise weights ½/½. The τ factors commute and
+  their product is exactly 11ᵀ/n (finite-time exact averaging, Ying et al. 2021). For other n it
+  falls back to Tao Lin's undirected ``UndirectedTimeVaryingSGPGraph``: round k links
+  i ↔ i ± 2^(k mod T) mod n, a circulant (hence regular) degree-2 graph with Metropolis weights
+  (= 1/3, the same as his row-normalised A + I); not finite-time exact.
+* ``bipartite-exponential`` time-varying, n even, period max(1, ⌊log2(n−1)⌋): round k uses hop
+  h = 2^(k mod T + 1) − 1 (odd) and pairs each odd i with i + h mod n — a perfect matching,
+  pairwise weights (``TimeVaryingBipartiteExponentialOnePeerGraph``). n = 4 is refused
+  (its only hop 1 leaves the graph disconnected).
+* ``random-matching`` time-varying, seeded: round k draws a permutation with
+  ``np.random.default_rng((seed, k))`` and pairs consecutive entries (odd n: the last node sits
+  out); pairwise weights (``TimeVaryingRandomPairGraph``). Effective p = n/(2(n−1)) for even n,
+  ½ for odd n.
+* ``binary-tree`` node w > 0 has parent ⌊w/2⌋ (node 0 is attached only to node 1);
+  ``double-binary-tree`` that tree ∪ its mirror w ↦ n−1−w (relaysgd "double-binary-trees").
+* ``file:PATH`` an edge-list file (`core.edgelist`).
+
+Default weights: ``metropolis`` for static graphs (1/3 on the ring, 1/n on complete),
+``pairwise`` for matchings (one-peer with n a power of 2, bipartite, random matching),
+``file`` when an edge-list file gives weights. κ ∈ (0, 1] gives the lazy W_κ = κW + (1−κ)I.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from core.edgelist import read_edge_list
+from core.graph import (
+    Graph,
+    TopologyError,
+    UnknownTopologyError,
+    bfs_spanning_tree,
+    binary_tree_graph,
+    chain_graph,
+    complete_graph,
+    distance_stats,
+    exponential_graph,
+    hypercube_graph,
+    is_power_of_two,
+    log2_floor,
+    ring_graph,
+    star_graph,
+    torus_graph,
+)
+from core.mixing import WEIGHT_RULES, check_kappa, validate_mixing, weights_for
+from core.registry import Registry
+from core.schedules import (
+    RoundBuilder,
+    Spectral,
+    TopologySchedule,
+    check_connected_over_period,
+)
+
+__all__ = [
+    "TOPOLOGY_NAMES",
+    "WEIGHT_RULES",
+    "Graph",
+    "Spectral",
+    "TopologyError",
+    "TopologySchedule",
+    "UnknownTopologyError",
+    "bfs_spanning_tree",
+    "build_graph",
+    "check_connected_over_period",
+    "describe",
+    "double_binary_trees",
+    "make_schedule",
+    "validate_mixing",
+]
+
+FILE_PREFIX = "file:"
+
+
+@dataclass(frozen=True)
+class Family:
+    """A topology instantiated for n: its round graphs, period and default weight rule."""
+
+    round_graph: Callable[[int], Graph]
+    period: int | None  # None: random (seeded) rounds
+    default_weights: str
+    expected: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None  # (E[W], E[WᵀW])
+    fixed_matrix: np.ndarray | None = None  # weights given by an edge-list file
+
+
+FamilyBuilder = Callable[[int, int], Family]  # (n, seed) → Family
+TOPOLOGIES: Registry[FamilyBuilder] = Registry("topology")
+
+
+def _static(graph: Graph) -> Family:
+    return Family(round_graph=lambda _k: graph, period=1, default_weights="metropolis")
+
+
+def double_binary_trees(n: int) -> tuple[Graph, Graph]:
+    """The binary tree and its mirror (w ↦ n−1−w) used by RelaySGD's double binary trees.
+
+    Each is a spanning tree with max degree ≤ 3; RelaySGD sends half of the coordinates over each.
+    """
+    _check_n(n)
+    tree = binary_tree_graph(n)
+    return tree, tree.relabel([n - 1 - w for w in range(n)])
+
+
+def _double_tree_union(n: int) -> Graph:
+    a, b = double_binary_trees(n)
+    return a.union(b)
+
+
+_STATIC: dict[str, Callable[[int], Graph]] = {
+    "complete": complete_graph,
+    "ring": ring_graph,
+    "chain": chain_graph,
+    "star": star_graph,
+    "torus": torus_graph,
+    "hypercube": hypercube_graph,
+    "exponential": exponential_graph,
+}
+
+
+def _register_static(name: str, fn: Callable[[int], Graph]) -> None:
+    TOPOLOGIES.add(name, lambda n, _seed: _static(fn(n)))
+
+
+for _name, _fn in _STATIC.items():
+    _register_static(_name, _fn)
+
+
+# ---- time-varying schedules ----------------------------------------------------------------
+
+
+@TOPOLOGIES.register("exponential-one-peer")
+def _one_peer(n: int, _seed: int) -> Family:
+    if is_power_of_two(n):
+        tau = log2_floor(n)
+        graphs = [
+            Graph.from_edges(n, ((i, i ^ (1 << k)) for i in range(n) if not i & (1 << k)))
+            for k in range(tau)
+        ]
+        return Family(lambda k: graphs[k % tau], tau, "pairwise")
+    period = log2_floor(n - 1) + 1
+    graphs = [
+        Graph.from_edges(n, ((i, (i + (1 << k)) % n) for i in range(n))) for k in range(period)
+    ]
+    return Family(lambda k: graphs[k % period], period, "metropolis")
+
+
+@TOPOLOGIES.register("bipartite-exponential")
+def _bipartite(n: int, _seed: int) -> Family:
+    if n % 2:
+        raise TopologyError(
+            f"topology 'bipartite-exponential' needs an even n (odd ids pair with even ids); "
+            f"got n={n}"
+        )
+    if n == 4:
+        raise TopologyError(
+            "topology 'bipartite-exponential' with n=4 only uses hop 1, which splits the peers "
+            "into {1, 2} and {3, 0}; use n=2 or an even n >= 6"
+        )
+    period = max(1, log2_floor(n - 1))
+    graphs = []
+    for k in range(period):
+        h = (1 << (k + 1)) - 1
+        graphs.append(Graph.from_edges(n, ((i, (i + h) % n) for i in range(1, n, 2))))
+    return Family(lambda k: graphs[k % period], period, "pairwise")
+
+
+@TOPOLOGIES.register("random-matching")
+def _random_matching(n: int, seed: int) -> Family:
+    def round_graph(k: int) -> Graph:
+        perm = np.random.default_rng((seed, k)).permutation(n)
+        return Graph.from_edges(n, zip(perm[0::2].tolist(), perm[1::2].tolist(), strict=False))
+
+    def expected() -> tuple[np.ndarray, np.ndarray]:
+        # P(i and j are paired) = 1/(n−1) (even n) or 1/n (odd n); the pairwise W is an
+        # orthogonal projection (W = Wᵀ = W²), so E[WᵀW] = E[W] = (1 − n·b) I + b·11ᵀ.
+        b = 0.5 / (n - 1) if n % 2 == 0 else 0.5 / n
+        EW = (1.0 - n * b) * np.eye(n) + b * np.ones((n, n))
+        return EW, EW.copy()
+
+    return Family(round_graph, None, "pairwise", expected=expected)
+
+
+# ---- trees ---------------------------------------------------------------------------------
+
+_register_static("binary-tree", binary_tree_graph)
+_register_static("double-binary-tree", _double_tree_union)
+
+TOPOLOGY_NAMES: tuple[str, ...] = (
+    "complete",
+    "ring",
+    "chain",
+    "star",
+    "torus",
+    "hypercube",
+    "exponential",
+    "exponential-one-peer",
+    "bipartite-exponential",
+    "random-matching",
+    "binary-tree",
+    "double-binary-tree",
+)
+_TIME_VARYING = ("exponential-one-peer", "bipartite-exponential", "random-matching")
+
+
+# ---- public entry points -------------------------------------------------------------------
+
+
+def _check_n(n: int) -> int:
+    if isinstance(n, bool):
+        raise TopologyError(f"number of peers n must be an integer >= 2; got {n!r}")
+    try:
+        nn = operator.index(n)
+    except TypeError:
+        raise TopologyError(f"number of peers n must be an integer >= 2; got {n!r}") from None
+    if nn < 2:
+        raise TopologyError(f"number of peers n must be >= 2 for a topology; got n={nn}")
+    return nn
+
+
+def _check_seed(seed: int) -> int:
+    try:
+        s = operator.index(seed)
+    except TypeError:
+        raise TopologyError(f"seed must be a non-negative integer; got {seed!r}") from None
+    if s < 0 or isinstance(seed, bool):
+        raise TopologyError(f"seed must be a non-negative integer; got {seed!r}")
+    return s
+
+
+def _family(name: str, n: int, seed: int) -> Family:
+    if not isinstance(name, str):
+        raise TopologyError(f"topology name must be a string; got {name!r}")
+    if name.startswith(FILE_PREFIX):
+        path = name[len(FILE_PREFIX) :]
+        if not path:
+            raise TopologyError("topology 'file:' needs a path, e.g. 'file:graphs/office.txt'")
+        graph, W = read_edge_list(path, n)
+        return Family(lambda _k: graph, 1, "file" if W is not None else "metropolis", None, W)
+    try:
+        builder = TOPOLOGIES.get(name)
+    except KeyError:
+        raise UnknownTopologyError(
+            f"unknown topology {name!r}; valid: {', '.join(TOPOLOGY_NAMES)}, or file:PATH"
+        ) from None
+    return builder(n, seed)
+
+
+def _round_builder(fam: Family, rule: str, name: str, n: int) -> RoundBuilder:
+    """Round k → (graph, W) for weight rule ``rule`` (validated here)."""
+    if rule == "file":
+        fixed = fam.fixed_matrix
+        if fixed is None:
+            raise TopologyError(
+                f"weights 'file' need an edge-list file with weights ('i j w' lines); "
+                f"topology {name!r} has none; use one of {', '.join(WEIGHT_RULES)}"
+            )
+        graph0 = fam.round_graph(0)
+        return lambda _k: (graph0, fixed)
+    if rule not in WEIGHT_RULES:
+        raise UnknownTopologyError(
+            f"unknown weights {rule!r}; valid: {', '.join(WEIGHT_RULES)}, "
+            "or 'file' (for a weighted edge-list file)"
+        )
+
+    def build(k: int) -> tuple[Graph, np.ndarray]:
+        g = fam.round_graph(k)
+        what = f"{name} (n={n})" if fam.period == 1 else f"{name} (n={n}) round {k}"
+        return g, weights_for(rule, g, what=what)
+
+    return build
+
+
+def make_schedule(
+    name: str, n: int, *, weights: str | None = None, kappa: float = 1.0, seed: int = 0
+) -> TopologySchedule:
+    """Build the gossip schedule of topology ``name`` for ``n`` peers.
+
+    Parameters: ``name`` ∈ `TOPOLOGY_NAMES` or ``"file:PATH"``; ``n`` ≥ 2 (some topologies need
+    more, see the module docstring); ``weights`` ∈ `WEIGHT_RULES` (or "file" for a weighted edge
+    list), None = the topology's default; ``kappa`` ∈ (0, 1] lazy factor; ``seed`` ≥ 0 (random
+    schedules only). Every matrix is validated (symmetric, doubly stochastic, supported on the
+    graph) and the union over one period must be connected; violations raise `TopologyError`.
+    """
+    nn = _check_n(n)
+    k = check_kappa(kappa)
+    s = _check_seed(seed)
+    fam = _family(name, nn, s)
+    rule = fam.default_weights if weights is None else weights
+    build = _round_builder(fam, rule, name, nn)
+    schedule = TopologySchedule(
+        name=name,
+        n=nn,
+        weights=rule,
+        kappa=k,
+        seed=s,
+        period=fam.period,
+        build=build,
+        expected=fam.expected,
+    )
+    check_connected_over_period(schedule)
+    return schedule
+
+
+def build_graph(name: str, n: int) -> Graph:
+    """The static graph of a static topology or tree (or a ``file:PATH`` edge list).
+
+    Time-varying names are refused: use ``make_schedule(name, n).graph(k)`` or ``.union_graph()``.
+    ``double-binary-tree`` returns the union of both trees (see `double_binary_trees`).
+    """
+    nn = _check_n(n)
+    if name in _TIME_VARYING:
+        raise TopologyError(
+            f"topology {name!r} is time-varying and has no single graph; use "
+            f"make_schedule({name!r}, {nn}).graph(k) or .union_graph()"
+        )
+    return _family(name, nn, 0).round_graph(0)
+
+
+def describe(
+    name: str, n: int, *, weights: str | None = None, kappa: float = 1.0, seed: int = 0
+) -> dict[str, Any]:
+    """JSON-able summary of a topology (for ``concord topology NAME --peers N --json``).
+
+    Keys: name, peers, weights, kappa, seed, time_varying, period, max_degree (max over the
+    rounds of one period: links a peer uses in one round), edges (distinct links used over one
+    period; for random schedules every pair that can be drawn), edges_per_round (max), regular
+    (every round's graph is regular), diameter and mean_distance (of the union graph over one
+    period; None for random schedules), spectral_gap, p, lambda2, lambda_n,
+    exact_average_after, spectral_rounds (rounds the spectral values describe).
+    """
+    sch = make_schedule(name, n, weights=weights, kappa=kappa, seed=seed)
+    sp = sch.spectral()
+    rounds = [sch.graph(k) for k in range(sch.period if sch.period is not None else 1)]
+    union = sch.union_graph()
+    stats = distance_stats(union) if sch.period is not None else None
+    if sch.period is None:
+        regular = sch.n % 2 == 0  # a perfect matching each round iff n is even
+    else:
+        regular = all(g.is_regular() for g in rounds)
+    return {
+        "name": sch.name,
+        "peers": sch.n,
+        "weights": sch.weights,
+        "kappa": sch.kappa,
+        "seed": sch.seed,
+        "time_varying": sch.time_varying,
+        "period": sch.period,
+        "max_degree": max(g.max_degree for g in rounds),
+        "edges": len(union.edges),
+        "edges_per_round": max(len(g.edges) for g in rounds),
+        "regular": bool(regular),
+        "diameter": stats[0] if stats else None,
+        "mean_distance": round(stats[1], 6) if stats else None,
+        "spectral_gap": sp.spectral_gap,
+        "p": sp.p,
+        "lambda2": sp.lambda2,
+        "lambda_n": sp.lambda_n,
+        "exact_average_after": sp.exact_average_after,
+        "spectral_rounds": sp.rounds,
+    }

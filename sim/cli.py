@@ -1,0 +1,200 @@
+"""The ``concord`` command.
+
+Sub-commands import their heavy dependencies lazily: ``concord topology`` and (later) the
+orchestrator never import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from core.config import ConfigError
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option("0.1.0", prog_name="concord")
+def main() -> None:
+    """Concord: decentralized (gossip) training with consensus control."""
+
+
+@main.command()
+@click.argument("name")
+@click.option("--peers", "-n", type=click.IntRange(min=1), required=True, help="number of peers")
+@click.option(
+    "--weights",
+    type=click.Choice(["metropolis", "uniform", "pairwise"]),
+    default=None,
+    help="mixing-weight rule (default: the topology's natural rule)",
+)
+@click.option(
+    "--kappa",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=1.0,
+    help="lazy mixing κ·W + (1−κ)·I",
+)
+@click.option("--seed", type=int, default=0, help="seed of random (time-varying) topologies")
+@click.option("--json", "as_json", is_flag=True, help="print a JSON object")
+def topology(
+    name: str, peers: int, weights: str | None, kappa: float, seed: int, as_json: bool
+) -> None:
+    """Describe a topology: degree, spectral gap 1 − max(|λ₂|, |λₙ|) and p = 1 − λ²."""
+    from core.topology import describe
+
+    try:
+        info = describe(name, peers, weights=weights, kappa=kappa, seed=seed)
+    except ValueError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        click.echo(f"{key:<{width}}  {value}")
+
+
+@main.command()
+@click.argument("config", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--engine",
+    type=click.Choice(["vectorized", "processes"]),
+    default=None,
+    help="vectorized: n replicas in one process; processes: orchestrator + n peers",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a config key, e.g. --set control.factor=0.5 (repeatable)",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="run directory (default: runs/<time>-<name>)",
+)
+@click.option("--quiet", is_flag=True, help="no progress bar")
+def sim(
+    config: Path | None, engine: str | None, overrides: Sequence[str], out: Path | None, quiet: bool
+) -> None:
+    """Run n peers on this host and print the final table."""
+    from core.config import load_config
+
+    items = list(overrides)
+    if engine is not None:
+        items.append(f"engine={engine}")
+    try:
+        cfg = load_config(config, items)
+    except ConfigError as exc:
+        _fail(str(exc))
+    if cfg.engine == "processes":
+        _fail(
+            "the 'processes' engine (orchestrator + peer processes over gRPC/MQTT) is not "
+            "available in this version yet; run with --engine vectorized"
+        )
+    from rich.console import Console
+
+    from sim.engine import run
+    from sim.report import final_table
+    from sim.rundir import default_run_dir
+
+    run_dir = out or default_run_dir(cfg)
+    try:
+        summary = run(cfg, run_dir, progress=not quiet)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    console = Console()
+    console.print(final_table(summary))
+    console.print(f"run directory: {summary['run_dir']}")
+
+
+@main.command()
+@click.argument("config", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--plans",
+    default="dec-phase-1",
+    show_default=True,
+    help="comma-separated plans (rows), e.g. dec-phase-1,dec-phase-2",
+)
+@click.option(
+    "--factors",
+    default="none,0.5,0.25",
+    show_default=True,
+    help="comma-separated target factors (columns); 'none' = uncontrolled",
+)
+@click.option("--topologies", default=None, help="comma-separated topologies (default: config's)")
+@click.option("--seeds", default="0", show_default=True, help="comma-separated seeds")
+@click.option("--baseline", "baselines", multiple=True, help="baseline rows, e.g. allreduce")
+@click.option(
+    "--control-mode",
+    type=click.Choice(["constant", "adaptive"]),
+    default="constant",
+    show_default=True,
+    help="how numeric factors set targets",
+)
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="parallel runs")
+@click.option(
+    "--metric",
+    type=click.Choice(["avg", "worst", "mean"]),
+    default="avg",
+    show_default=True,
+    help="accuracy reported in the table",
+)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
+def sweep(
+    config: Path | None,
+    plans: str,
+    factors: str,
+    topologies: str | None,
+    seeds: str,
+    baselines: Sequence[str],
+    control_mode: str,
+    jobs: int | None,
+    metric: str,
+    overrides: Sequence[str],
+    out: Path | None,
+) -> None:
+    """Run a grid (plans × factors × topologies × seeds) and print a Table-2-shaped summary."""
+    from core.config import load_config
+    from sim.sweep import sweep_main
+
+    try:
+        cfg = load_config(config, list(overrides))
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ConfigError as exc:
+        _fail(str(exc))
+    except ValueError:
+        _fail(f"--seeds must be comma-separated integers; got {seeds!r}")
+    topo_list = [t.strip() for t in topologies.split(",")] if topologies else [cfg.topology]
+    try:
+        sweep_main(
+            config_path=config,
+            overrides=list(overrides),
+            plans=[p.strip() for p in plans.split(",") if p.strip()],
+            factors=[f.strip() for f in factors.split(",") if f.strip()],
+            topologies=topo_list,
+            seeds=seed_list,
+            baselines=list(baselines),
+            jobs=jobs,
+            out_dir=out,
+            metric=metric,
+            control_mode=control_mode,
+        )
+    except (ConfigError, ValueError) as exc:
+        _fail(str(exc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Config: defaults, layering, and errors that name every bad key at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.config import (
+    ALGORITHM_NAMES,
+    DATASET_NAMES,
+    MODEL_NAMES,
+    PARTITION_NAMES,
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    env_overrides,
+    load_config,
+    parse_value,
+    to_toml,
+)
+
+
+def test_defaults_validate() -> None:
+    cfg = load_config(None, environ={})
+    assert cfg.peers == 8
+    assert cfg.topology == "ring"
+    assert cfg.algorithm == "dsgd"
+    assert cfg.dataset.name == "mnist1d"
+    assert cfg.phase_modes() == ["gossip", "gossip", "gossip"]
+
+
+def test_file_env_and_overrides_layer_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('peers = 4\ntopology = "torus"\n[control]\nmode = "adaptive"\nfactor = 2.0\n')
+    cfg = load_config(
+        path,
+        ["control.factor=0.5", "dataset=digits"],
+        environ={"CONCORD_PEERS": "16", "CONCORD_CACHE": "/x"},
+    )
+    assert cfg.peers == 16  # environment beats the file
+    assert cfg.topology == "torus"
+    assert cfg.control.mode == "adaptive"
+    assert cfg.control.factor == 0.5  # --set beats everything
+    assert cfg.dataset.name == "digits"
+
+
+def test_every_problem_is_reported_with_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        'peers = 0\ntopology = "rign"\nalgorithm = "sgdd"\nepoch = 3\n'
+        '[control]\nmode = "sometimes"\nfactor = -1\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    keys = {k for k, _ in info.value.problems}
+    assert {"peers", "topology", "algorithm", "epoch", "control.mode", "control.factor"} <= keys
+    text = str(info.value)
+    assert "did you mean 'ring'" in text
+    assert "did you mean 'epochs'" in text
+    assert str(path) in text
+
+
+def test_cross_field_problems() -> None:
+    with pytest.raises(ConfigError, match="phase 4 does not exist"):
+        load_config(None, ["control.mode=constant", "control.phases=[4]"], environ={})
+    with pytest.raises(ConfigError, match="uses exact averaging"):
+        load_config(
+            None, ["control.mode=constant", "plan=dec-phase-2", "control.phases=[1]"], environ={}
+        )
+    with pytest.raises(ConfigError, match="only 3 phases"):
+        load_config(None, ["plan=dec-phase-4"], environ={})
+    with pytest.raises(ConfigError, match="unknown plan"):
+        load_config(None, ["plan=dec-phase-x"], environ={})
+    with pytest.raises(ConfigError, match="all-reduce has no consensus distance"):
+        load_config(None, ["algorithm=allreduce", "control.mode=adaptive"], environ={})
+
+
+def test_default_control_is_inert_where_it_cannot_apply() -> None:
+    cfg = load_config(None, ["algorithm=allreduce"], environ={})
+    assert cfg.control.mode == "adaptive"
+    assert cfg.controlled_phases() == []
+    cfg = load_config(None, ["plan=dec-phase-2"], environ={})
+    assert cfg.controlled_phases() == []
+    assert load_config(None, [], environ={}).controlled_phases() == [1]
+    again = apply_overrides(cfg, {"plan": "gossip"})  # defaults stay defaults when re-validated
+    assert again.controlled_phases() == [1]
+
+
+def test_bad_override_syntax_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["peers"], environ={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", environ={})
+    bad = tmp_path / "broken.toml"
+    bad.write_text("peers = = 3")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, environ={})
+
+
+def test_edge_list_topology_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(None, [f"topology=file:{tmp_path / 'edges.txt'}"], environ={})
+
+
+def test_plan_presets_expand() -> None:
+    cfg = load_config(None, ["plan=dec-phase-2"], environ={})
+    assert cfg.phase_modes() == ["exact", "gossip", "exact"]
+    cfg = load_config(None, ['plan=["gossip", "exact", "exact"]'], environ={})
+    assert cfg.phase_modes() == ["gossip", "exact", "exact"]
+
+
+def test_toml_round_trip() -> None:
+    cfg = load_config(
+        None,
+        [
+            "control.mode=constant",
+            "control.factor=0.25",
+            "dataset.samples=2000",
+            "partition=dirichlet",
+            "partition.alpha=0.1",
+        ],
+        environ={},
+    )
+    import tomllib
+
+    again = RunConfig.model_validate(tomllib.loads(to_toml(cfg)))
+    assert again == cfg
+    assert apply_overrides(cfg, {"seed": 3}).seed == 3
+
+
+def test_parse_value_and_env() -> None:
+    assert parse_value("0.5") == 0.5
+    assert parse_value("[1, 2]") == [1, 2]
+    assert parse_value("ring") == "ring"
+    assert parse_value("true") is True
+    assert env_overrides({"CONCORD_CONTROL__FACTOR": "0.5", "CONCORD_DATA": "/d"}) == {
+        "control.factor": 0.5
+    }
+
+
+def test_config_names_match_registries() -> None:
+    from core.algorithms import ALGORITHMS
+    from core.data import DATASET_NAMES as DATA_IMPL
+    from core.data import PARTITION_NAMES as PART_IMPL
+    from core.models import MODEL_NAMES as MODEL_IMPL
+
+    assert set(ALGORITHM_NAMES) == set(ALGORITHMS.names())
+    assert set(DATASET_NAMES) == set(DATA_IMPL)
+    assert set(PARTITION_NAMES) == set(PART_IMPL)
+    assert set(MODEL_NAMES) == set(MODEL_IMPL)
