@@ -103,7 +103,7 @@ class Loop:
 
 def max_param_gap(vec: Vectorized, loop: Loop) -> float:
     gaps = [
-        float((src[i] - dst).abs().max())
+        float((src[i] - dst).detach().abs().max())
         for i, model in enumerate(loop.models)
         for dst, src in zip(model.parameters(), vec.model.parameters(), strict=True)
     ]
@@ -182,7 +182,10 @@ def main() -> None:
             f"({'set by --threads' if args.threads else 'torch default'}); "
             f"median of {args.repeats} repetitions"
         )
-        header = f"{'n':>4} | {'vectorized samples/s':>21} | {'loop samples/s':>15} | {'speedup':>7} | 1-step gap"
+        header = (
+            f"{'n':>4} | {'vectorized samples/s':>21} | {'loop samples/s':>15} | {'speedup':>7} "
+            "| 1-step gap"
+        )
         print(header)
         print("-" * len(header))
         for n, r in results.items():

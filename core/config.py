@@ -142,8 +142,13 @@ class ControlSection(_Section):
 
 
 class EvalConfig(_Section):
+    """The averaged model is evaluated on the whole test set every ``every`` epochs; every replica
+    too when ``peers`` (on the first ``peer_samples`` test samples, which keeps n-replica
+    evaluation cheap); the final evaluation always covers every replica on the whole test set."""
+
     every: float = Field(default=1.0, gt=0, description="evaluate every this many epochs")
     peers: bool = True
+    peer_samples: int | None = Field(default=1000, gt=0)
 
 
 class RunConfig(_Section):

@@ -158,8 +158,9 @@ class ClassificationTask:
         return torch.cat(rows)
 
     @torch.no_grad()
-    def evaluate(self, *, peers: bool = True) -> dict[str, float]:
-        """Test accuracy of the averaged model and (optionally) of every local replica."""
+    def evaluate(self, *, peers: bool = True, peer_samples: int | None = None) -> dict[str, float]:
+        """Test accuracy of the averaged model and (optionally) of every local replica, the latter
+        on the first ``peer_samples`` test samples (None: all)."""
         out: dict[str, float] = {}
         self.avg_flat.data.copy_(self.x.mean(dim=0, keepdim=True))
         buffers = self.flat.buffers_flat()
@@ -169,7 +170,8 @@ class ClassificationTask:
         out["acc_avg_model"] = float(acc[0])
         out["loss_avg_model"] = float(loss[0])
         if peers:
-            acc, loss = evaluate(self.model, self.x_test, self.y_test)
+            m = peer_samples or len(self.y_test)
+            acc, loss = evaluate(self.model, self.x_test[:m], self.y_test[:m])
             out["acc_mean_peer"] = float(acc.mean())
             out["acc_worst_peer"] = float(acc.min())
             out["acc_best_peer"] = float(acc.max())

@@ -331,7 +331,10 @@ def run(
             writer.metric(rec)
             final = step == trainer.total_steps - 1
             if (step + 1) % interval == 0 or final:
-                ev = task.evaluate(peers=cfg.eval.peers or final)
+                ev = task.evaluate(
+                    peers=cfg.eval.peers or final,
+                    peer_samples=None if final else cfg.eval.peer_samples,
+                )
                 last_eval = ev
                 writer.metric(
                     {"kind": "eval", "step": step, "epoch": rec["epoch"], "xi": rec["xi"], **ev}

@@ -430,6 +430,7 @@ def test_generic_batchnorm_updates_stacked_buffers_per_replica(user_module: str)
 
 
 def test_unknown_model_name_lists_valid_names() -> None:
+    assert MODEL_NAMES == ("mlp", "cnn1d", "cnn", "resnet20")
     with pytest.raises(
         UnknownNameError, match="unknown model 'resnet18'; valid: cnn, cnn1d, mlp, resnet20"
     ):
