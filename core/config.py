@@ -141,6 +141,54 @@ class ControlSection(_Section):
     statistic: Literal["theta", "xi"] = "theta"
 
 
+CODEC_NAMES: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "topk", "randomk", "sign")
+
+
+class CompressionConfig(_Section):
+    """What travels on gossip edges. Lossless-enough casts (fp16, bf16) can be used by any gossip
+    algorithm; lossy codecs need error feedback, i.e. the ``choco`` algorithm."""
+
+    codec: str = "none"
+    ratio: float = Field(default=0.01, gt=0, le=1, description="fraction kept by topk/randomk")
+    gamma: float = Field(default=1.0, gt=0, le=1, description="CHOCO consensus step size γ")
+
+    @field_validator("codec")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in CODEC_NAMES:
+            raise ValueError(_unknown("codec", v, CODEC_NAMES))
+        return v
+
+
+class TLSConfig(_Section):
+    """mTLS between peers: every path may contain ``{id}``, replaced by the peer id."""
+
+    ca: str
+    cert: str
+    key: str
+
+
+class NetworkConfig(_Section):
+    """The data plane of real peers (ignored by the vectorized engine)."""
+
+    addresses: list[str] | None = Field(
+        default=None, description="static mode: peer i listens at addresses[i] ('host:port')"
+    )
+    deadline: float = Field(default=10.0, gt=0, description="seconds a round waits per edge")
+    chunk_bytes: int = Field(default=1 << 20, ge=1024, le=4 << 20)
+    max_tensor_bytes: int = Field(default=1 << 30, ge=1024)
+    tls: TLSConfig | None = None
+
+    @field_validator("addresses")
+    @classmethod
+    def _addresses(cls, v: list[str] | None) -> list[str] | None:
+        for i, a in enumerate(v or []):
+            host, sep, port = a.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"addresses[{i}] = {a!r}; expected 'host:port'")
+        return v
+
+
 class EvalConfig(_Section):
     """The averaged model is evaluated on the whole test set every ``every`` epochs; every replica
     too when ``peers`` (on the first ``peer_samples`` test samples, which keeps n-replica
@@ -168,6 +216,8 @@ class RunConfig(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     control: ControlSection = Field(default_factory=ControlSection)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    compression: CompressionConfig = Field(default_factory=CompressionConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
     epochs: float = Field(default=30.0, gt=0)
     seed: int = Field(default=0, ge=0)
     engine: Literal["vectorized", "processes"] = "vectorized"
@@ -255,6 +305,11 @@ class RunConfig(_Section):
                     "control.statistic 'xi' (exact consensus distance) is only known in the "
                     "vectorized engine; real peers control on the estimator 'theta'"
                 )
+        addresses = self.network.addresses
+        if addresses is not None and len(addresses) != self.peers:
+            problems.append(
+                f"network.addresses lists {len(addresses)} addresses for {self.peers} peers"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

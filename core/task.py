@@ -122,6 +122,10 @@ class ClassificationTask:
         return self.flat.data
 
     @property
+    def batch_size(self) -> int:
+        return self.cfg.optim.batch_size
+
+    @property
     def steps_per_epoch(self) -> int:
         return self.sampler.steps_per_epoch
 

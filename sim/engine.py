@@ -12,33 +12,22 @@ config's hash) — the user never supplies Ξ_max by hand.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from core.algorithms import (
-    Algorithm,
-    LocalSGD,
-    SGDConfig,
-    SingleRound,
-    StepContext,
-    StepReport,
-    make_algorithm,
-)
+from core.algorithms import Algorithm, RoundControl
 from core.config import RunConfig, apply_overrides
 from core.consensus import consensus_distance, theta
 from core.control import Calibration, CalibrationRecorder, ConsensusController, ControlConfig
-from core.plan import LRSchedule, Phase, PhasePlan, build_plan
+from core.loop import Schedules, StepRunner, make_lr_schedule, make_plan
+from core.plan import Phase
 from core.task import ClassificationTask
-from core.topology import TopologySchedule, make_schedule
 from sim.rundir import RunWriter
 from sim.vectorized import VectorizedComm
 
@@ -53,30 +42,6 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device(spec)
 
 
-def make_lr_schedule(cfg: RunConfig, steps_per_epoch: int) -> LRSchedule:
-    total = max(1, round(cfg.epochs * steps_per_epoch))
-    o = cfg.optim
-    return LRSchedule.from_fractions(
-        o.lr,
-        total,
-        warmup=o.warmup,
-        milestones=tuple(o.milestones),
-        gamma=o.gamma,
-        warmup_from=o.warmup_from,
-    )
-
-
-def make_plan(cfg: RunConfig, schedule: LRSchedule) -> PhasePlan:
-    controlled = cfg.controlled_phases()
-    return build_plan(
-        schedule,
-        modes=cfg.phase_modes(),
-        topologies=cfg.phase_topologies,
-        controlled_phases=tuple(controlled),
-        control_mode=cfg.control.mode if controlled else "none",
-    )
-
-
 def control_config(cfg: RunConfig) -> ControlConfig:
     c = cfg.control
     return ControlConfig(
@@ -89,70 +54,37 @@ def control_config(cfg: RunConfig) -> ControlConfig:
     )
 
 
-class Schedules:
-    """Topology schedules of the phase plan, built once per topology name."""
-
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        self._by_name: dict[str, TopologySchedule] = {}
-
-    def get(self, phase: Phase) -> TopologySchedule:
-        name = phase.topology or self.cfg.topology
-        if name not in self._by_name:
-            self._by_name[name] = make_schedule(
-                name,
-                self.cfg.peers,
-                weights=self.cfg.weights,
-                kappa=self.cfg.kappa,
-                seed=self.cfg.seed,
-            )
-        return self._by_name[name]
-
-    def spectral(self) -> dict[str, dict[str, Any]]:
-        return {name: dataclasses.asdict(s.spectral()) for name, s in self._by_name.items()}
-
-
 class VectorizedControl:
-    """`RoundControl` of the vectorized engine: the controller sees the global statistic at once."""
+    """`ControlHook` + `RoundControl` of the vectorized engine: every replica is local, so the
+    controller sees the global statistic (Θ over all n, or the exact Ξ) at once."""
 
-    def __init__(self, controller: ConsensusController, statistic: str, comm: VectorizedComm):
+    def __init__(self, controller: ConsensusController, statistic: str, lagged: bool) -> None:
         self.controller = controller
         self.statistic = statistic
-        self.comm = comm
+        self.lagged = lagged
         self.step = 0
         self.planned: int | None = None  # lagged mode: rounds fixed at the start of the step
         self.values: list[float] = []
         self.target: float | None = None
 
-    def begin(self, step: int, mean_grad_norm: float, lagged: bool) -> None:
+    def begin(self, step: int, phase: Phase, grad_norms: torch.Tensor) -> RoundControl:
         self.step = step
-        planned = self.controller.begin_step(step, mean_grad_norm)
-        self.planned = planned if lagged else None
+        planned = self.controller.begin_step(step, float(grad_norms.mean()))
+        self.planned = planned if self.lagged else None
         self.values = []
         self.target = self.controller.target(step)
+        return self
 
-    def measure(self, x: torch.Tensor, theta_local: torch.Tensor) -> float:
-        if self.statistic == "xi":
-            return consensus_distance(x)
-        return theta(theta_local)
+    def end(self, step: int) -> float | None:
+        self.controller.end_step(step, self.values)
+        return self.target
 
     def after_round(self, round_index: int, x: torch.Tensor, theta_local: torch.Tensor) -> bool:
-        value = self.measure(x, theta_local)
+        value = consensus_distance(x) if self.statistic == "xi" else theta(theta_local)
         self.values.append(value)
         if self.planned is not None:
             return round_index < self.planned
-        decision = self.controller.after_round(self.step, round_index, value)
-        return decision.repeat
-
-
-@dataclass
-class TrainResult:
-    steps: int
-    last_eval: dict[str, float]
-    final_xi: float | None
-    rounds_total: int
-    bytes_total: int
-    calibration: Calibration | None
+        return self.controller.after_round(self.step, round_index, value).repeat
 
 
 class Trainer:
@@ -168,81 +100,37 @@ class Trainer:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.task = task or ClassificationTask(cfg, list(range(cfg.peers)), device=self.device)
+        self.comm = VectorizedComm(cfg.peers, device=self.device)
         self.schedule = make_lr_schedule(cfg, self.task.steps_per_epoch)
         self.plan = make_plan(cfg, self.schedule)
-        self.schedules = Schedules(cfg)
-        for phase in self.plan.phases:
-            if phase.mode == "gossip":
-                self.schedules.get(phase)
-        self.comm = VectorizedComm(cfg.peers, device=self.device)
-        o = cfg.optim
-        sgd = SGDConfig(
-            momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0, weight_decay=o.weight_decay
-        )
-        self.algorithm: Algorithm = make_algorithm(
-            cfg.algorithm, LocalSGD(sgd, self.task.flat.decay_mask.to(self.device))
-        )
-        self.algorithm.setup(self.task.x, self.comm)
         self.controller = ConsensusController(control_config(cfg), self.plan, calibration)
-        self.control = VectorizedControl(self.controller, cfg.control.statistic, self.comm)
-        self.rounds_total = 0
+        self.control = VectorizedControl(self.controller, cfg.control.statistic, cfg.control.lagged)
+        self.runner = StepRunner(cfg, self.task, self.comm, control=self.control)
 
     @property
     def total_steps(self) -> int:
-        return self.schedule.total_steps
+        return self.runner.total_steps
+
+    @property
+    def rounds_total(self) -> int:
+        return self.runner.rounds_total
+
+    @property
+    def algorithm(self) -> Algorithm:
+        return self.runner.algorithm
+
+    @property
+    def schedules(self) -> Schedules:
+        return self.runner.schedules
 
     def eval_interval(self) -> int:
-        return max(1, round(self.cfg.eval.every * self.task.steps_per_epoch))
+        return self.runner.eval_interval()
 
     def train_step(self, step: int) -> dict[str, Any]:
-        """One step of every replica; returns its metrics record."""
-        task, x = self.task, self.task.x
-        lr = self.schedule.lr(step)
-        phase = self.plan.phase_at(step)
-        out = task.loss_and_grad(step, self.algorithm.grad_point(x))
-        grad_norm = float(out.grad.norm(dim=1).mean())
-        controlled = phase.controlled and phase.mode == "gossip"
-        control: Any = SingleRound()
-        if controlled:
-            self.control.begin(step, grad_norm, self.cfg.control.lagged)
-            control = self.control
-        sched = self.schedules.get(phase) if phase.mode == "gossip" else None
-        ctx = StepContext(
-            step=step,
-            lr=lr,
-            phase=phase,
-            comm=self.comm,
-            matrix=sched.matrix if sched is not None else _no_matrix,
-            control=control,
-            round_offset=self.rounds_total,
-        )
-        report: StepReport = self.algorithm.step(x, out.grad, ctx)
-        self.rounds_total += report.rounds
-        theta_value = theta(report.theta_local) if report.theta_local is not None else None
-        target = None
-        if controlled:
-            self.controller.end_step(step, self.control.values)
-            target = self.control.target
-        return {
-            "kind": "step",
-            "step": step,
-            "epoch": (step + 1) / task.steps_per_epoch,
-            "phase": phase.index,
-            "lr": lr,
-            "loss": float(out.loss.mean()),
-            "train_acc": float(out.correct.sum()) / out.correct.numel() / self.cfg.optim.batch_size,
-            "rounds": report.rounds,
-            "theta": theta_value,
-            "target": target,
-            "xi": consensus_distance(x),
-            "grad_norm": grad_norm,
-            "bytes_sent": self.comm.counters.bytes_wire,
-            "rounds_total": self.rounds_total,
-        }
-
-
-def _no_matrix(k: int) -> np.ndarray:
-    raise RuntimeError("exact-averaging phase asked for a gossip matrix")
+        """One step of every replica; returns its metrics record (with the exact Ξ)."""
+        record, _ = self.runner.step(step)
+        record["xi"] = consensus_distance(self.task.x)
+        return record
 
 
 # ---------------------------------------------------------------------------------------------

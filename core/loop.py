@@ -1,0 +1,184 @@
+"""The per-step driver shared by both engines ("one algorithm, two engines").
+
+`StepRunner` owns what every engine does identically for the replicas its process holds: the LR
+schedule and phase plan, the topology schedule of each gossip phase, the algorithm, the global
+gossip-round counter that indexes time-varying graphs, and the metrics record of a step. What
+differs between engines comes in from outside:
+
+* the `Comm` (in-memory in the vectorized engine, gRPC in a peer);
+* the `ControlHook`, which turns a controlled step into a `RoundControl`: the vectorized engine
+  decides from the global statistic at once; a peer asks the orchestrator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from core.algorithms import (
+    Algorithm,
+    LocalSGD,
+    RoundControl,
+    SGDConfig,
+    SingleRound,
+    StepContext,
+    StepReport,
+    make_algorithm,
+)
+from core.comm import Comm
+from core.config import RunConfig
+from core.consensus import theta
+from core.plan import LRSchedule, Phase, PhasePlan, build_plan
+from core.task import ClassificationTask
+from core.topology import TopologySchedule, make_schedule
+
+
+class ControlHook(Protocol):
+    def begin(self, step: int, phase: Phase, grad_norms: torch.Tensor) -> RoundControl:
+        """Start a controlled step; ``grad_norms`` are the local replicas' ‖g_i‖ ([k])."""
+        ...
+
+    def end(self, step: int) -> float | None:
+        """Finish the step; returns the target that applied to it (for metrics)."""
+        ...
+
+
+def make_lr_schedule(cfg: RunConfig, steps_per_epoch: int) -> LRSchedule:
+    total = max(1, round(cfg.epochs * steps_per_epoch))
+    o = cfg.optim
+    return LRSchedule.from_fractions(
+        o.lr,
+        total,
+        warmup=o.warmup,
+        milestones=tuple(o.milestones),
+        gamma=o.gamma,
+        warmup_from=o.warmup_from,
+    )
+
+
+def make_plan(cfg: RunConfig, schedule: LRSchedule) -> PhasePlan:
+    controlled = cfg.controlled_phases()
+    return build_plan(
+        schedule,
+        modes=cfg.phase_modes(),
+        topologies=cfg.phase_topologies,
+        controlled_phases=tuple(controlled),
+        control_mode=cfg.control.mode if controlled else "none",
+    )
+
+
+class Schedules:
+    """Topology schedules of the phase plan, built once per topology name."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self._by_name: dict[str, TopologySchedule] = {}
+
+    def get(self, phase: Phase) -> TopologySchedule:
+        name = phase.topology or self.cfg.topology
+        if name not in self._by_name:
+            self._by_name[name] = make_schedule(
+                name,
+                self.cfg.peers,
+                weights=self.cfg.weights,
+                kappa=self.cfg.kappa,
+                seed=self.cfg.seed,
+            )
+        return self._by_name[name]
+
+    def spectral(self) -> dict[str, dict[str, Any]]:
+        import dataclasses
+
+        return {name: dataclasses.asdict(s.spectral()) for name, s in self._by_name.items()}
+
+
+def _no_matrix(k: int) -> np.ndarray:
+    raise RuntimeError("an exact-averaging phase asked for a gossip matrix")
+
+
+def make_local_optimizer(cfg: RunConfig, decay_mask: torch.Tensor) -> LocalSGD:
+    o = cfg.optim
+    sgd = SGDConfig(
+        momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0, weight_decay=o.weight_decay
+    )
+    return LocalSGD(sgd, decay_mask)
+
+
+class StepRunner:
+    """Runs training steps of the local replicas of ``task`` over ``comm``."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: ClassificationTask,
+        comm: Comm,
+        *,
+        control: ControlHook | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.task = task
+        self.comm = comm
+        self.control = control
+        self.schedule = make_lr_schedule(cfg, task.steps_per_epoch)
+        self.plan = make_plan(cfg, self.schedule)
+        self.schedules = Schedules(cfg)
+        for phase in self.plan.phases:
+            if phase.mode == "gossip":
+                self.schedules.get(phase)
+        self.algorithm: Algorithm = make_algorithm(
+            cfg.algorithm, make_local_optimizer(cfg, task.flat.decay_mask.to(task.x.device))
+        )
+        self.algorithm.setup(task.x, comm)
+        self.rounds_total = 0
+
+    @property
+    def total_steps(self) -> int:
+        return self.schedule.total_steps
+
+    def eval_interval(self) -> int:
+        return max(1, round(self.cfg.eval.every * self.task.steps_per_epoch))
+
+    def step(self, step: int) -> tuple[dict[str, Any], StepReport]:
+        """One training step of every local replica; returns its metrics record and report.
+
+        Record values are over the local replicas (all n in the vectorized engine)."""
+        task, x = self.task, self.task.x
+        lr = self.schedule.lr(step)
+        phase = self.plan.phase_at(step)
+        out = task.loss_and_grad(step, self.algorithm.grad_point(x))
+        grad_norms = out.grad.norm(dim=1)
+        hook = self.control if phase.controlled and phase.mode == "gossip" else None
+        round_control: RoundControl = SingleRound()
+        if hook is not None:
+            round_control = hook.begin(step, phase, grad_norms)
+        sched = self.schedules.get(phase) if phase.mode == "gossip" else None
+        ctx = StepContext(
+            step=step,
+            lr=lr,
+            phase=phase,
+            comm=self.comm,
+            matrix=sched.matrix if sched is not None else _no_matrix,
+            control=round_control,
+            round_offset=self.rounds_total,
+        )
+        report = self.algorithm.step(x, out.grad, ctx)
+        self.rounds_total += report.rounds
+        target = hook.end(step) if hook is not None else None
+        record = {
+            "kind": "step",
+            "step": step,
+            "epoch": (step + 1) / task.steps_per_epoch,
+            "phase": phase.index,
+            "lr": lr,
+            "loss": float(out.loss.mean()),
+            "train_acc": float(out.correct.sum()) / (out.correct.numel() * task.batch_size),
+            "rounds": report.rounds,
+            "theta": theta(report.theta_local) if report.theta_local is not None else None,
+            "target": target,
+            "grad_norm": float(grad_norms.mean()),
+            "bytes_sent": self.comm.counters.bytes_wire,
+            "rounds_total": self.rounds_total,
+        }
+        return record, report
