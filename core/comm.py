@@ -20,9 +20,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from core.compress import Codec
 
 Edge = tuple[int, int]
 """A directed edge (src, dst) between global replica ids."""
@@ -58,8 +62,9 @@ class MixOutcome:
 
 @dataclass
 class MixResult:
-    x: torch.Tensor  # [k, d] mixed rows: x_i' = Σ_j w_ij x_j (renormalised over what arrived)
+    x: torch.Tensor  # [k, d] mixed rows: x_i' = Σ_j w_ij Q(x_j) (renormalised over what arrived)
     outcome: MixOutcome
+    sent: torch.Tensor | None = None  # [k, d] Q(x_i): the local rows as neighbours decoded them
 
 
 class Comm(ABC):
@@ -78,19 +83,35 @@ class Comm(ABC):
         """Global ids of the k local replicas, in row order."""
 
     @abstractmethod
-    def mix(self, x: torch.Tensor, W: np.ndarray) -> MixResult:
+    def mix(
+        self,
+        x: torch.Tensor,
+        W: np.ndarray,
+        *,
+        codec: Codec | None = None,
+        step: int = 0,
+        round: int = 0,
+    ) -> MixResult:
         """One gossip round with the global mixing matrix ``W`` (n×n, float64).
 
-        Returns rows ``Σ_j W[i, j] x_j`` for every local replica i. ``x`` is not modified.
+        Returns rows ``Σ_j W[i, j] Q(x_j)`` for every local replica i, where Q is ``codec``'s
+        encode→decode (identity when None; the self term uses Q(x_i) too, so that CHOCO's
+        public copies stay identical on every peer). ``x`` is not modified. ``step`` and
+        ``round`` (the run's global gossip-round index) tag the frames and seed random codecs.
         """
 
     @abstractmethod
-    def allreduce_mean(self, x: torch.Tensor) -> torch.Tensor:
+    def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
         """Exact average over all n replicas, returned for every local row ([k, d])."""
 
     @abstractmethod
     def exchange(
-        self, outgoing: Mapping[Edge, torch.Tensor], incoming: Sequence[Edge]
+        self,
+        outgoing: Mapping[Edge, torch.Tensor],
+        incoming: Sequence[Edge],
+        *,
+        step: int = 0,
+        round: int = 0,
     ) -> dict[Edge, torch.Tensor]:
         """Per-edge messages (RelaySGD, CHOCO, push-sum).
 

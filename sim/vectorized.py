@@ -12,11 +12,21 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
+
+if TYPE_CHECKING:
+    from core.compress import Codec
+
+
+def codec_key(sender: int, round: int) -> int:
+    """Per-(sender, round) seed of random codecs; the peer transport uses the same rule."""
+    return sender * 1_000_003 + round
+
 
 _SPARSE_BELOW = 0.25  # use a sparse product when W has fewer nonzeros than this fraction …
 _SPARSE_FROM_N = 128  # … and is big enough for the sparse kernel to beat a dense one
@@ -56,15 +66,29 @@ class VectorizedComm(Comm):
         self._cache[id(W)] = (W, op, edges)
         return op, edges
 
-    def mix(self, x: torch.Tensor, W: np.ndarray) -> MixResult:
+    def mix(
+        self,
+        x: torch.Tensor,
+        W: np.ndarray,
+        *,
+        codec: Codec | None = None,
+        step: int = 0,
+        round: int = 0,
+    ) -> MixResult:
         op, edges = self._operator(W, x)
-        out = op @ x
-        size = x.shape[1] * x.element_size()
-        self.counters.add(raw=edges * size, wire=edges * size, messages=edges)
+        d = x.shape[1]
+        raw = d * x.element_size()
+        if codec is None:
+            sent, wire = x, raw
+        else:
+            sent = codec.roundtrip(x, keys=[codec_key(r, round) for r in range(self.n)])
+            wire = codec.wire_bytes(d)
+        out = op @ sent
+        self.counters.add(raw=edges * raw, wire=edges * wire, messages=edges)
         self.counters.rounds += 1
-        return MixResult(x=out, outcome=MixOutcome())
+        return MixResult(x=out, outcome=MixOutcome(), sent=sent)
 
-    def allreduce_mean(self, x: torch.Tensor) -> torch.Tensor:
+    def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
         if self.n > 1 and x.shape[1] > 1:  # scalar reductions (statistics) are not traffic
             elements = 2 * (self.n - 1) * x.shape[1]
             self.counters.add(
@@ -75,7 +99,12 @@ class VectorizedComm(Comm):
         return x.mean(dim=0, keepdim=True).expand_as(x)
 
     def exchange(
-        self, outgoing: Mapping[Edge, torch.Tensor], incoming: Sequence[Edge]
+        self,
+        outgoing: Mapping[Edge, torch.Tensor],
+        incoming: Sequence[Edge],
+        *,
+        step: int = 0,
+        round: int = 0,
     ) -> dict[Edge, torch.Tensor]:
         got = {e: outgoing[e] for e in incoming if e in outgoing}
         nbytes = sum(t.numel() * t.element_size() for t in outgoing.values())

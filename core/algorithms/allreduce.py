@@ -28,7 +28,7 @@ class AllReduce(Algorithm):
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
         self.optimizer.step(x, grad, ctx.lr)
-        x.copy_(ctx.comm.allreduce_mean(x))
+        x.copy_(ctx.comm.allreduce_mean(x, step=ctx.step))
         return StepReport(exact_average=True)
 
     def state_dict(self) -> dict[str, torch.Tensor]:

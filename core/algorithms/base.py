@@ -70,8 +70,8 @@ def gossip_rounds(
     """Gossip ``x`` in place until ``ctx.control`` says stop; returns what happened."""
     report = report or StepReport()
     while True:
-        W = ctx.matrix(ctx.round_offset + report.rounds)
-        result = ctx.comm.mix(x, W)
+        index = ctx.round_offset + report.rounds
+        result = ctx.comm.mix(x, ctx.matrix(index), step=ctx.step, round=index)
         theta_local = local_theta(x, result.x)
         x.copy_(result.x)
         report.rounds += 1
@@ -85,7 +85,7 @@ def gossip_rounds(
 def communicate(x: torch.Tensor, ctx: StepContext) -> StepReport:
     """The phase's communication: exact averaging, or (controlled) gossip."""
     if ctx.phase.mode == "exact":
-        x.copy_(ctx.comm.allreduce_mean(x))
+        x.copy_(ctx.comm.allreduce_mean(x, step=ctx.step))
         return StepReport(exact_average=True)
     return gossip_rounds(x, ctx)
 
