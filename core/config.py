@@ -133,7 +133,7 @@ class ControlSection(_Section):
     exact-averaging phases. A ``mode`` set explicitly is checked against the plan."""
 
     mode: Literal["none", "constant", "adaptive"] = "adaptive"
-    factor: float = Field(default=1.0, gt=0)
+    factor: float = Field(default=0.25, gt=0)
     phases: list[int] = Field(default_factory=lambda: [1], description="controlled phases, 1-based")
     max_rounds: int = Field(default=20, ge=1)
     lagged: bool = False

@@ -14,12 +14,18 @@ from typing import NoReturn
 
 import click
 
-from core.config import ConfigError
+from core.config import ConfigError, RunConfig
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def _label(cfg: RunConfig) -> str:
+    control = cfg.control.mode if cfg.controlled_phases() else "none"
+    extra = f" {control}×{cfg.control.factor:g}" if control != "none" else ""
+    return f"{cfg.algorithm} {cfg.topology}{extra}"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -85,11 +91,23 @@ def topology(
     help="run directory (default: runs/<time>-<name>)",
 )
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@click.option(
+    "--reference",
+    type=click.Choice(["allreduce", "none"]),
+    default="allreduce",
+    show_default=True,
+    help="also run an all-reduce reference with the same budget and compare",
+)
 def sim(
-    config: Path | None, engine: str | None, overrides: Sequence[str], out: Path | None, quiet: bool
+    config: Path | None,
+    engine: str | None,
+    overrides: Sequence[str],
+    out: Path | None,
+    quiet: bool,
+    reference: str,
 ) -> None:
-    """Run n peers on this host and print the final table."""
-    from core.config import load_config
+    """Run n peers on this host and print the final table (next to an all-reduce reference)."""
+    from core.config import apply_overrides, load_config
 
     items = list(overrides)
     if engine is not None:
@@ -106,7 +124,7 @@ def sim(
     from rich.console import Console
 
     from sim.engine import run
-    from sim.report import final_table
+    from sim.report import compare_table, final_table
     from sim.rundir import default_run_dir
 
     run_dir = out or default_run_dir(cfg)
@@ -115,7 +133,20 @@ def sim(
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     console = Console()
+    if not console.is_terminal:  # pipes and CI logs: wide enough for the comparison table
+        console = Console(width=120)
     console.print(final_table(summary))
+    if reference != "none" and cfg.algorithm != reference:
+        ref_cfg = apply_overrides(cfg, {"algorithm": reference, "name": f"{reference}-reference"})
+        if not quiet:
+            console.print(f"reference run: {reference}, same data, model, seed and steps")
+        ref = run(ref_cfg, run_dir / "reference", progress=not quiet)
+        console.print(
+            compare_table(
+                [{**ref, "label": reference}, {**summary, "label": _label(cfg)}],
+                title="Final accuracy next to the reference (Δ vs the first row)",
+            )
+        )
     console.print(f"run directory: {summary['run_dir']}")
 
 
