@@ -184,6 +184,30 @@ class ReplicaConv1d(_ReplicaConvNd):
         w, b = self._grouped()
         return F.conv1d(h, w, b, stride=self.stride, padding=self.padding, groups=self.k)
 
+    def forward_channels_last(self, h: Tensor) -> Tensor:
+        """The same convolution on channels-last activations ``[k, B, L, C]`` → ``[k, B, L', C']``.
+
+        im2col by K strided slices concatenated along channels, then one batched matrix product
+        per layer. For the small kernels and short sequences of 1-D models this is ~1.5× faster
+        on CPU than a grouped ``F.conv1d`` (measured on cnn1d, k = 16, forward + backward) and
+        needs no layout copies between layers.
+        """
+        k, b, length, c_in = h.shape
+        size, s, p = self.kernel_size, self.stride, self.padding
+        out_len = (length + 2 * p - size) // s + 1
+        hp = F.pad(h, (0, 0, p, p)) if p else h
+        span = s * (out_len - 1) + 1
+        cols = torch.cat([hp[:, :, j : j + span : s, :] for j in range(size)], dim=-1)
+        # weight [k, C', C, K] → [k, K·C, C'] in the (tap, channel) order of ``cols``
+        w = self.weight.permute(0, 3, 2, 1).reshape(k, size * c_in, self.out_channels)
+        cols = cols.reshape(k, b * out_len, size * c_in)
+        out = (
+            torch.bmm(cols, w)
+            if self.bias is None
+            else torch.baddbmm(self.bias.unsqueeze(1), cols, w)
+        )
+        return out.view(k, b, out_len, self.out_channels)
+
 
 class ReplicaConv2d(_ReplicaConvNd):
     """k 2-D convolutions as one grouped ``F.conv2d``; see :class:`_ReplicaConvNd`."""

@@ -158,10 +158,12 @@ class ReplicaCNN1d(ReplicaModel):
         self._in_channels = 1 if len(input_shape) == 1 else input_shape[0]
 
     def _forward(self, x: Tensor) -> Tensor:
-        h = fold(x.reshape(self.k, x.shape[1], self._in_channels, x.shape[-1]))
+        # channels-last [k, B, L, C] throughout (see ReplicaConv1d.forward_channels_last)
+        h = x.reshape(self.k, x.shape[1], self._in_channels, x.shape[-1]).transpose(2, 3)
         for conv in self.convs:
-            h = F.relu(conv(h))
-        return self.head(flatten_features(h, self.k))
+            h = F.relu(conv.forward_channels_last(h))  # type: ignore[operator]
+        # per replica, features in torch.flatten order of [C, L] (as the reference ConvBase)
+        return self.head(h.transpose(2, 3).reshape(self.k, x.shape[1], -1))
 
 
 @MODELS.register("cnn1d")
