@@ -1,0 +1,376 @@
+"""The MQTT control-plane contract: every topic name and every payload schema, in one place.
+
+Topics live under one versioned root, ``concord/v1/<run>/…``. Payloads are msgpack maps carrying
+the schema version ``v`` and their ``kind``; `decode` validates a payload against its topic and
+raises `PayloadError` naming the topic, the field and what is wrong — a malformed or
+wrong-version message is rejected (and logged by the receiver), never a crash. Tensors never
+cross the broker.
+
+| topic (under concord/v1/<run>/) | payload    | QoS | retained | who publishes                  |
+| ------------------------------- | ---------- | --- | -------- | ------------------------------ |
+| ``schedule``                    | Schedule   | 1   | yes      | orchestrator                   |
+| ``plan``                        | Plan       | 1   | yes      | orchestrator                   |
+| ``control``                     | RunControl | 1   | yes      | orchestrator (start / stop)    |
+| ``status/<peer>``               | Status     | 1   | yes      | peer; broker (Last-Will)       |
+| ``heartbeat/<peer>``            | Heartbeat  | 0   | no       | peer                           |
+| ``stats/<peer>``                | Stats      | 1   | no       | peer, after every gossip round |
+| ``decision``                    | Decision   | 1   | no       | orchestrator                   |
+| ``metrics/<peer>``              | Metrics    | 0   | no       | peer                           |
+
+Retained topics give a late or reconnecting subscriber the current schedule, plan, run state and
+every peer's last status at once. The Last-Will on ``status/<peer>`` is a Status with state
+"offline", so a crashed peer is announced by the broker itself. This module is torch-free (the
+orchestrator imports it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar, Literal, TypeVar, get_args
+
+import msgpack
+
+SCHEMA_VERSION = 1
+ROOT = "concord/v1"
+MAX_PAYLOAD_BYTES = 256 * 1024  # control messages are small; anything bigger is rejected
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class PayloadError(ValueError):
+    """A control-plane message that does not match its schema."""
+
+    def __init__(self, topic: str, problem: str) -> None:
+        self.topic = topic
+        self.problem = problem
+        super().__init__(f"{topic}: {problem}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Payload schemas
+
+PeerState = Literal["starting", "ready", "training", "done", "failed", "offline"]
+PEER_STATES: tuple[str, ...] = get_args(PeerState)
+RunAction = Literal["start", "stop"]
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of all payloads: ``KIND`` names the schema; subclasses list their fields."""
+
+    KIND: ClassVar[str] = ""
+
+    def validate(self) -> None:
+        """Extra range checks; raise ValueError with the field name."""
+
+
+@dataclass(frozen=True)
+class Schedule(Message):
+    """Which peers gossip, over which topology, per phase. ``version`` grows with every change
+    (a repaired schedule after a peer left has a higher version)."""
+
+    KIND: ClassVar[str] = "schedule"
+    version: int
+    peers: list[int]  # ids of the live peers the topology is built over
+    topology: str
+    weights: str | None
+    kappa: float
+    seed: int
+    phases: list[dict[str, Any]]  # [{"index": k, "topology": name | None}]
+    reason: str = ""
+
+    def validate(self) -> None:
+        _nonneg("version", self.version)
+        if len(set(self.peers)) != len(self.peers) or any(p < 0 for p in self.peers):
+            raise ValueError(f"peers must be distinct ids ≥ 0; got {self.peers}")
+        if not 0 < self.kappa <= 1:
+            raise ValueError(f"kappa must be in (0, 1]; got {self.kappa}")
+        for i, ph in enumerate(self.phases):
+            if not isinstance(ph, dict) or set(ph) != {"index", "topology"}:
+                raise ValueError(f"phases[{i}] must be {{index, topology}}; got {ph!r}")
+
+
+@dataclass(frozen=True)
+class Plan(Message):
+    """The phase plan (`core.plan.PhasePlan.to_dict`), LR schedule and control settings."""
+
+    KIND: ClassVar[str] = "plan"
+    total_steps: int
+    phases: dict[str, Any]
+    lr: dict[str, Any]
+    control: dict[str, Any]
+
+    def validate(self) -> None:
+        _nonneg("total_steps", self.total_steps)
+
+
+@dataclass(frozen=True)
+class RunControl(Message):
+    KIND: ClassVar[str] = "control"
+    action: str  # "start" | "stop"
+    reason: str = ""
+    ts: float = 0.0
+
+    def validate(self) -> None:
+        if self.action not in get_args(RunAction):
+            raise ValueError(f"action must be 'start' or 'stop'; got {self.action!r}")
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    KIND: ClassVar[str] = "status"
+    peer: int
+    state: str
+    step: int = 0
+    address: str | None = None
+    ts: float = 0.0
+
+    def validate(self) -> None:
+        _nonneg("peer", self.peer)
+        _nonneg("step", self.step)
+        if self.state not in PEER_STATES:
+            raise ValueError(f"state must be one of {', '.join(PEER_STATES)}; got {self.state!r}")
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    KIND: ClassVar[str] = "heartbeat"
+    peer: int
+    step: int
+    ts: float
+
+    def validate(self) -> None:
+        _nonneg("peer", self.peer)
+        _nonneg("step", self.step)
+
+
+@dataclass(frozen=True)
+class Stats(Message):
+    """A peer's scalars after gossip round ``round`` (1-based) of ``step``."""
+
+    KIND: ClassVar[str] = "stats"
+    peer: int
+    step: int
+    round: int
+    theta: float  # θ_i = ‖x_i(after) − x_i(before)‖²
+    grad_norm: float  # ‖g_i‖ of this step
+    bytes_sent: int = 0
+
+    def validate(self) -> None:
+        _nonneg("peer", self.peer)
+        _nonneg("step", self.step)
+        if self.round < 1:
+            raise ValueError(f"round is 1-based; got {self.round}")
+        _finite_nonneg("theta", self.theta)
+        _finite_nonneg("grad_norm", self.grad_norm)
+        _nonneg("bytes_sent", self.bytes_sent)
+
+
+@dataclass(frozen=True)
+class Decision(Message):
+    """Barrier mode: repeat/stop after ``round`` of ``step``; lagged mode: ``rounds_next``."""
+
+    KIND: ClassVar[str] = "decision"
+    step: int
+    round: int
+    repeat: bool
+    target: float | None = None
+    statistic: float | None = None
+    rounds_next: int | None = None
+    reason: str = ""
+
+    def validate(self) -> None:
+        _nonneg("step", self.step)
+        _nonneg("round", self.round)
+        if self.target is not None:
+            _finite_nonneg("target", self.target)
+        if self.statistic is not None:
+            _finite_nonneg("statistic", self.statistic)
+        if self.rounds_next is not None and self.rounds_next < 1:
+            raise ValueError(f"rounds_next must be ≥ 1; got {self.rounds_next}")
+
+
+@dataclass(frozen=True)
+class Metrics(Message):
+    KIND: ClassVar[str] = "metrics"
+    peer: int
+    step: int
+    values: dict[str, float] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        _nonneg("peer", self.peer)
+        for key, value in self.values.items():
+            if not isinstance(key, str) or not _is_number(value):
+                raise ValueError(f"values must map names to numbers; got {key!r}: {value!r}")
+
+
+MESSAGES: dict[str, type[Message]] = {
+    cls.KIND: cls
+    for cls in (Schedule, Plan, RunControl, Status, Heartbeat, Stats, Decision, Metrics)
+}
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _nonneg(name: str, v: int) -> None:
+    if v < 0:
+        raise ValueError(f"{name} must be ≥ 0; got {v}")
+
+
+def _finite_nonneg(name: str, v: float) -> None:
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number ≥ 0; got {v}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Topics
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    kind: str
+    qos: int
+    retain: bool
+    per_peer: bool
+
+
+TOPICS: dict[str, TopicSpec] = {
+    "schedule": TopicSpec("schedule", 1, True, False),
+    "plan": TopicSpec("plan", 1, True, False),
+    "control": TopicSpec("control", 1, True, False),
+    "status": TopicSpec("status", 1, True, True),
+    "heartbeat": TopicSpec("heartbeat", 0, False, True),
+    "stats": TopicSpec("stats", 1, False, True),
+    "decision": TopicSpec("decision", 1, False, False),
+    "metrics": TopicSpec("metrics", 0, False, True),
+}
+
+
+class Topics:
+    """Topic names of one run."""
+
+    def __init__(self, run: str) -> None:
+        if not _RUN_ID.match(run):
+            raise ValueError(
+                f"run id {run!r} must be 1–64 characters of letters, digits, '_', '.', '-' "
+                "(it becomes an MQTT topic level)"
+            )
+        self.run = run
+        self.base = f"{ROOT}/{run}"
+
+    def topic(self, kind: str, peer: int | None = None) -> str:
+        spec = TOPICS[kind]
+        if spec.per_peer != (peer is not None):
+            raise ValueError(f"topic {kind!r} {'needs' if spec.per_peer else 'takes no'} peer id")
+        return f"{self.base}/{kind}" + (f"/{peer}" if peer is not None else "")
+
+    def wildcard(self, kind: str) -> str:
+        """Subscription filter: ``…/stats/+`` for per-peer topics, the topic itself otherwise."""
+        return f"{self.base}/{kind}" + ("/+" if TOPICS[kind].per_peer else "")
+
+    def all(self) -> str:
+        return f"{self.base}/#"
+
+    def parse(self, topic: str) -> tuple[str, int | None]:
+        """``concord/v1/<run>/stats/3`` → ("stats", 3); PayloadError for foreign topics."""
+        prefix = self.base + "/"
+        if not topic.startswith(prefix):
+            raise PayloadError(topic, f"not a topic of run {self.run!r}")
+        parts = topic[len(prefix) :].split("/")
+        spec = TOPICS.get(parts[0])
+        if spec is None:
+            raise PayloadError(topic, f"unknown topic {parts[0]!r}; known: {', '.join(TOPICS)}")
+        if spec.per_peer:
+            if len(parts) != 2 or not parts[1].isdigit():
+                raise PayloadError(topic, f"expected {spec.kind}/<peer id>")
+            return spec.kind, int(parts[1])
+        if len(parts) != 1:
+            raise PayloadError(topic, f"unexpected sub-topic after {spec.kind!r}")
+        return spec.kind, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+def encode(message: Message) -> bytes:
+    """msgpack map {"v": SCHEMA_VERSION, "kind": KIND, **fields} (validated first)."""
+    try:
+        message.validate()
+    except ValueError as exc:
+        raise PayloadError(message.KIND, str(exc)) from None
+    payload = {"v": SCHEMA_VERSION, "kind": message.KIND, **asdict(message)}
+    packed: bytes = msgpack.packb(payload, use_bin_type=True)
+    return packed
+
+
+M = TypeVar("M", bound=Message)
+
+
+def decode(topic: str, payload: bytes, expect: type[M] | None = None) -> Message:
+    """Validate ``payload`` received on ``topic``; `PayloadError` says exactly what is wrong."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise PayloadError(topic, f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    try:
+        data = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise PayloadError(topic, f"not a msgpack map ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise PayloadError(topic, f"payload must be a msgpack map, got {type(data).__name__}")
+    version = data.pop("v", None)
+    if version != SCHEMA_VERSION:
+        raise PayloadError(
+            topic,
+            f"schema version {version!r} is not supported (this build speaks {SCHEMA_VERSION})",
+        )
+    kind = data.pop("kind", None)
+    cls = MESSAGES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise PayloadError(topic, f"unknown kind {kind!r}")
+    if expect is not None and cls is not expect:
+        raise PayloadError(topic, f"expected a {expect.KIND!r} message, got {kind!r}")
+    return _build(topic, cls, data)
+
+
+def _build(topic: str, cls: type[Message], data: Mapping[str, Any]) -> Message:
+    names = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise PayloadError(topic, f"unknown field(s) {', '.join(unknown)} in {cls.KIND!r}")
+    for name, f in names.items():
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise PayloadError(topic, f"{cls.KIND}.{name} is missing")
+            continue
+        check = _CHECKS.get(str(f.type))
+        if check is not None and not check(data[name]):
+            raise PayloadError(topic, f"{cls.KIND}.{name} must be {f.type}; got {data[name]!r}")
+    try:
+        message = cls(**data)
+        message.validate()
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(topic, f"{cls.KIND}: {exc}") from None
+    return message
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_CHECKS: dict[str, Callable[[object], bool]] = {
+    "int": _is_int,
+    "float": _is_number,
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "str | None": lambda v: v is None or isinstance(v, str),
+    "float | None": lambda v: v is None or _is_number(v),
+    "int | None": lambda v: v is None or _is_int(v),
+    "list[int]": lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
+    "list[dict[str, Any]]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    "dict[str, Any]": lambda v: isinstance(v, dict),
+    "dict[str, float]": lambda v: isinstance(v, dict),
+}
