@@ -33,7 +33,17 @@ def test_core_never_imports_io_packages(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["core.topology", "core.mixing", "core.plan", "core.control", "core.config"]
+    "module",
+    [
+        "core.topology",
+        "core.mixing",
+        "core.plan",
+        "core.control",
+        "core.config",
+        "protos.control_plane",
+        "orchestrator.broker",
+        "orchestrator.mqtt",
+    ],
 )
 def test_orchestrator_side_core_modules_do_not_import_torch(module: str) -> None:
     code = f"import sys, {module}; print('torch' in sys.modules)"

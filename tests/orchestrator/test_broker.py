@@ -1,0 +1,225 @@
+"""Control-plane transport against real brokers: the embedded amqtt one and a real Mosquitto.
+
+Every await has a timeout; topics are unique per test (a fresh run id)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from orchestrator.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
+from orchestrator.mqtt import client
+from protos.control_plane import (
+    TOPICS,
+    Schedule,
+    Stats,
+    Status,
+    Topics,
+    decode,
+    encode,
+)
+
+T = 10.0  # seconds: generous per-await bound on a loaded 2-core machine
+
+
+@asynccontextmanager
+async def _broker(kind: str) -> AsyncIterator[Any]:
+    if kind == "embedded":
+        async with EmbeddedBroker() as b:
+            yield b
+    else:
+        if mosquitto_binary() is None:
+            pytest.fail("mosquitto is not installed; scripts/bootstrap installs it (root, Debian)")
+        async with MosquittoBroker() as b:
+            yield b
+
+
+BROKERS = ["embedded", "mosquitto"]
+
+
+def _run(coro_fn: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(coro_fn(), 60))
+
+
+def _topics() -> Topics:
+    return Topics(f"t{uuid.uuid4().hex[:10]}")
+
+
+SCHEDULE = Schedule(
+    version=1,
+    peers=[0, 1, 2],
+    topology="ring",
+    weights=None,
+    kappa=1.0,
+    seed=0,
+    phases=[{"index": 1, "topology": "ring"}],
+)
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_retained_schedule_reaches_a_late_subscriber(kind: str) -> None:
+    async def main() -> None:
+        topics = _topics()
+        async with _broker(kind) as broker:
+            async with client(broker.url, "orch") as pub:
+                spec = TOPICS["schedule"]
+                await pub.publish(
+                    topics.topic("schedule"), encode(SCHEDULE), qos=spec.qos, retain=spec.retain
+                )
+            async with client(broker.url, "late") as sub:
+                await sub.subscribe(topics.wildcard("schedule"), qos=1)
+                msg = await asyncio.wait_for(anext(aiter(sub.messages)), T)
+                assert msg.retain
+                assert decode(str(msg.topic), bytes(msg.payload)) == SCHEDULE  # type: ignore[arg-type]
+
+    _run(main)
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_qos1_stats_round_trip_is_fast_with_nodelay(kind: str) -> None:
+    async def main() -> None:
+        topics = _topics()
+        async with (
+            _broker(kind) as broker,
+            client(broker.url, "peer") as peer,
+            client(broker.url, "orch") as orch,
+        ):
+            await orch.subscribe(topics.wildcard("stats"), qos=1)
+            await asyncio.sleep(0.1)
+            rtts = []
+            for step in range(20):
+                stats = Stats(peer=1, step=step, round=1, theta=0.5, grad_norm=1.0)
+                t0 = time.perf_counter()
+                await peer.publish(topics.topic("stats", 1), encode(stats), qos=1)
+                msg = await asyncio.wait_for(anext(aiter(orch.messages)), T)
+                rtts.append(time.perf_counter() - t0)
+                assert decode(str(msg.topic), bytes(msg.payload)) == stats  # type: ignore[arg-type]
+            # Nagle + delayed ACK would make every QoS 1 hop ≥ 40 ms; the median must be far
+            # below that (a loose bound: the machine is shared, but 40 ms is the failure mode)
+            assert sorted(rtts)[len(rtts) // 2] < 0.035
+
+    _run(main)
+
+
+_WILL_CLIENT = """
+import asyncio, sys
+import aiomqtt
+from orchestrator.mqtt import client
+from protos.control_plane import Status, encode
+async def main():
+    topic = sys.argv[2]
+    will = aiomqtt.Will(topic, encode(Status(peer=7, state="offline")), qos=1, retain=True)
+    async with client(sys.argv[1], "peer-7", will=will, keepalive=5) as c:
+        await c.publish(topic, encode(Status(peer=7, state="ready")), qos=1, retain=True)
+        print("ready", flush=True)
+        await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_last_will_announces_a_killed_peer_offline(kind: str) -> None:
+    async def main() -> None:
+        topics = _topics()
+        topic = topics.topic("status", 7)
+        async with _broker(kind) as broker, client(broker.url, "orch") as orch:
+            await orch.subscribe(topics.wildcard("status"), qos=1)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                _WILL_CLIENT,
+                broker.url,
+                topic,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            try:
+                assert proc.stdout is not None
+                line = (await asyncio.wait_for(proc.stdout.readline(), T)).decode()
+                assert line.strip() == "ready"
+                states = []
+
+                async def collect() -> None:
+                    async for msg in orch.messages:
+                        status = decode(str(msg.topic), bytes(msg.payload), expect=Status)
+                        states.append(status.state)  # type: ignore[attr-defined]
+                        if status.state == "offline":  # type: ignore[attr-defined]
+                            return
+
+                task = asyncio.create_task(collect(), name="collect-status")
+                await asyncio.sleep(0.3)
+                os.kill(proc.pid, signal.SIGKILL)  # no DISCONNECT: the broker sends the will
+                await asyncio.wait_for(task, T)
+                assert states[0] == "ready"
+                assert states[-1] == "offline"
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                await asyncio.wait_for(proc.wait(), T)
+
+    _run(main)
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_a_standard_client_sees_documented_topics_and_payloads(kind: str) -> None:
+    """mosquitto_sub (not our code) reads the retained topics; payloads decode per the schema."""
+    sub_bin = shutil.which("mosquitto_sub")
+    if sub_bin is None:
+        pytest.fail("mosquitto_sub is not installed (Debian package mosquitto-clients)")
+
+    async def main() -> None:
+        topics = _topics()
+        async with _broker(kind) as broker:
+            async with client(broker.url, "orch") as pub:
+                await pub.publish(topics.topic("schedule"), encode(SCHEDULE), qos=1, retain=True)
+                status = Status(peer=3, state="training", step=4)
+                await pub.publish(topics.topic("status", 3), encode(status), qos=1, retain=True)
+            out = await asyncio.to_thread(
+                subprocess.run,
+                [
+                    sub_bin,
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(broker.port),
+                    "-V",
+                    "mqttv311",
+                    "-t",
+                    topics.all(),
+                    "-C",
+                    "2",
+                    "-W",
+                    "10",
+                    "-F",
+                    "%t %x",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            assert out.returncode == 0, out.stderr
+            seen = {}
+            for line in out.stdout.splitlines():
+                topic, hexpayload = line.split(" ", 1)
+                seen[topic] = decode(topic, bytes.fromhex(hexpayload))
+            assert seen[topics.topic("schedule")] == SCHEDULE
+            assert seen[topics.topic("status", 3)] == status
+
+    _run(main)
+
+
+def test_broker_url_errors() -> None:
+    with pytest.raises(ValueError, match="mqtt://HOST"):
+        client("http://x:1", "c")
+    with pytest.raises(ValueError, match="invalid port"):
+        client("mqtt://x:99999", "c")
