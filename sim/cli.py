@@ -227,5 +227,54 @@ def sweep(
         _fail(str(exc))
 
 
+@main.command()
+@click.option(
+    "--config",
+    "config",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="the run's TOML config",
+)
+@click.option("--id", "peer_id", required=True, type=click.IntRange(min=0), help="this peer's id")
+@click.option(
+    "--listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="bind address (default: network.addresses[id])",
+)
+@click.option(
+    "--advertise",
+    default=None,
+    metavar="HOST:PORT",
+    help="address other peers reach this one at (default: the listen address)",
+)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="run directory (default: runs/peer-<id>)",
+)
+def peer(
+    config: Path,
+    peer_id: int,
+    listen: str | None,
+    advertise: str | None,
+    overrides: Sequence[str],
+    out: Path | None,
+) -> None:
+    """Run one peer: its replica, a gRPC server, and links to its graph neighbours."""
+    from core.config import load_config
+    from peer.app import PeerConfigError, run_peer
+
+    try:
+        cfg = load_config(config, list(overrides))
+        code = run_peer(cfg, peer_id, listen=listen, out=out or Path("runs") / f"peer-{peer_id}")
+    except (ConfigError, PeerConfigError) as exc:
+        _fail(str(exc))
+    del advertise  # static mode: the config's address list is authoritative
+    sys.exit(code)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,245 @@
+"""The peer process: ``concord peer --config RUN.toml --id I``.
+
+One asyncio event loop runs the gRPC server and the neighbour links; ONE worker thread runs the
+training loop — `core.loop.StepRunner` over `core.task.ClassificationTask` for this peer's replica,
+the very code the vectorized engine runs for all replicas at once — and talks to the loop only
+through `peer.comm.PeerComm`. Static mode (no orchestrator yet): the topology, the phase plan and
+every peer's address come from the config (``network.addresses``).
+
+Run directory (``--out``, default ``runs/peer-<id>``): ``metrics.jsonl`` (the step records of the
+vectorized engine plus this peer's round outcomes, and evaluations of its replica), ``log.jsonl``
+(structlog JSON, bound with run, peer, step and round), ``checkpoint.pt`` (load with
+``weights_only=True``), ``summary.json``. SIGTERM / SIGINT stop at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+import torch
+
+from core.config import RunConfig
+from core.loop import StepRunner
+from core.task import ClassificationTask
+from peer.comm import PeerComm
+from peer.serde import TENSOR_ALLREDUCE
+from peer.transport import Transport
+
+
+class PeerConfigError(ValueError):
+    """The run config cannot drive a static peer."""
+
+
+def tune_malloc() -> None:
+    """Serve big buffers from the heap and keep freed memory (TRANSPORT.md §4.1): fresh 64 MiB
+    buffers otherwise cost ~16k page faults each."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: nothing to tune
+        return
+    libc.mallopt(-3, 256 << 20)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+
+
+def check_static(cfg: RunConfig, peer_id: int) -> list[str]:
+    """Addresses of all peers, or a PeerConfigError saying what to change."""
+    addresses = cfg.network.addresses
+    if addresses is None:
+        raise PeerConfigError(
+            "network.addresses is not set: static peers need every peer's host:port "
+            "(one per peer, in id order)"
+        )
+    if not 0 <= peer_id < cfg.peers:
+        raise PeerConfigError(f"--id {peer_id} is not a peer of this run (0..{cfg.peers - 1})")
+    if cfg.controlled_phases():
+        raise PeerConfigError(
+            f"consensus control (control.mode = {cfg.control.mode!r}, phases "
+            f"{cfg.controlled_phases()}) needs the orchestrator; set control.mode = 'none' "
+            "for static peers"
+        )
+    if cfg.compression.codec != "none":
+        raise PeerConfigError("compression.codec must be 'none' on the gRPC data plane for now")
+    if cfg.dataset.augment:
+        raise PeerConfigError("dataset.augment is not supported by static peers yet")
+    return list(addresses)
+
+
+class _Writer:
+    def __init__(self, out: Path, cfg: RunConfig, peer_id: int) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.out = out
+        self._metrics: IO[str] = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        self._log: IO[str] = open(out / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self.log = structlog.wrap_logger(
+            structlog.WriteLogger(self._log),
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.JSONRenderer(),
+            ],
+        ).bind(run=cfg.name or "static", peer=peer_id)
+
+    def metric(self, record: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+
+    def close(self, summary: dict[str, Any]) -> None:
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self._metrics.close()
+        self._log.close()
+
+
+class PeerProcess:
+    def __init__(self, cfg: RunConfig, peer_id: int, *, listen: str | None, out: Path) -> None:
+        self.cfg = cfg
+        self.peer_id = peer_id
+        self.addresses = check_static(cfg, peer_id)
+        self.listen = listen or self.addresses[peer_id]
+        self.out = out
+        self.stop = threading.Event()
+        self.writer = _Writer(out, cfg, peer_id)
+        self.log = self.writer.log
+
+    def _device(self) -> torch.device:
+        gpus = torch.cuda.device_count() if self.cfg.device in ("auto", "cuda") else 0
+        if self.cfg.device.startswith("cuda:"):
+            return torch.device(self.cfg.device)
+        return torch.device(f"cuda:{self.peer_id % gpus}") if gpus else torch.device("cpu")
+
+    def _neighbours_ever(self, runner: StepRunner) -> list[int]:
+        n, i = self.cfg.peers, self.peer_id
+        if self.cfg.algorithm == "allreduce" or any(p.mode == "exact" for p in runner.plan.phases):
+            return [j for j in range(n) if j != i]
+        found: set[int] = set()
+        for phase in runner.plan.phases:
+            sched = runner.schedules.get(phase)
+            period = sched.period or 64  # random schedules: the first 64 rounds
+            for k in range(period):
+                W = sched.matrix(k)
+                found.update(j for j in range(n) if j != i and (W[i, j] > 0 or W[j, i] > 0))
+        return sorted(found)
+
+    async def main(self) -> int:
+        cfg, i = self.cfg, self.peer_id
+        torch.set_num_threads(cfg.threads or 1)
+        tune_malloc()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._request_stop, sig)
+        task = await asyncio.to_thread(ClassificationTask, cfg, [i], device=self._device())
+        transport = Transport(
+            run_id=cfg.name or "static",
+            peer_id=i,
+            world_size=cfg.peers,
+            addresses=self.addresses,
+            fingerprint=task.flat.fingerprint(),
+            dim=int(task.x.shape[1]),
+            codec="none",
+            chunk_bytes=cfg.network.chunk_bytes,
+            max_tensor_bytes=cfg.network.max_tensor_bytes,
+            deadline=cfg.network.deadline,
+            is_neighbour=lambda s, st, r, t: self._is_neighbour(runner, s, st, r, t),
+        )
+        comm = PeerComm(i, cfg.peers, transport, loop)
+        runner = StepRunner(cfg, task, comm)
+        port = await transport.start(self.listen)
+        self.log.info("peer.listening", address=self.listen, port=port)
+        missing = await transport.connect(
+            self._neighbours_ever(runner), timeout=max(30.0, 6 * cfg.network.deadline)
+        )
+        if missing:
+            self.log.warning("peer.start_without", missing=missing)
+        started = time.perf_counter()
+        try:
+            summary = await asyncio.to_thread(self._train, runner, task)
+        finally:
+            await transport.stop(grace=min(5.0, cfg.network.deadline))
+        summary.update(
+            wall_seconds=time.perf_counter() - started,
+            frames_rejected=dict(transport.counters.rejected),
+            tensors_received=transport.counters.received,
+            send_failures=transport.counters.send_failures,
+        )
+        self.log.info("peer.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
+        self.writer.close(summary)
+        return 0
+
+    def _request_stop(self, sig: signal.Signals) -> None:
+        self.log.info("peer.signal", signal=sig.name)
+        self.stop.set()
+
+    def _is_neighbour(
+        self, runner: StepRunner, sender: int, step: int, round: int, tensor_id: int
+    ) -> bool:
+        if tensor_id == TENSOR_ALLREDUCE:
+            return sender != self.peer_id
+        phase = runner.plan.phase_at(min(step, runner.total_steps - 1))
+        if phase.mode != "gossip":
+            return False
+        W = runner.schedules.get(phase).matrix(round)
+        return bool(W[self.peer_id, sender] > 0 or W[sender, self.peer_id] > 0)
+
+    def _train(self, runner: StepRunner, task: ClassificationTask) -> dict[str, Any]:
+        log, i = self.log, self.peer_id
+        interval = runner.eval_interval()
+        last_eval: dict[str, float] = {}
+        step = 0
+        for step in range(runner.total_steps):
+            if self.stop.is_set():
+                log.info("peer.stopping", step=step)
+                break
+            record, report = runner.step(step)
+            record["peer"] = i
+            record["missing"] = sorted({j for o in report.outcomes for m in o.missing for j in m})
+            if record["missing"]:
+                log.warning(
+                    "round.missing",
+                    step=step,
+                    round=record["rounds_total"],
+                    neighbours=record["missing"],
+                )
+            self.writer.metric(record)
+            final = step == runner.total_steps - 1
+            if (step + 1) % interval == 0 or final:
+                ev = task.evaluate(peers=True)
+                last_eval = {"accuracy": ev["acc_mean_peer"], "loss": ev["loss_mean_peer"]}
+                self.writer.metric({"kind": "eval", "step": step, "peer": i, **last_eval})
+                self._checkpoint(task, runner, step)
+        else:
+            step = runner.total_steps
+        return {
+            "engine": "processes",
+            "peer": i,
+            "steps": step,
+            "completed": step == runner.total_steps,
+            "accuracy": last_eval.get("accuracy"),
+            "gossip_rounds_total": runner.rounds_total,
+            "bytes_sent_total": runner.comm.counters.bytes_wire,
+            "run_dir": str(self.out),
+        }
+
+    def _checkpoint(self, task: ClassificationTask, runner: StepRunner, step: int) -> None:
+        state: dict[str, Any] = {
+            "step": torch.tensor(step),
+            "params": task.x.detach().cpu(),
+            "algorithm": {k: v.detach().cpu() for k, v in runner.algorithm.state_dict().items()},
+        }
+        buffers = task.flat.buffers_flat()
+        if buffers is not None:
+            state["buffers"] = buffers.detach().cpu()
+        tmp = self.out / "checkpoint.pt.tmp"
+        torch.save(state, tmp)
+        tmp.replace(self.out / "checkpoint.pt")
+
+
+def run_peer(cfg: RunConfig, peer_id: int, *, listen: str | None, out: Path) -> int:
+    process = PeerProcess(cfg, peer_id, listen=listen, out=out)
+    return asyncio.run(process.main())

@@ -1,0 +1,163 @@
+"""`PeerComm`: the `core.comm.Comm` interface of one peer, backed by the gRPC transport.
+
+The training thread calls these methods synchronously; each submits one coroutine to the peer's
+event loop (`asyncio.run_coroutine_threadsafe`) and waits for it. All tensor arithmetic (packing,
+the weighted sum, renormalisation) happens here, in the training thread, never on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
+from peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
+
+if TYPE_CHECKING:
+    from core.compress import Codec
+
+    from peer.transport import Arrival, Transport
+
+
+class PeerComm(Comm):
+    def __init__(
+        self, rank: int, world_size: int, transport: Transport, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.rank = rank
+        self.n = world_size
+        self.transport = transport
+        self.loop = loop
+        self.counters = CommCounters()
+        self.last_outcome: MixOutcome | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.n
+
+    @property
+    def ranks(self) -> Sequence[int]:
+        return (self.rank,)
+
+    def _round(
+        self,
+        *,
+        step: int,
+        round: int,
+        tensor_id: int,
+        values: torch.Tensor,
+        send_to: list[int],
+        receive_from: list[int],
+    ) -> tuple[dict[int, Arrival], MixOutcome]:
+        parts = {"values": values.detach().to(torch.float32).contiguous().view(-1)}
+        coro = self.transport.round_(
+            step=step,
+            round=round,
+            tensor_id=tensor_id,
+            codec="none",
+            parts=parts,
+            send_to=send_to,
+            receive_from=receive_from,
+        )
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        arrived, outcome = future.result(timeout=3 * self.transport.deadline + 30)
+        nbytes = parts["values"].numel() * 4
+        self.counters.add(
+            raw=len(send_to) * nbytes, wire=len(send_to) * nbytes, messages=len(send_to)
+        )
+        self.last_outcome = outcome
+        return arrived, outcome
+
+    def mix(
+        self,
+        x: torch.Tensor,
+        W: np.ndarray,
+        *,
+        codec: Codec | None = None,
+        step: int = 0,
+        round: int = 0,
+    ) -> MixResult:
+        if codec is not None and codec.name != "none":
+            raise ValueError(
+                f"codec {codec.name!r} is not supported on the gRPC data plane yet; "
+                "use compression.codec = 'none' with real peers"
+            )
+        i = self.rank
+        receive_from = [j for j in range(self.n) if j != i and W[i, j] > 0]
+        send_to = [j for j in range(self.n) if j != i and W[j, i] > 0]
+        arrived, outcome = self._round(
+            step=step,
+            round=round,
+            tensor_id=TENSOR_MIX,
+            values=x[0],
+            send_to=send_to,
+            receive_from=receive_from,
+        )
+        acc = x[0] * float(W[i, i])
+        total = float(W[i, i])
+        for j in receive_from:
+            got = arrived.get(j)
+            if got is not None:
+                acc = acc + got.tensors()["values"].to(x.dtype) * float(W[i, j])
+                total += float(W[i, j])
+        if abs(total - 1.0) > 1e-12:  # renormalise over what arrived
+            acc = acc / total
+        self.counters.rounds += 1
+        return MixResult(x=acc.unsqueeze(0), outcome=outcome, sent=x)
+
+    def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
+        """All-to-all over gRPC (n − 1 messages per peer; fine for the small n of one host or a
+        lab; a ring all-reduce is the scalable alternative). Missing peers are left out."""
+        others = [j for j in range(self.n) if j != self.rank]
+        arrived, _ = self._round(
+            step=step,
+            round=0,
+            tensor_id=TENSOR_ALLREDUCE,
+            values=x[0],
+            send_to=others,
+            receive_from=others,
+        )
+        total = x[0].clone()
+        for j in sorted(arrived):
+            total += arrived[j].tensors()["values"].to(x.dtype)
+        return (total / (1 + len(arrived))).unsqueeze(0)
+
+    def exchange(
+        self,
+        outgoing: Mapping[Edge, torch.Tensor],
+        incoming: Sequence[Edge],
+        *,
+        step: int = 0,
+        round: int = 0,
+    ) -> dict[Edge, torch.Tensor]:
+        """Per-edge messages (RelaySGD, push-sum): one tensor per outgoing edge, then every
+        incoming edge's tensor (tensor id TENSOR_EDGE; receivers tell edges apart by sender)."""
+        for src, _ in outgoing:
+            if src != self.rank:
+                raise ValueError(f"edge from {src}: this peer is {self.rank}")
+        for (_, dst), tensor in outgoing.items():
+            self._round(
+                step=step,
+                round=round,
+                tensor_id=TENSOR_EDGE,
+                values=tensor,
+                send_to=[dst],
+                receive_from=[],
+            )
+        sources = [src for src, dst in incoming if dst == self.rank]
+        arrived, _ = self._round(
+            step=step,
+            round=round,
+            tensor_id=TENSOR_EDGE,
+            values=torch.zeros(0),
+            send_to=[],
+            receive_from=sources,
+        )
+        return {
+            (src, dst): arrived[src].tensors()["values"].clone()
+            for src, dst in incoming
+            if src in arrived
+        }

@@ -1,0 +1,146 @@
+"""Checks on every incoming frame and tensor, as pure functions.
+
+A failed check raises `RejectedError` with a domain reason; the transport maps reasons to gRPC
+status codes in one place (`peer.transport.STATUS_OF`), logs sender and reason, counts it, and keeps
+serving everyone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from peer.serde import PROTOCOL_VERSION, FrameInfo, Hello, PartSpec
+
+Reason = Literal["invalid", "precondition", "permission", "too-big"]
+
+ALLOWED_DTYPES = (
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.int32,
+    torch.uint8,
+)
+STEP_WINDOW = 2  # a neighbour may be this many steps ahead of us
+
+
+class RejectedError(Exception):
+    """A frame or handshake that breaks the contract."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}")
+
+
+@dataclass(frozen=True)
+class ReceiverView:
+    """What the receiver knows when a frame arrives."""
+
+    run_id: str
+    peer_id: int
+    fingerprint: str
+    dim: int  # the model's parameter count
+    codecs: frozenset[str]  # codecs this peer decodes
+    chunk_bytes: int
+    max_tensor_bytes: int
+    current_step: int  # the step this peer is in (or about to enter)
+    is_neighbour: Callable[[int, int, int, int], bool]  # (sender, step, round, tensor id)
+    world_size: int
+
+
+def check_hello(h: Hello, view: ReceiverView) -> None:
+    if h.run_id != view.run_id:
+        raise RejectedError(
+            "permission", f"run {h.run_id!r} is not this peer's run {view.run_id!r}"
+        )
+    if h.protocol_version != PROTOCOL_VERSION:
+        raise RejectedError(
+            "precondition",
+            f"protocol version {h.protocol_version}; this peer speaks {PROTOCOL_VERSION}",
+        )
+    if not 0 <= h.peer_id < view.world_size or h.peer_id == view.peer_id:
+        raise RejectedError("permission", f"peer id {h.peer_id} is not another peer of this run")
+    if h.model_fingerprint != view.fingerprint:
+        raise RejectedError(
+            "precondition",
+            f"model fingerprint {h.model_fingerprint[:12]}… differs from {view.fingerprint[:12]}…"
+            " (different model architecture or size)",
+        )
+    if h.codec is None or h.codec not in view.codecs:
+        raise RejectedError("invalid", f"codec {h.codec!r} is not decoded by this peer")
+
+
+def check_frame(f: FrameInfo, body_len: int, view: ReceiverView, *, expected_sender: int) -> None:
+    """Header checks of one chunk (before its body is stored)."""
+    if f.run_id != view.run_id:
+        raise RejectedError("permission", f"frame of run {f.run_id!r}")
+    if f.sender != expected_sender:
+        raise RejectedError(
+            "permission", f"frame claims sender {f.sender} on peer {expected_sender}'s stream"
+        )
+    if body_len > view.chunk_bytes:
+        raise RejectedError("too-big", f"chunk of {body_len} bytes > limit {view.chunk_bytes}")
+    if f.byte_length > view.max_tensor_bytes:
+        raise RejectedError(
+            "too-big", f"tensor of {f.byte_length} bytes > limit {view.max_tensor_bytes}"
+        )
+    if f.codec is None or f.codec not in view.codecs:
+        raise RejectedError("invalid", "unknown or unsupported codec")
+    if f.dim != view.dim:
+        raise RejectedError(
+            "precondition", f"tensor of dimension {f.dim}; the model has {view.dim}"
+        )
+    if not 0 <= f.chunk_index < f.chunk_count:
+        raise RejectedError("invalid", f"chunk {f.chunk_index} of {f.chunk_count}")
+    if f.chunk_offset + body_len > f.byte_length:
+        raise RejectedError(
+            "invalid",
+            f"chunk at {f.chunk_offset}+{body_len} exceeds the tensor's {f.byte_length} bytes",
+        )
+    if f.step > view.current_step + STEP_WINDOW:
+        raise RejectedError(
+            "precondition", f"step {f.step} is too far ahead of this peer's {view.current_step}"
+        )
+    if not view.is_neighbour(f.sender, f.step, f.round, f.tensor_id):
+        raise RejectedError(
+            "permission", f"peer {f.sender} is not a neighbour in step {f.step} round {f.round}"
+        )
+    if f.chunk_index == 0:
+        check_parts(f, view)
+
+
+def check_parts(f: FrameInfo, view: ReceiverView) -> None:
+    if f.parts is None:
+        raise RejectedError("invalid", "part table has an unknown dtype")
+    if not f.parts:
+        raise RejectedError("invalid", "chunk 0 carries no part table")
+    end = 0
+    for p in f.parts:
+        if p.dtype not in ALLOWED_DTYPES:
+            raise RejectedError("invalid", f"part {p.name!r} has dtype {p.dtype}")
+        if p.offset != end:
+            raise RejectedError("invalid", f"part {p.name!r} at offset {p.offset}, expected {end}")
+        end += p.nbytes
+    if end != f.byte_length:
+        raise RejectedError("invalid", f"parts cover {end} bytes, tensor has {f.byte_length}")
+    if f.codec == "none":
+        names = [(p.name, p.dtype, p.numel) for p in f.parts]
+        if names != [("values", torch.float32, view.dim)]:
+            raise RejectedError(
+                "invalid",
+                f"codec 'none' expects one float32 'values' part of {view.dim}; got {names}",
+            )
+
+
+def check_values(tensors: dict[str, torch.Tensor], parts: tuple[PartSpec, ...]) -> None:
+    """Finite values in every floating part of an assembled tensor."""
+    for p in parts:
+        t = tensors[p.name]
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise RejectedError("invalid", f"part {p.name!r} has {bad} non-finite value(s)")
