@@ -175,6 +175,9 @@ class NetworkConfig(_Section):
         default=None, description="static mode: peer i listens at addresses[i] ('host:port')"
     )
     deadline: float = Field(default=10.0, gt=0, description="seconds a round waits per edge")
+    startup_timeout: float = Field(
+        default=60.0, gt=0, description="seconds a peer waits for its neighbours at start"
+    )
     chunk_bytes: int = Field(default=1 << 20, ge=1024, le=4 << 20)
     max_tensor_bytes: int = Field(default=1 << 30, ge=1024)
     tls: TLSConfig | None = None

@@ -20,6 +20,7 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -78,14 +79,26 @@ class _Writer:
         self.out = out
         self._metrics: IO[str] = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self._log: IO[str] = open(out / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        self.log = structlog.wrap_logger(
-            structlog.WriteLogger(self._log),
+        run = cfg.name or "static"
+
+        def identity(_: Any, __: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+            event.setdefault("run", run)
+            event.setdefault("peer", peer_id)
+            return event
+
+        # one JSON log per process: every module logger (structlog.get_logger) writes here
+        structlog.configure(
             processors=[
+                structlog.contextvars.merge_contextvars,
+                identity,
                 structlog.processors.add_log_level,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
                 structlog.processors.JSONRenderer(),
             ],
-        ).bind(run=cfg.name or "static", peer=peer_id)
+            logger_factory=structlog.WriteLoggerFactory(file=self._log),
+            cache_logger_on_first_use=False,
+        )
+        self.log = structlog.get_logger("peer.app")
 
     def metric(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(record) + "\n")
@@ -153,7 +166,7 @@ class PeerProcess:
         port = await transport.start(self.listen)
         self.log.info("peer.listening", address=self.listen, port=port)
         missing = await transport.connect(
-            self._neighbours_ever(runner), timeout=max(30.0, 6 * cfg.network.deadline)
+            self._neighbours_ever(runner), timeout=cfg.network.startup_timeout
         )
         if missing:
             self.log.warning("peer.start_without", missing=missing)

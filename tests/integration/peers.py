@@ -1,0 +1,70 @@
+"""Helpers to run real `concord peer` processes on loopback for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def write_config(path: Path, peers: int, extra: str = "", *, deadline: float = 5.0) -> Path:
+    addresses = ", ".join(f'"127.0.0.1:{p}"' for p in free_ports(peers))
+    path.write_text(
+        f'name = "itest"\npeers = {peers}\n{extra}\n'
+        f"[network]\naddresses = [{addresses}]\ndeadline = {deadline}\n"
+    )
+    return path
+
+
+class Peers:
+    """n peer processes (spawned with subprocess, never forked from a torch process)."""
+
+    def __init__(self, config: Path, out: Path, ids: list[int]) -> None:
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.out = out
+        for i in ids:
+            log = open(out / f"peer-{i}.stderr", "wb")  # noqa: SIM115 - closed in wait()
+            self.procs[i] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sim.cli",
+                    "peer",
+                    "--config",
+                    str(config),
+                    "--id",
+                    str(i),
+                    "--out",
+                    str(out / f"peer-{i}"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def wait(self, timeout: float = 120) -> dict[int, int]:
+        codes = {}
+        for i, p in self.procs.items():
+            codes[i] = p.wait(timeout=timeout)
+        return codes
+
+    def kill_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait(timeout=10)

@@ -1,0 +1,143 @@
+"""A neighbour that sends garbage is rejected with a specific gRPC status, named in the log,
+and the peer keeps running (real peer process, a raw gRPC client as the bad neighbour)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from core.config import load_config
+from core.models import FlatParams, build_model
+from peer import serde
+from protos import data_plane_pb2 as pb
+from protos import data_plane_pb2_grpc as pb_grpc
+from tests.integration.peers import Peers, write_config
+
+CONFIG = """epochs = 500
+topology = "ring"
+seed = 1
+[dataset]
+samples = 800
+[model]
+name = "mlp"
+hidden = [8]
+[control]
+mode = "none"
+"""
+
+
+def _exchange(stub: pb_grpc.GossipStub, frames: list[pb.TensorFrame]) -> grpc.RpcError | None:
+    try:
+        for _ in stub.Exchange(iter(frames), timeout=10):
+            pass
+    except grpc.RpcError as exc:
+        return exc
+    return None
+
+
+def test_garbage_frames_are_rejected_and_the_peer_keeps_running(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "run.toml", 2, CONFIG, deadline=0.2)
+    text = config.read_text().replace("[network]", "[network]\nstartup_timeout = 1.0")
+    config.write_text(text)
+    cfg = load_config(config, environ={})
+    model = build_model("mlp", 1, input_shape=(40,), num_classes=10, hidden=[8])
+    flat = FlatParams(model)
+    dim = flat.d
+    peers = Peers(config, tmp_path, [0])  # we play peer 1
+    try:
+        metrics = tmp_path / "peer-0" / "metrics.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+            metrics.is_file() and metrics.read_text().count("\n") > 3
+        ):
+            time.sleep(0.1)
+        step = json.loads(metrics.read_text().splitlines()[-1])["step"]
+        channel = grpc.insecure_channel(cfg.network.addresses[0])  # type: ignore[index]
+        stub = pb_grpc.GossipStub(channel)
+
+        # frames before the handshake
+        good = {"values": torch.zeros(dim)}
+
+        def make(**kw: object) -> list[pb.TensorFrame]:
+            args: dict = {
+                "run_id": "itest",
+                "sender": 1,
+                "step": step,
+                "round": step,
+                "tensor_id": 0,
+                "codec": "none",
+                "dim": dim,
+                "parts": good,
+                "chunk_bytes": 1 << 20,
+            }
+            args.update(kw)
+            return list(serde.frames(**args))
+
+        err = _exchange(stub, make())
+        assert err is not None
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+
+        # a handshake with the wrong model is refused with the reason
+        reply = stub.Hello(serde.hello_request("itest", 1, "0" * 64, "none"), timeout=10)
+        assert not reply.accepted
+        assert "fingerprint" in reply.reason
+        reply = stub.Hello(serde.hello_request("itest", 1, flat.fingerprint(), "none"), timeout=10)
+        assert reply.accepted, reply.reason
+
+        nan = {"values": torch.full((dim,), float("nan"))}
+        cases = [
+            (make(parts=nan), grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
+            (
+                make(dim=dim + 1, parts={"values": torch.zeros(dim + 1)}),
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "dimension",
+            ),
+            (make(step=step + 1000), grpc.StatusCode.FAILED_PRECONDITION, "too far ahead"),
+            (make(sender=0), grpc.StatusCode.PERMISSION_DENIED, "before Hello"),
+            (make(run_id="other"), grpc.StatusCode.PERMISSION_DENIED, "run"),
+        ]
+        big = make(chunk_bytes=8 << 20, parts={"values": torch.zeros(dim)})
+        big[0].body = b"\0" * (2 << 20)  # a 2 MiB chunk: over the 1 MiB chunk limit
+        cases.append((big, grpc.StatusCode.RESOURCE_EXHAUSTED, "limit"))
+        for frames, code, text in cases:
+            err = _exchange(stub, frames)
+            assert err is not None, text
+            assert err.code() == code, (text, err)
+            assert text in (err.details() or ""), (text, err.details())
+        channel.close()
+
+        # the peer is still training (its step keeps advancing), then stops cleanly
+        before = json.loads(metrics.read_text().splitlines()[-1])["step"]
+        time.sleep(1.0)
+        after = json.loads(metrics.read_text().splitlines()[-1])["step"]
+        assert after > before
+        peers.procs[0].send_signal(signal.SIGTERM)
+        assert peers.wait(timeout=60) == {0: 0}
+        log = [
+            json.loads(line)
+            for line in (tmp_path / "peer-0" / "log.jsonl").read_text().splitlines()
+        ]
+        rejected = [e for e in log if e["event"] == "frame.rejected"]
+        assert len(rejected) == len(cases) + 1
+        assert all(e["sender"] in (0, 1) and e["reason"] for e in rejected)
+        summary = json.loads((tmp_path / "peer-0" / "summary.json").read_text())
+        assert sum(summary["frames_rejected"].values()) >= len(cases) + 1
+    finally:
+        peers.kill_all()
+
+
+@pytest.mark.parametrize("peers_count", [2])
+def test_static_peer_refuses_consensus_control_without_orchestrator(
+    tmp_path: Path, peers_count: int
+) -> None:
+    config = write_config(tmp_path / "run.toml", peers_count, "epochs = 1\n")
+    peers = Peers(config, tmp_path, [0])
+    codes = peers.wait(timeout=60)
+    assert codes == {0: 2}
+    assert "needs the orchestrator" in (tmp_path / "peer-0.stderr").read_text()

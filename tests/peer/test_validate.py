@@ -1,0 +1,102 @@
+"""Frame and handshake checks (pure functions) with the reason each bad input gets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from peer.serde import PROTOCOL_VERSION, FrameInfo, Hello, PartSpec, frame_from_wire, frames
+from peer.validate import ReceiverView, RejectedError, check_frame, check_hello, check_values
+
+VIEW = ReceiverView(
+    run_id="r",
+    peer_id=0,
+    fingerprint="f" * 64,
+    dim=10,
+    codecs=frozenset({"none"}),
+    chunk_bytes=16,
+    max_tensor_bytes=1 << 20,
+    current_step=5,
+    is_neighbour=lambda s, st, r, t: s == 1,
+    world_size=4,
+)
+
+
+def _frames(**kw: object) -> list[tuple[FrameInfo, bytes]]:
+    args: dict = {
+        "run_id": "r",
+        "sender": 1,
+        "step": 5,
+        "round": 7,
+        "tensor_id": 0,
+        "codec": "none",
+        "dim": 10,
+        "parts": {"values": torch.arange(10, dtype=torch.float32)},
+        "chunk_bytes": 16,
+    }
+    args.update(kw)
+    return [frame_from_wire(f) for f in frames(**args)]
+
+
+def test_good_frames_pass_and_chunking_covers_the_payload() -> None:
+    got = _frames()
+    assert len(got) == 3  # 40 bytes in 16-byte chunks
+    assert [f.chunk_offset for f, _ in got] == [0, 16, 32]
+    for f, body in got:
+        check_frame(f, len(body), VIEW, expected_sender=1)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "text"),
+    [
+        ({"run_id": "x"}, "permission", "run"),
+        ({"sender": 2}, "permission", "claims sender"),
+        ({"step": 8}, "precondition", "too far ahead"),
+        ({"byte_length": 1 << 21}, "too-big", "limit"),
+        ({"dim": 11}, "precondition", "dimension"),
+        ({"codec": None}, "invalid", "codec"),
+        ({"chunk_index": 3}, "invalid", "chunk 3 of 3"),
+        ({"parts": None}, "invalid", "unknown dtype"),
+        ({"parts": (PartSpec("values", torch.float64, 5, 0),)}, "invalid", "dtype"),
+        ({"parts": (PartSpec("values", torch.float32, 9, 0),)}, "invalid", "cover"),
+    ],
+)
+def test_bad_headers_are_rejected_with_a_reason(change: dict, reason: str, text: str) -> None:
+    f, body = _frames()[0]
+    with pytest.raises(RejectedError, match=text) as info:
+        check_frame(dataclasses.replace(f, **change), len(body), VIEW, expected_sender=1)
+    assert info.value.reason == reason
+
+
+def test_oversized_chunk_and_non_neighbour() -> None:
+    f, _ = _frames()[0]
+    with pytest.raises(RejectedError, match="limit 16") as info:
+        check_frame(f, 17, VIEW, expected_sender=1)
+    assert info.value.reason == "too-big"
+    g, body = _frames(sender=3)[0]
+    with pytest.raises(RejectedError, match="not a neighbour"):
+        check_frame(g, len(body), VIEW, expected_sender=3)
+
+
+def test_non_finite_values_are_rejected() -> None:
+    parts = (PartSpec("values", torch.float32, 3, 0),)
+    check_values({"values": torch.tensor([1.0, 2.0, 3.0])}, parts)
+    with pytest.raises(RejectedError, match="2 non-finite"):
+        check_values({"values": torch.tensor([1.0, float("nan"), float("inf")])}, parts)
+
+
+def test_handshake_checks() -> None:
+    good = Hello("r", 1, PROTOCOL_VERSION, "f" * 64, "none")
+    check_hello(good, VIEW)
+    for bad, text in [
+        (dataclasses.replace(good, run_id="x"), "run"),
+        (dataclasses.replace(good, protocol_version=9), "protocol version 9"),
+        (dataclasses.replace(good, peer_id=0), "not another peer"),
+        (dataclasses.replace(good, peer_id=7), "not another peer"),
+        (dataclasses.replace(good, model_fingerprint="g" * 64), "fingerprint"),
+        (dataclasses.replace(good, codec="topk"), "codec"),
+    ]:
+        with pytest.raises(RejectedError, match=text):
+            check_hello(bad, VIEW)
