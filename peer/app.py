@@ -30,13 +30,18 @@ import torch
 from core.config import RunConfig
 from core.loop import StepRunner
 from core.task import ClassificationTask
+from peer.certs import CertError
 from peer.comm import PeerComm
 from peer.serde import TENSOR_ALLREDUCE
+from peer.tls import load_credentials
 from peer.transport import Transport
 
 
 class PeerConfigError(ValueError):
     """The run config cannot drive a static peer."""
+
+
+__all__ = ["CertError", "PeerConfigError", "PeerProcess", "run_peer"]
 
 
 def tune_malloc() -> None:
@@ -147,6 +152,10 @@ class PeerProcess:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
+        server_creds = channel_creds = None
+        if cfg.network.tls is not None:
+            t = cfg.network.tls
+            server_creds, channel_creds = load_credentials(t.ca, t.cert, t.key, i)
         task = await asyncio.to_thread(ClassificationTask, cfg, [i], device=self._device())
         transport = Transport(
             run_id=cfg.name or "static",
@@ -160,6 +169,8 @@ class PeerProcess:
             max_tensor_bytes=cfg.network.max_tensor_bytes,
             deadline=cfg.network.deadline,
             is_neighbour=lambda s, st, r, t: self._is_neighbour(runner, s, st, r, t),
+            server_credentials=server_creds,
+            channel_credentials=channel_creds,
         )
         comm = PeerComm(i, cfg.peers, transport, loop)
         runner = StepRunner(cfg, task, comm)

@@ -265,15 +265,71 @@ def peer(
 ) -> None:
     """Run one peer: its replica, a gRPC server, and links to its graph neighbours."""
     from core.config import load_config
-    from peer.app import PeerConfigError, run_peer
+    from peer.app import CertError, PeerConfigError, run_peer
 
     try:
         cfg = load_config(config, list(overrides))
         code = run_peer(cfg, peer_id, listen=listen, out=out or Path("runs") / f"peer-{peer_id}")
-    except (ConfigError, PeerConfigError) as exc:
+    except (ConfigError, PeerConfigError, CertError) as exc:
         _fail(str(exc))
     del advertise  # static mode: the config's address list is authoritative
     sys.exit(code)
+
+
+@main.group()
+def certs() -> None:
+    """mTLS material: a run CA and per-peer certificates (network.tls in the run config)."""
+
+
+@certs.command("init")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("certs"),
+    show_default=True,
+)
+@click.option("--run-id", default="concord", show_default=True)
+@click.option("--days", type=click.IntRange(min=1), default=365, show_default=True)
+@click.option("--force", is_flag=True, help="replace an existing CA")
+def certs_init(directory: Path, run_id: str, days: int, force: bool) -> None:
+    """Create the run CA (ca.key 0600, ca.crt)."""
+    from peer.certs import CertError, init_ca
+
+    try:
+        files = init_ca(directory, run_id=run_id, days=days, overwrite=force)
+    except CertError as exc:
+        _fail(str(exc))
+    click.echo(f"wrote {files.key} and {files.cert}")
+
+
+@certs.command("issue")
+@click.option("--peer", "peer_id", type=click.IntRange(min=0), required=True)
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("certs"),
+    show_default=True,
+)
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    help="IP or DNS name the peer is reached at (repeatable; default 127.0.0.1, localhost)",
+)
+@click.option("--days", type=click.IntRange(min=1), default=365, show_default=True)
+def certs_issue(peer_id: int, directory: Path, hosts: Sequence[str], days: int) -> None:
+    """Issue peer-<id>.key (0600) and peer-<id>.crt signed by the run CA."""
+    from peer.certs import CertError, issue_peer
+
+    try:
+        files = issue_peer(
+            directory, peer_id, hosts=list(hosts) or ["127.0.0.1", "localhost"], days=days
+        )
+    except CertError as exc:
+        _fail(str(exc))
+    click.echo(f"wrote {files.key} and {files.cert}")
 
 
 if __name__ == "__main__":
