@@ -242,7 +242,9 @@ class Link:
         self.refused: str | None = None  # the neighbour rejected our Hello (permanent)
         self.acks: dict[tuple[int, int, int], asyncio.Future[None]] = {}
 
-    async def connect(self, timeout: float) -> bool:
+    async def connect(self, timeout: float, *, wait_for_ready: bool = False) -> bool:
+        """Handshake; ``wait_for_ready`` keeps trying until ``timeout`` (start-up barrier),
+        otherwise a refused connection fails at once (reconnects of a dead neighbour)."""
         if self.up:
             return True
         await self.close()
@@ -254,7 +256,7 @@ class Link:
             else:
                 self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
             stub = pb_grpc.GossipStub(self.channel)
-            reply = await stub.Hello(self.t.hello, timeout=timeout, wait_for_ready=True)
+            reply = await stub.Hello(self.t.hello, timeout=timeout, wait_for_ready=wait_for_ready)
             if not reply.accepted:
                 self.refused = reply.reason
                 log.error(
@@ -406,7 +408,9 @@ class Transport:
 
     async def connect(self, peers: Sequence[int], timeout: float) -> list[int]:
         """Handshake with ``peers`` (start-up barrier); returns those that did not answer."""
-        ok = await asyncio.gather(*(self.links[j].connect(timeout) for j in peers))
+        ok = await asyncio.gather(
+            *(self.links[j].connect(timeout, wait_for_ready=True) for j in peers)
+        )
         return [j for j, good in zip(peers, ok, strict=True) if not good]
 
     async def round_(
@@ -448,10 +452,17 @@ class Transport:
         missing: list[int] = []
         for j, fut in futures.items():
             link = self.links[j]
-            # a neighbour we cannot reach is not waited for (beyond a short grace)
-            wait = max(0.0, end - loop.time()) if link.up else min(0.05, self.deadline)
+            # a neighbour we cannot reach is not waited for: we take its tensor if it is here
+            if fut.done() and not fut.cancelled():
+                arrived[j] = fut.result()
+                continue
+            if not link.up:
+                missing.append(j)
+                continue
             try:
-                arrived[j] = await asyncio.wait_for(asyncio.shield(fut), wait)
+                arrived[j] = await asyncio.wait_for(
+                    asyncio.shield(fut), max(0.0, end - loop.time())
+                )
             except (TimeoutError, asyncio.CancelledError):
                 missing.append(j)
         outcome = MixOutcome(answered=[sorted(arrived)], missing=[missing], rejected=[[]])
