@@ -10,7 +10,8 @@ Each contender runs its sender and receiver in two spawned processes (the gRPC p
 as `concord peer` does); time = from the first byte sent to the receiver's acknowledgement,
 median of ``--repeats`` after one warm-up. The gRPC contender is the real
 `peer.transport.Transport` on both sides (frames, validation, finiteness check, per-tensor Ack).
-Last line: a JSON object with MB/s per size and the ratios at 64 MiB, ``ratio_vs_naive_streams`` and ``ratio_vs_best_raw_tcp``.
+Last line: a JSON object with MB/s per size and the ratios at 64 MiB,
+``ratio_vs_naive_streams`` and ``ratio_vs_best_raw_tcp``.
 
     python bench/transport.py [--sizes 1,16,64,256] [--repeats 5] [--json-only]
 """
