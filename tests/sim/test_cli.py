@@ -70,3 +70,32 @@ def test_sim_runs_and_prints_final_table(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert (out / "summary.json").is_file()
     assert "accuracy" in r.output.lower()
+
+
+def test_certs_commands(tmp_path: Path) -> None:
+    d = str(tmp_path / "certs")
+    r = CliRunner().invoke(main, ["certs", "init", "--dir", d, "--run-id", "x"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(
+        main, ["certs", "issue", "--dir", d, "--peer", "2", "--host", "10.1.1.1"]
+    )
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "certs" / "peer-2.crt").is_file()
+    r = CliRunner().invoke(main, ["certs", "init", "--dir", d])
+    assert r.exit_code == 2
+    assert "--force" in r.output
+    r = CliRunner().invoke(main, ["certs", "issue", "--dir", str(tmp_path / "none"), "--peer", "0"])
+    assert r.exit_code == 2
+    assert "concord certs init" in r.output
+
+
+def test_peer_command_errors(tmp_path: Path) -> None:
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('peers = 2\n[control]\nmode = "none"\n')
+    r = CliRunner().invoke(main, ["peer", "--config", str(cfg), "--id", "0"])
+    assert r.exit_code == 2
+    assert "network.addresses" in r.output
+    cfg.write_text('peers = 2\n[control]\nmode = "none"\n[network]\naddresses = ["a:1"]\n')
+    r = CliRunner().invoke(main, ["peer", "--config", str(cfg), "--id", "0"])
+    assert r.exit_code == 2
+    assert "lists 1 addresses for 2 peers" in r.output
