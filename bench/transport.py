@@ -217,7 +217,7 @@ def _grpc_sender(addresses: list[str], size: int, repeats: int, out: Any) -> Non
             key = (step, step, 0)
             if not await link.send(frames, key, 120.0):
                 raise RuntimeError("send failed")
-            await asyncio.wait_for(link.acks[key], 120.0)
+            await asyncio.wait_for(link.acks[key], 120.0)  # kept until the next send
             times.append(time.perf_counter() - t0)
         await t.stop(1.0)
         return times[1:]

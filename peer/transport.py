@@ -277,7 +277,7 @@ class Link:
     async def _read_acks(self) -> None:
         try:
             async for ack in self.call:
-                fut = self.acks.pop((ack.step, ack.round, ack.tensor_id), None)
+                fut = self.acks.get((ack.step, ack.round, ack.tensor_id))
                 if fut is not None and not fut.done():
                     fut.set_result(None)
         except grpc.aio.AioRpcError as exc:
@@ -312,6 +312,8 @@ class Link:
             time.monotonic() < self.next_try or not await self.connect(min(timeout, 2.0))
         ):
             return False
+        for done in [k for k, f in self.acks.items() if f.done()]:
+            del self.acks[done]
         self.acks[key] = asyncio.get_running_loop().create_future()
         try:
             for frame in frames:
