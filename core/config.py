@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core.topology import TOPOLOGY_NAMES
 
-ALGORITHM_NAMES: tuple[str, ...] = ("allreduce", "dsgd")
+ALGORITHM_NAMES: tuple[str, ...] = ("allreduce", "dsgd", "choco")
+TIME_VARYING = ("exponential-one-peer", "bipartite-exponential", "random-matching")
 DATASET_NAMES: tuple[str, ...] = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
 MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn1d", "cnn", "resnet20")
 PARTITION_NAMES: tuple[str, ...] = ("iid", "dirichlet", "sorted", "shards")
@@ -307,6 +308,22 @@ class RunConfig(_Section):
                 problems.append(
                     "control.statistic 'xi' (exact consensus distance) is only known in the "
                     "vectorized engine; real peers control on the estimator 'theta'"
+                )
+        codec = self.compression.codec
+        if codec not in ("none", "fp16", "bf16") and self.algorithm != "choco":
+            problems.append(
+                f"compression.codec {codec!r} is lossy and needs error feedback: use "
+                "algorithm = 'choco' (plain gossip accepts 'none', 'fp16', 'bf16')"
+            )
+        if codec != "none" and self.algorithm == "allreduce":
+            problems.append("compression.codec applies to gossip algorithms, not all-reduce")
+        if self.algorithm == "choco":
+            used = [self.topology, *(t for t in self.phase_topologies or () if t)]
+            varying = [t for t in used if t in TIME_VARYING]
+            if varying:
+                problems.append(
+                    f"choco needs a static topology (its public-copy sums assume fixed "
+                    f"neighbours); {varying[0]!r} is time-varying"
                 )
         addresses = self.network.addresses
         if addresses is not None and len(addresses) != self.peers:

@@ -28,6 +28,7 @@ from core.algorithms import (
     make_algorithm,
 )
 from core.comm import Comm
+from core.compress import LOSSLESS_ENOUGH, make_codec
 from core.config import RunConfig
 from core.consensus import theta
 from core.plan import LRSchedule, Phase, PhasePlan, build_plan
@@ -94,6 +95,11 @@ class Schedules:
         return {name: dataclasses.asdict(s.spectral()) for name, s in self._by_name.items()}
 
 
+def cfg_codec_on_gossip(cfg: RunConfig) -> bool:
+    """Plain gossip algorithms send casts (fp16/bf16) directly; CHOCO applies its own codec."""
+    return cfg.algorithm != "choco" and cfg.compression.codec in LOSSLESS_ENOUGH[1:]
+
+
 def _no_matrix(k: int) -> np.ndarray:
     raise RuntimeError("an exact-averaging phase asked for a gossip matrix")
 
@@ -127,8 +133,17 @@ class StepRunner:
         for phase in self.plan.phases:
             if phase.mode == "gossip":
                 self.schedules.get(phase)
+        c = cfg.compression
+        self.codec = (
+            None if c.codec == "none" else make_codec(c.codec, ratio=c.ratio, seed=cfg.seed)
+        )
+        hyper: dict[str, Any] = {}
+        if cfg.algorithm == "choco":
+            hyper = {"codec": self.codec, "gamma": c.gamma}
         self.algorithm: Algorithm = make_algorithm(
-            cfg.algorithm, make_local_optimizer(cfg, task.flat.decay_mask.to(task.x.device))
+            cfg.algorithm,
+            make_local_optimizer(cfg, task.flat.decay_mask.to(task.x.device)),
+            **hyper,
         )
         self.algorithm.setup(task.x, comm)
         self.rounds_total = 0
@@ -162,6 +177,7 @@ class StepRunner:
             matrix=sched.matrix if sched is not None else _no_matrix,
             control=round_control,
             round_offset=self.rounds_total,
+            codec=self.codec if cfg_codec_on_gossip(self.cfg) else None,
         )
         report = self.algorithm.step(x, out.grad, ctx)
         self.rounds_total += report.rounds

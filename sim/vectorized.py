@@ -18,14 +18,10 @@ import numpy as np
 import torch
 
 from core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
+from core.compress import codec_key
 
 if TYPE_CHECKING:
     from core.compress import Codec
-
-
-def codec_key(sender: int, round: int) -> int:
-    """Per-(sender, round) seed of random codecs; the peer transport uses the same rule."""
-    return sender * 1_000_003 + round
 
 
 _SPARSE_BELOW = 0.25  # use a sparse product when W has fewer nonzeros than this fraction …

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from core.algorithms import allreduce, dsgd  # noqa: F401  (register)
+from typing import Any
+
+from core.algorithms import allreduce, choco, dsgd  # noqa: F401  (register)
 from core.algorithms.base import (
     ALGORITHMS,
     Algorithm,
@@ -16,9 +18,9 @@ from core.algorithms.base import (
 from core.algorithms.optim import LocalSGD, SGDConfig
 
 
-def make_algorithm(name: str, optimizer: LocalSGD) -> Algorithm:
-    """Instantiate a registered algorithm by its config name."""
-    return ALGORITHMS.get(name)(optimizer)  # type: ignore[call-arg]
+def make_algorithm(name: str, optimizer: LocalSGD, **hyper: Any) -> Algorithm:
+    """Instantiate a registered algorithm by its config name with its hyperparameters."""
+    return ALGORITHMS.get(name)(optimizer, **hyper)  # type: ignore[call-arg]
 
 
 __all__ = [

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from core.comm import Comm, MixOutcome
+from core.compress import Codec
 from core.consensus import local_theta
 from core.plan import Phase
 from core.registry import Registry
@@ -53,6 +54,7 @@ class StepContext:
     matrix: Callable[[int], np.ndarray]  # mixing matrix of the phase's topology for round index
     control: RoundControl = field(default_factory=SingleRound)
     round_offset: int = 0  # gossip rounds already run in this run (indexes time-varying graphs)
+    codec: Codec | None = None  # what gossip tensors travel as (None: raw float32)
 
 
 @dataclass
@@ -71,7 +73,7 @@ def gossip_rounds(
     report = report or StepReport()
     while True:
         index = ctx.round_offset + report.rounds
-        result = ctx.comm.mix(x, ctx.matrix(index), step=ctx.step, round=index)
+        result = ctx.comm.mix(x, ctx.matrix(index), codec=ctx.codec, step=ctx.step, round=index)
         theta_local = local_theta(x, result.x)
         x.copy_(result.x)
         report.rounds += 1
