@@ -71,8 +71,6 @@ def check_static(cfg: RunConfig, peer_id: int) -> list[str]:
             f"{cfg.controlled_phases()}) needs the orchestrator; set control.mode = 'none' "
             "for static peers"
         )
-    if cfg.compression.codec != "none":
-        raise PeerConfigError("compression.codec must be 'none' on the gRPC data plane for now")
     if cfg.dataset.augment:
         raise PeerConfigError("dataset.augment is not supported by static peers yet")
     return list(addresses)
@@ -164,7 +162,8 @@ class PeerProcess:
             addresses=self.addresses,
             fingerprint=task.flat.fingerprint(),
             dim=int(task.x.shape[1]),
-            codec="none",
+            codec=cfg.compression.codec,
+            ratio=cfg.compression.ratio,
             chunk_bytes=cfg.network.chunk_bytes,
             max_tensor_bytes=cfg.network.max_tensor_bytes,
             deadline=cfg.network.deadline,

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
+from core.compress import CodecError, Encoded, codec_key
 from peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 
 if TYPE_CHECKING:
     from core.compress import Codec
-
     from peer.transport import Arrival, Transport
 
 
@@ -51,22 +51,24 @@ class PeerComm(Comm):
         values: torch.Tensor,
         send_to: list[int],
         receive_from: list[int],
+        encoded: Encoded | None = None,
     ) -> tuple[dict[int, Arrival], MixOutcome]:
-        parts = {"values": values.detach().to(torch.float32).contiguous().view(-1)}
+        flat = values.detach().to(torch.float32).contiguous().view(-1)
+        parts = encoded.parts if encoded is not None else {"values": flat}
         coro = self.transport.round_(
             step=step,
             round=round,
             tensor_id=tensor_id,
-            codec="none",
+            codec=encoded.codec if encoded is not None else "none",
             parts=parts,
             send_to=send_to,
             receive_from=receive_from,
         )
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         arrived, outcome = future.result(timeout=3 * self.transport.deadline + 30)
-        nbytes = parts["values"].numel() * 4
+        wire = sum(t.numel() * t.element_size() for t in parts.values())
         self.counters.add(
-            raw=len(send_to) * nbytes, wire=len(send_to) * nbytes, messages=len(send_to)
+            raw=len(send_to) * flat.numel() * 4, wire=len(send_to) * wire, messages=len(send_to)
         )
         self.last_outcome = outcome
         return arrived, outcome
@@ -80,14 +82,14 @@ class PeerComm(Comm):
         step: int = 0,
         round: int = 0,
     ) -> MixResult:
-        if codec is not None and codec.name != "none":
-            raise ValueError(
-                f"codec {codec.name!r} is not supported on the gRPC data plane yet; "
-                "use compression.codec = 'none' with real peers"
-            )
         i = self.rank
         receive_from = [j for j in range(self.n) if j != i and W[i, j] > 0]
         send_to = [j for j in range(self.n) if j != i and W[j, i] > 0]
+        encoded = None
+        sent = x
+        if codec is not None and codec.name != "none":
+            encoded = codec.encode(x[0], key=codec_key(i, round))
+            sent = codec.decode(encoded, key=codec_key(i, round)).unsqueeze(0).to(x.dtype)
         arrived, outcome = self._round(
             step=step,
             round=round,
@@ -95,18 +97,30 @@ class PeerComm(Comm):
             values=x[0],
             send_to=send_to,
             receive_from=receive_from,
+            encoded=encoded,
         )
-        acc = x[0] * float(W[i, i])
+        acc = sent[0] * float(W[i, i])
         total = float(W[i, i])
         for j in receive_from:
             got = arrived.get(j)
-            if got is not None:
-                acc = acc + got.tensors()["values"].to(x.dtype) * float(W[i, j])
-                total += float(W[i, j])
+            if got is None:
+                continue
+            if encoded is not None and codec is not None:
+                try:
+                    value = codec.decode(
+                        Encoded(got.codec, got.tensors(), x.shape[1]), key=codec_key(j, round)
+                    )
+                except CodecError as exc:  # parts were validated on arrival
+                    outcome.rejected[0].append((j, str(exc)))
+                    continue
+            else:
+                value = got.tensors()["values"]
+            acc = acc + value.to(x.dtype) * float(W[i, j])
+            total += float(W[i, j])
         if abs(total - 1.0) > 1e-12:  # renormalise over what arrived
             acc = acc / total
         self.counters.rounds += 1
-        return MixResult(x=acc.unsqueeze(0), outcome=outcome, sent=x)
+        return MixResult(x=acc.unsqueeze(0), outcome=outcome, sent=sent)
 
     def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
         """All-to-all over gRPC (n − 1 messages per peer; fine for the small n of one host or a

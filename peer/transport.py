@@ -361,6 +361,7 @@ class Transport:
         fingerprint: str,
         dim: int,
         codec: str,
+        ratio: float = 0.01,
         chunk_bytes: int,
         max_tensor_bytes: int,
         deadline: float,
@@ -370,7 +371,7 @@ class Transport:
     ) -> None:
         self.run_id, self.peer_id, self.world_size = run_id, peer_id, world_size
         self.addresses = list(addresses)
-        self.fingerprint, self.dim, self.codec = fingerprint, dim, codec
+        self.fingerprint, self.dim, self.codec, self.ratio = fingerprint, dim, codec, ratio
         self.chunk_bytes, self.max_tensor_bytes = chunk_bytes, max_tensor_bytes
         self.deadline = deadline
         self.is_neighbour = is_neighbour
@@ -390,7 +391,8 @@ class Transport:
             peer_id=self.peer_id,
             fingerprint=self.fingerprint,
             dim=self.dim,
-            codecs=frozenset({self.codec}),
+            codecs=frozenset({"none", self.codec}),
+            ratio=self.ratio,
             chunk_bytes=self.chunk_bytes,
             max_tensor_bytes=self.max_tensor_bytes,
             current_step=self.mailbox.step,

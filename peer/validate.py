@@ -14,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from core.compress import make_codec
 from peer.serde import PROTOCOL_VERSION, FrameInfo, Hello, PartSpec
 
 Reason = Literal["invalid", "precondition", "permission", "too-big"]
@@ -47,6 +48,7 @@ class ReceiverView:
     fingerprint: str
     dim: int  # the model's parameter count
     codecs: frozenset[str]  # codecs this peer decodes
+    ratio: float  # compression.ratio (sizes of top-k / random-k parts)
     chunk_bytes: int
     max_tensor_bytes: int
     current_step: int  # the step this peer is in (or about to enter)
@@ -129,13 +131,12 @@ def check_parts(f: FrameInfo, view: ReceiverView) -> None:
         end += p.nbytes
     if end != f.byte_length:
         raise RejectedError("invalid", f"parts cover {end} bytes, tensor has {f.byte_length}")
-    if f.codec == "none":
-        names = [(p.name, p.dtype, p.numel) for p in f.parts]
-        if names != [("values", torch.float32, view.dim)]:
-            raise RejectedError(
-                "invalid",
-                f"codec 'none' expects one float32 'values' part of {view.dim}; got {names}",
-            )
+    got = {p.name: (p.dtype, p.numel) for p in f.parts}
+    want = make_codec(f.codec or "none", ratio=view.ratio).part_specs(view.dim)
+    if got != want or len(got) != len(f.parts):
+        raise RejectedError(
+            "invalid", f"codec {f.codec!r} of a {view.dim}-vector expects parts {want}; got {got}"
+        )
 
 
 def check_values(tensors: dict[str, torch.Tensor], parts: tuple[PartSpec, ...]) -> None:

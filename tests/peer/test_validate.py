@@ -16,6 +16,7 @@ VIEW = ReceiverView(
     fingerprint="f" * 64,
     dim=10,
     codecs=frozenset({"none"}),
+    ratio=0.01,
     chunk_bytes=16,
     max_tensor_bytes=1 << 20,
     current_step=5,
