@@ -40,11 +40,29 @@ class CommCounters:
     bytes_wire: int = 0  # bytes actually put on the wire (after the codec)
     messages: int = 0  # tensors sent (one per directed edge per round)
     rounds: int = 0  # gossip rounds / exchanges performed
+    edges: dict[Edge, list[int]] = field(default_factory=dict)  # (src, dst) → [raw, wire]
 
     def add(self, *, raw: int, wire: int, messages: int) -> None:
         self.bytes_raw += raw
         self.bytes_wire += wire
         self.messages += messages
+
+    def add_edges(self, edges: Sequence[Edge], *, raw: int, wire: int) -> None:
+        """Account one message of ``raw``/``wire`` bytes on each directed edge (and in total)."""
+        for edge in edges:
+            entry = self.edges.get(edge)
+            if entry is None:
+                self.edges[edge] = [raw, wire]
+            else:
+                entry[0] += raw
+                entry[1] += wire
+        self.add(raw=raw * len(edges), wire=wire * len(edges), messages=len(edges))
+
+    def edge_table(self) -> list[dict[str, int]]:
+        return [
+            {"src": s, "dst": d, "bytes_raw": r, "bytes_wire": w}
+            for (s, d), (r, w) in sorted(self.edges.items())
+        ]
 
 
 @dataclass

@@ -246,6 +246,8 @@ class PeerProcess:
             "accuracy": last_eval.get("accuracy"),
             "gossip_rounds_total": runner.rounds_total,
             "bytes_sent_total": runner.comm.counters.bytes_wire,
+            "bytes_raw_total": runner.comm.counters.bytes_raw,
+            "bytes_per_edge": runner.comm.counters.edge_table(),
             "run_dir": str(self.out),
         }
 

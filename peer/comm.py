@@ -67,9 +67,7 @@ class PeerComm(Comm):
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         arrived, outcome = future.result(timeout=3 * self.transport.deadline + 30)
         wire = sum(t.numel() * t.element_size() for t in parts.values())
-        self.counters.add(
-            raw=len(send_to) * flat.numel() * 4, wire=len(send_to) * wire, messages=len(send_to)
-        )
+        self.counters.add_edges([(self.rank, j) for j in send_to], raw=flat.numel() * 4, wire=wire)
         self.last_outcome = outcome
         return arrived, outcome
 

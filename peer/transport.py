@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import structlog
 import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from core.comm import MixOutcome
 from peer import serde
@@ -383,6 +384,7 @@ class Transport:
         self.hello = serde.hello_request(run_id, peer_id, fingerprint, codec)
         self.links = {j: Link(self, j, a) for j, a in enumerate(self.addresses) if j != peer_id}
         self.server: grpc.aio.Server | None = None
+        self.health: health.aio.HealthServicer | None = None
         self.port = 0
 
     def view(self) -> ReceiverView:
@@ -403,6 +405,11 @@ class Transport:
     async def start(self, listen: str) -> int:
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_GossipServicer_to_server(GossipServicer(self), self.server)
+        # the standard grpc.health.v1 service: "" and "concord.v1.Gossip" report SERVING
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        for service in ("", "concord.v1.Gossip"):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.server_credentials is not None:
             self.port = self.server.add_secure_port(listen, self.server_credentials)
         else:
@@ -473,6 +480,8 @@ class Transport:
         return arrived, outcome
 
     async def stop(self, grace: float) -> None:
+        if self.health is not None:
+            await self.health.enter_graceful_shutdown()
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
         await asyncio.gather(*(link.close() for link in self.links.values()))
         if self.server is not None:

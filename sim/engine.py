@@ -231,6 +231,7 @@ def run(
             if on_progress is not None:
                 on_progress(rec)
     writer.save_checkpoint(task, trainer.algorithm, trainer.total_steps)
+    writer.write_json("edges.json", trainer.comm.counters.edge_table())
     summary = {
         "engine": "vectorized",
         "algorithm": cfg.algorithm,
@@ -247,6 +248,7 @@ def run(
         "accuracy_mean_peer": last_eval.get("acc_mean_peer"),
         "gossip_rounds_total": trainer.rounds_total,
         "bytes_sent_total": trainer.comm.counters.bytes_wire,
+        "bytes_raw_total": trainer.comm.counters.bytes_raw,
         "final_consensus_distance": consensus_distance(task.x),
         "wall_seconds": time.perf_counter() - started,
         "run_dir": str(writer.dir),

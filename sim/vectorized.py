@@ -33,7 +33,7 @@ class VectorizedComm(Comm):
         self.n = n
         self.device = torch.device(device)
         self.counters = CommCounters()
-        self._cache: dict[int, tuple[np.ndarray, torch.Tensor, int]] = {}
+        self._cache: dict[int, tuple[np.ndarray, torch.Tensor, list[Edge]]] = {}
 
     @property
     def world_size(self) -> int:
@@ -43,14 +43,15 @@ class VectorizedComm(Comm):
     def ranks(self) -> Sequence[int]:
         return range(self.n)
 
-    def _operator(self, W: np.ndarray, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """W as a torch operator (cached per matrix object) and its number of off-diagonal edges."""
+    def _operator(self, W: np.ndarray, x: torch.Tensor) -> tuple[torch.Tensor, list[Edge]]:
+        """W as a torch operator (cached per matrix object) and its directed edges j → i."""
         hit = self._cache.get(id(W))
         if hit is not None and hit[0] is W and hit[1].dtype == x.dtype:
             return hit[1], hit[2]
         if W.shape != (self.n, self.n):
             raise ValueError(f"mixing matrix has shape {W.shape}; this run has n = {self.n}")
-        edges = int(np.count_nonzero(W)) - int(np.count_nonzero(np.diag(W)))
+        dst, src = np.nonzero(W)
+        edges = [(int(j), int(i)) for i, j in zip(dst, src, strict=True) if i != j]
         dense = torch.tensor(W, dtype=x.dtype, device=x.device)  # W is a read-only cached array
         op = dense
         if self.n >= _SPARSE_FROM_N and np.count_nonzero(W) < _SPARSE_BELOW * W.size:
@@ -80,7 +81,7 @@ class VectorizedComm(Comm):
             sent = codec.roundtrip(x, keys=[codec_key(r, round) for r in range(self.n)])
             wire = codec.wire_bytes(d)
         out = op @ sent
-        self.counters.add(raw=edges * raw, wire=edges * wire, messages=edges)
+        self.counters.add_edges(edges, raw=raw, wire=wire)
         self.counters.rounds += 1
         return MixResult(x=out, outcome=MixOutcome(), sent=sent)
 

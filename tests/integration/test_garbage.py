@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.config import load_config
 from core.models import FlatParams, build_model
@@ -60,6 +61,10 @@ def test_garbage_frames_are_rejected_and_the_peer_keeps_running(tmp_path: Path) 
         step = json.loads(metrics.read_text().splitlines()[-1])["step"]
         channel = grpc.insecure_channel(cfg.network.addresses[0])  # type: ignore[index]
         stub = pb_grpc.GossipStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "concord.v1.Gossip"):
+            status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
 
         # frames before the handshake
         good = {"values": torch.zeros(dim)}

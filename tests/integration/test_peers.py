@@ -67,6 +67,11 @@ def test_four_peers_end_with_the_vectorized_engines_parameters(
         assert summary["completed"]
         assert summary["gossip_rounds_total"] == 50
         assert summary["frames_rejected"] == {}
+        d = int(state["params"].shape[1])
+        assert {(e["src"], e["dst"]): e["bytes_wire"] for e in summary["bytes_per_edge"]} == {
+            (i, (i + 1) % 4): 50 * d * 4,
+            (i, (i + 3) % 4): 50 * d * 4,
+        }
 
 
 def test_peers_survive_a_neighbour_killed_mid_run(

@@ -70,6 +70,11 @@ def test_run_writes_everything(tmp_path: Path) -> None:
     assert json.loads((d / "summary.json").read_text())["steps"] == summary["steps"]
     manifest = json.loads((d / "manifest.json").read_text())
     assert manifest["topologies"]["ring"]["spectral_gap"] > 0
+    edges = json.loads((d / "edges.json").read_text())
+    assert {(e["src"], e["dst"]) for e in edges} == {
+        (i, (i + s) % 4) for i in range(4) for s in (1, 3)
+    }  # the ring, both ways
+    assert sum(e["bytes_wire"] for e in edges) == summary["bytes_sent_total"]
     from sim.rundir import load_checkpoint
 
     state = load_checkpoint(d / "checkpoint.pt")
