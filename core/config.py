@@ -316,14 +316,17 @@ class RunConfig(_Section):
                 "algorithm = 'choco' (plain gossip accepts 'none', 'fp16', 'bf16')"
             )
         if codec != "none" and self.algorithm == "allreduce":
-            problems.append("compression.codec applies to gossip algorithms, not all-reduce")
+            problems.append(
+                f"compression.codec {codec!r} applies to gossip algorithms; all-reduce sends raw "
+                "float32 (use 'none')"
+            )
         if self.algorithm == "choco":
             used = [self.topology, *(t for t in self.phase_topologies or () if t)]
             varying = [t for t in used if t in TIME_VARYING]
             if varying:
                 problems.append(
-                    f"choco needs a static topology (its public-copy sums assume fixed "
-                    f"neighbours); {varying[0]!r} is time-varying"
+                    f"topology {varying[0]!r} is time-varying; algorithm 'choco' needs a static "
+                    "topology (its public-copy sums assume fixed neighbours)"
                 )
         addresses = self.network.addresses
         if addresses is not None and len(addresses) != self.peers:

@@ -28,7 +28,7 @@ from core.algorithms import (
     make_algorithm,
 )
 from core.comm import Comm
-from core.compress import LOSSLESS_ENOUGH, make_codec
+from core.compress import PLAIN_GOSSIP_CODECS, Codec, make_codec
 from core.config import RunConfig
 from core.consensus import theta
 from core.plan import LRSchedule, Phase, PhasePlan, build_plan
@@ -95,9 +95,25 @@ class Schedules:
         return {name: dataclasses.asdict(s.spectral()) for name, s in self._by_name.items()}
 
 
-def cfg_codec_on_gossip(cfg: RunConfig) -> bool:
-    """Plain gossip algorithms send casts (fp16/bf16) directly; CHOCO applies its own codec."""
-    return cfg.algorithm != "choco" and cfg.compression.codec in LOSSLESS_ENOUGH[1:]
+def make_run_codec(cfg: RunConfig) -> Codec | None:
+    """The codec of ``compression`` (None for raw float32), seeded by the run seed."""
+    c = cfg.compression
+    return None if c.codec == "none" else make_codec(c.codec, ratio=c.ratio, seed=cfg.seed)
+
+
+def algorithm_hyperparameters(cfg: RunConfig, codec: Codec | None) -> dict[str, Any]:
+    """Constructor keywords of ``cfg.algorithm`` beyond the local optimizer."""
+    if cfg.algorithm == "choco":
+        return {"codec": codec, "gamma": cfg.compression.gamma}
+    return {}
+
+
+def gossip_codec(cfg: RunConfig, codec: Codec | None) -> Codec | None:
+    """What plain gossip travels as (`StepContext.codec`): the casts fp16/bf16 for gossip
+    algorithms other than CHOCO (which applies its codec itself, with error feedback)."""
+    if cfg.algorithm == "choco" or cfg.compression.codec not in PLAIN_GOSSIP_CODECS:
+        return None
+    return codec
 
 
 def _no_matrix(k: int) -> np.ndarray:
@@ -133,17 +149,12 @@ class StepRunner:
         for phase in self.plan.phases:
             if phase.mode == "gossip":
                 self.schedules.get(phase)
-        c = cfg.compression
-        self.codec = (
-            None if c.codec == "none" else make_codec(c.codec, ratio=c.ratio, seed=cfg.seed)
-        )
-        hyper: dict[str, Any] = {}
-        if cfg.algorithm == "choco":
-            hyper = {"codec": self.codec, "gamma": c.gamma}
+        self.codec = make_run_codec(cfg)
+        self.gossip_codec = gossip_codec(cfg, self.codec)
         self.algorithm: Algorithm = make_algorithm(
             cfg.algorithm,
             make_local_optimizer(cfg, task.flat.decay_mask.to(task.x.device)),
-            **hyper,
+            **algorithm_hyperparameters(cfg, self.codec),
         )
         self.algorithm.setup(task.x, comm)
         self.rounds_total = 0
@@ -177,7 +188,7 @@ class StepRunner:
             matrix=sched.matrix if sched is not None else _no_matrix,
             control=round_control,
             round_offset=self.rounds_total,
-            codec=self.codec if cfg_codec_on_gossip(self.cfg) else None,
+            codec=self.gossip_codec,
         )
         report = self.algorithm.step(x, out.grad, ctx)
         self.rounds_total += report.rounds

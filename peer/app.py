@@ -9,13 +9,13 @@ every peer's address come from the config (``network.addresses``).
 Run directory (``--out``, default ``runs/peer-<id>``): ``metrics.jsonl`` (the step records of the
 vectorized engine plus this peer's round outcomes, and evaluations of its replica), ``log.jsonl``
 (structlog JSON, bound with run, peer, step and round), ``checkpoint.pt`` (load with
-``weights_only=True``), ``summary.json``. SIGTERM / SIGINT stop at the next step boundary.
+``weights_only=True``), ``summary.json``, ``config.toml`` (the resolved config). SIGTERM /
+SIGINT stop at the next step boundary (checkpointed), close streams and server, exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import signal
 import threading
@@ -27,11 +27,12 @@ from typing import IO, Any
 import structlog
 import torch
 
-from core.config import RunConfig
+from core.config import RunConfig, to_toml
 from core.loop import StepRunner
 from core.task import ClassificationTask
 from peer.certs import CertError
 from peer.comm import PeerComm
+from peer.memory import tune_malloc
 from peer.serde import TENSOR_ALLREDUCE
 from peer.tls import load_credentials
 from peer.transport import Transport
@@ -42,17 +43,6 @@ class PeerConfigError(ValueError):
 
 
 __all__ = ["CertError", "PeerConfigError", "PeerProcess", "run_peer"]
-
-
-def tune_malloc() -> None:
-    """Serve big buffers from the heap and keep freed memory (TRANSPORT.md §4.1): fresh 64 MiB
-    buffers otherwise cost ~16k page faults each."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: nothing to tune
-        return
-    libc.mallopt(-3, 256 << 20)  # M_MMAP_THRESHOLD
-    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
 
 
 def check_static(cfg: RunConfig, peer_id: int) -> list[str]:
@@ -77,9 +67,13 @@ def check_static(cfg: RunConfig, peer_id: int) -> list[str]:
 
 
 class _Writer:
+    """This peer's run directory. Not `sim.rundir.RunWriter`: peer may not import sim (layering),
+    and a peer flushes every metrics line, so a killed peer leaves every completed step behind."""
+
     def __init__(self, out: Path, cfg: RunConfig, peer_id: int) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
+        (out / "config.toml").write_text(to_toml(cfg), encoding="utf-8")  # the resolved config
         self._metrics: IO[str] = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self._log: IO[str] = open(out / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         run = cfg.name or "static"
@@ -189,6 +183,7 @@ class PeerProcess:
             wall_seconds=time.perf_counter() - started,
             frames_rejected=dict(transport.counters.rejected),
             tensors_received=transport.counters.received,
+            tensors_late=transport.counters.late,
             send_failures=transport.counters.send_failures,
         )
         self.log.info("peer.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
@@ -218,10 +213,16 @@ class PeerProcess:
         for step in range(runner.total_steps):
             if self.stop.is_set():
                 log.info("peer.stopping", step=step)
+                if step > 0:  # keep the last completed step for a restart
+                    self._checkpoint(task, runner, step - 1)
                 break
+            structlog.contextvars.bind_contextvars(step=step)  # this thread's log lines
             record, report = runner.step(step)
             record["peer"] = i
             record["missing"] = sorted({j for o in report.outcomes for m in o.missing for j in m})
+            record["rejected"] = sorted(
+                {j for o in report.outcomes for r in o.rejected for j, _ in r}
+            )
             if record["missing"]:
                 log.warning(
                     "round.missing",

@@ -88,7 +88,7 @@ def _atomic_write(path: Path, data: bytes, mode: int) -> None:
 
 
 def _write_pair(
-    files_key: Path, key: ec.EllipticCurvePrivateKey, cert_path: Path, cert: x509.Certificate
+    key_path: Path, key: ec.EllipticCurvePrivateKey, cert_path: Path, cert: x509.Certificate
 ) -> None:
     pem_key = key.private_bytes(
         serialization.Encoding.PEM,
@@ -96,10 +96,10 @@ def _write_pair(
         serialization.NoEncryption(),
     )
     try:
-        _atomic_write(files_key, pem_key, 0o600)
+        _atomic_write(key_path, pem_key, 0o600)
         _atomic_write(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     except OSError as exc:
-        raise CertError(f"cannot write to {files_key.parent}: {exc.strerror or exc}") from None
+        raise CertError(f"cannot write to {key_path.parent}: {exc.strerror or exc}") from None
 
 
 def _make_dir(directory: Path) -> None:

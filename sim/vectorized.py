@@ -78,7 +78,8 @@ class VectorizedComm(Comm):
         if codec is None:
             sent, wire = x, raw
         else:
-            sent = codec.roundtrip(x, keys=[codec_key(r, round) for r in range(self.n)])
+            keys = [codec_key(r, round) for r in range(self.n)]
+            sent = codec.roundtrip(x, keys=keys).to(x.dtype)
             wire = codec.wire_bytes(d)
         out = op @ sent
         self.counters.add_edges(edges, raw=raw, wire=wire)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from core.algorithms import allreduce, choco, dsgd  # noqa: F401  (register)
@@ -14,13 +15,24 @@ from core.algorithms.base import (
     StepReport,
     communicate,
     gossip_rounds,
+    sent_rows,
 )
 from core.algorithms.optim import LocalSGD, SGDConfig
 
 
 def make_algorithm(name: str, optimizer: LocalSGD, **hyper: Any) -> Algorithm:
-    """Instantiate a registered algorithm by its config name with its hyperparameters."""
-    return ALGORITHMS.get(name)(optimizer, **hyper)  # type: ignore[call-arg]
+    """Instantiate a registered algorithm by its config name with its hyperparameters
+    (keyword arguments of its constructor, e.g. ``choco``: ``codec``, ``gamma``)."""
+    cls = ALGORITHMS.get(name)
+    try:
+        inspect.signature(cls).bind(optimizer, **hyper)
+    except TypeError as exc:
+        accepted = [p for p in inspect.signature(cls).parameters if p != "optimizer"]
+        raise ValueError(
+            f"algorithm {name!r}: hyperparameters {sorted(hyper)} do not fit ({exc}); "
+            f"it accepts {accepted or 'none'}"
+        ) from None
+    return cls(optimizer, **hyper)  # type: ignore[call-arg]
 
 
 __all__ = [
@@ -35,4 +47,5 @@ __all__ = [
     "communicate",
     "gossip_rounds",
     "make_algorithm",
+    "sent_rows",
 ]

@@ -8,6 +8,17 @@ current phase, the mixing-matrix schedule and the round controller. It updates `
 Gossip rounds under consensus control are run by `gossip_rounds`: one round, the local statistic
 θ_i = ‖x_i(after) − x_i(before)‖² (Kong et al. 2021, App. A), then the `RoundControl` answers
 repeat or stop — in the vectorized engine directly, in a peer after the orchestrator's decision.
+
+Plain gossip may travel as a cast (``ctx.codec`` fp16/bf16, `core.compress`). A replica then mixes
+its neighbours' cast values but keeps its own full-precision remainder,
+
+    x_i ← x_i + Σ_j w_ij Q(x_j) − Q(x_i)      (= Σ_j w_ij Q(x_j) + (x_i − Q(x_i))),
+
+which preserves the mean (W doubly stochastic) and, unlike x_i ← Σ_j w_ij Q(x_j), does not
+re-round every model to 16 bits each round: that loses SGD updates smaller than half a unit in
+the last place (measured on a 1000-d quadratic, ring of 8, lr 1e-3, 3000 steps: error ratio
+0.038 with fp32, 0.184 fp16 / 0.575 bf16 re-rounded, 0.038 for both with the remainder kept).
+Lossy codecs need error feedback and are used by CHOCO-SGD (`core.algorithms.choco`) instead.
 """
 
 from __future__ import annotations
@@ -20,8 +31,8 @@ from typing import ClassVar, Protocol
 import numpy as np
 import torch
 
-from core.comm import Comm, MixOutcome
-from core.compress import Codec
+from core.comm import Comm, MixOutcome, MixResult
+from core.compress import Codec, codec_key
 from core.consensus import local_theta
 from core.plan import Phase
 from core.registry import Registry
@@ -54,7 +65,20 @@ class StepContext:
     matrix: Callable[[int], np.ndarray]  # mixing matrix of the phase's topology for round index
     control: RoundControl = field(default_factory=SingleRound)
     round_offset: int = 0  # gossip rounds already run in this run (indexes time-varying graphs)
-    codec: Codec | None = None  # what gossip tensors travel as (None: raw float32)
+    codec: Codec | None = None  # cast plain gossip travels as (None: raw); CHOCO has its own
+
+
+def sent_rows(
+    result: MixResult, x: torch.Tensor, codec: Codec | None, comm: Comm, round: int
+) -> torch.Tensor:
+    """Q(x_i) of the local rows as the neighbours decoded them ([k, d], x's dtype): the Comm's
+    ``result.sent``, recomputed with the shared message keys if a backend leaves it out."""
+    if codec is None:
+        return x
+    if result.sent is not None:
+        return result.sent.to(x.dtype)
+    keys = [codec_key(r, round) for r in comm.ranks]
+    return codec.roundtrip(x, keys=keys).to(x.dtype)
 
 
 @dataclass
@@ -74,8 +98,11 @@ def gossip_rounds(
     while True:
         index = ctx.round_offset + report.rounds
         result = ctx.comm.mix(x, ctx.matrix(index), codec=ctx.codec, step=ctx.step, round=index)
-        theta_local = local_theta(x, result.x)
-        x.copy_(result.x)
+        mixed = result.x
+        if ctx.codec is not None:  # keep the own remainder x_i − Q(x_i) (module docstring)
+            mixed = mixed + (x - sent_rows(result, x, ctx.codec, ctx.comm, index))
+        theta_local = local_theta(x, mixed)
+        x.copy_(mixed)
         report.rounds += 1
         report.theta_local = theta_local
         report.statistics.append(theta_local)

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 
 def free_ports(n: int) -> list[int]:
@@ -37,8 +38,10 @@ class Peers:
     def __init__(self, config: Path, out: Path, ids: list[int]) -> None:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.out = out
+        self._logs: list[IO[bytes]] = []
         for i in ids:
-            log = open(out / f"peer-{i}.stderr", "wb")  # noqa: SIM115 - closed in wait()
+            log = open(out / f"peer-{i}.stderr", "wb")  # noqa: SIM115 - closed in kill_all()
+            self._logs.append(log)
             self.procs[i] = subprocess.Popen(
                 [
                     sys.executable,
@@ -64,7 +67,16 @@ class Peers:
         return codes
 
     def kill_all(self) -> None:
+        """SIGKILL whatever still runs (teardown), then close the output files."""
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait(timeout=10)
+        for log in self._logs:
+            log.close()
+
+    def __enter__(self) -> Peers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill_all()

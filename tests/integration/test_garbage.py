@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from core.config import load_config
 from core.models import FlatParams, build_model
 from peer import serde
+from peer.validate import STEP_WINDOW
 from protos import data_plane_pb2 as pb
 from protos import data_plane_pb2_grpc as pb_grpc
 from tests.integration.peers import Peers, write_config
@@ -107,6 +108,17 @@ def test_garbage_frames_are_rejected_and_the_peer_keeps_running(tmp_path: Path) 
             (make(sender=0), grpc.StatusCode.PERMISSION_DENIED, "before Hello"),
             (make(run_id="other"), grpc.StatusCode.PERMISSION_DENIED, "run"),
         ]
+        shuffled = make(chunk_bytes=512)  # 4 chunks, the 2nd and 3rd swapped
+        shuffled[1], shuffled[2] = shuffled[2], shuffled[1]
+        cases += [
+            (shuffled, grpc.StatusCode.INVALID_ARGUMENT, "out of order"),
+            (
+                make(parts={"values": torch.zeros(dim - 1), "extra": torch.zeros(1)}),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "expects parts",
+            ),
+            (make(codec="topk"), grpc.StatusCode.INVALID_ARGUMENT, "codec"),
+        ]
         big = make(chunk_bytes=8 << 20, parts={"values": torch.zeros(dim)})
         big[0].body = b"\0" * (2 << 20)  # a 2 MiB chunk: over the 1 MiB chunk limit
         cases.append((big, grpc.StatusCode.RESOURCE_EXHAUSTED, "limit"))
@@ -115,6 +127,32 @@ def test_garbage_frames_are_rejected_and_the_peer_keeps_running(tmp_path: Path) 
             assert err is not None, text
             assert err.code() == code, (text, err)
             assert text in (err.details() or ""), (text, err.details())
+        # bytes that are no protobuf at all
+        raw = channel.stream_stream("/concord.v1.Gossip/Exchange")
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in raw(iter([b"\xff\xfe\xfd" * 100]), timeout=10):
+                pass
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert "malformed frame" in info.value.details()  # type: ignore[attr-defined]
+        cases.append(([], grpc.StatusCode.INVALID_ARGUMENT, "malformed"))  # for the counts below
+
+        # a NaN tensor for a round the peer has not reached yet: that round records peer 1 as
+        # rejected (with the reason) rather than missing. The peer runs ahead quickly, so aim
+        # STEP_WINDOW steps past its last record and retry until one lands in time.
+        in_outcome, attempts = False, 0
+        while not in_outcome and attempts < 40:
+            ahead = json.loads(metrics.read_text().splitlines()[-1])["step"] + STEP_WINDOW
+            err = _exchange(stub, make(step=ahead, round=ahead, parts=nan))
+            attempts += 1
+            assert err is not None
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+            time.sleep(0.2)
+            in_outcome = any(
+                1 in m.get("rejected", [])
+                for m in map(json.loads, metrics.read_text().splitlines())
+                if m["kind"] == "step"
+            )
+        assert in_outcome
         channel.close()
 
         # the peer is still training (its step keeps advancing), then stops cleanly
@@ -129,10 +167,13 @@ def test_garbage_frames_are_rejected_and_the_peer_keeps_running(tmp_path: Path) 
             for line in (tmp_path / "peer-0" / "log.jsonl").read_text().splitlines()
         ]
         rejected = [e for e in log if e["event"] == "frame.rejected"]
-        assert len(rejected) == len(cases) + 1
-        assert all(e["sender"] in (0, 1) and e["reason"] for e in rejected)
+        assert len(rejected) == len(cases) + 1 + attempts
+        assert all(e["reason"] for e in rejected)
+        # the sender is named by id, or by address when not even one frame decoded
+        assert all(e["sender"] in (0, 1) or "127.0.0.1" in e["remote"] for e in rejected)
         summary = json.loads((tmp_path / "peer-0" / "summary.json").read_text())
-        assert sum(summary["frames_rejected"].values()) >= len(cases) + 1
+        # every rejected stream plus the refused handshake (wrong fingerprint)
+        assert sum(summary["frames_rejected"].values()) == len(cases) + 1 + attempts + 1
     finally:
         peers.kill_all()
 
@@ -142,7 +183,7 @@ def test_static_peer_refuses_consensus_control_without_orchestrator(
     tmp_path: Path, peers_count: int
 ) -> None:
     config = write_config(tmp_path / "run.toml", peers_count, "epochs = 1\n")
-    peers = Peers(config, tmp_path, [0])
-    codes = peers.wait(timeout=60)
+    with Peers(config, tmp_path, [0]) as peers:
+        codes = peers.wait(timeout=60)
     assert codes == {0: 2}
     assert "needs the orchestrator" in (tmp_path / "peer-0.stderr").read_text()

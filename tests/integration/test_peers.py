@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -66,6 +67,8 @@ def test_four_peers_end_with_the_vectorized_engines_parameters(
         summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
         assert summary["completed"]
         assert summary["gossip_rounds_total"] == 50
+        resolved = load_config(tmp_path / f"peer-{i}" / "config.toml", environ={})
+        assert resolved == trainer.cfg  # the run directory keeps the resolved config
         assert summary["frames_rejected"] == {}
         d = int(state["params"].shape[1])
         assert {(e["src"], e["dst"]): e["bytes_wire"] for e in summary["bytes_per_edge"]} == {
@@ -113,15 +116,24 @@ def test_sigterm_stops_a_peer_cleanly(tmp_path: Path, peers_cleanup: list[Peers]
         metrics.is_file() and len(metrics.read_text().splitlines()) > 5
     ):
         time.sleep(0.1)
+    family = [psutil.Process(p.pid) for p in peers.procs.values()]
+    family += [c for proc in list(family) for c in proc.children(recursive=True)]
     for p in peers.procs.values():
         p.send_signal(signal.SIGTERM)
     assert peers.wait(timeout=60) == {0: 0, 1: 0}
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert alive == []  # no orphans (threads only: the peer spawns no processes)
     for i in (0, 1):
         lines = (tmp_path / f"peer-{i}" / "metrics.jsonl").read_text().splitlines()
-        assert all(json.loads(line)["kind"] in ("step", "eval") for line in lines)
+        records = [json.loads(line) for line in lines]  # every line complete JSON
+        assert all(r["kind"] in ("step", "eval") for r in records)
         summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
         assert not summary["completed"]
         assert 0 < summary["steps"] < 500 * 20
+        # stopped at a step boundary: one record per step that ran, in order
+        assert [r["step"] for r in records if r["kind"] == "step"] == list(range(summary["steps"]))
+        state = torch.load(tmp_path / f"peer-{i}" / "checkpoint.pt", weights_only=True)
+        assert int(state["step"]) == summary["steps"] - 1  # checkpointed on the way out
 
 
 def test_choco_with_topk_matches_the_vectorized_engine(

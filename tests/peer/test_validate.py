@@ -88,6 +88,21 @@ def test_non_finite_values_are_rejected() -> None:
         check_values({"values": torch.tensor([1.0, float("nan"), float("inf")])}, parts)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_each_kind_of_non_finite_value_is_caught(dtype: torch.dtype, bad: float) -> None:
+    parts = (PartSpec("values", dtype, 4, 0), PartSpec("indices", torch.int32, 2, 8))
+    values = torch.tensor([-3.0, 0.0, 2.0, 5.0], dtype=dtype)
+    ints = torch.tensor([0, 3], dtype=torch.int32)
+    check_values({"values": values, "indices": ints}, parts)
+    values[2] = bad
+    with pytest.raises(RejectedError, match="1 non-finite") as info:
+        check_values({"values": values, "indices": ints}, parts)
+    assert info.value.reason == "invalid"
+    empty = (PartSpec("values", dtype, 0, 0),)
+    check_values({"values": torch.zeros(0, dtype=dtype)}, empty)  # nothing to check
+
+
 def test_handshake_checks() -> None:
     good = Hello("r", 1, PROTOCOL_VERSION, "f" * 64, "none")
     check_hello(good, VIEW)
