@@ -193,6 +193,44 @@ class NetworkConfig(_Section):
         return v
 
 
+class OrchestratorConfig(_Section):
+    """The control plane of real peers (MQTT): where the broker is and how liveness and decisions
+    are timed (ignored by the vectorized engine)."""
+
+    broker: str | None = Field(
+        default=None,
+        description="mqtt://HOST:PORT of the broker; unset: the orchestrator embeds one",
+    )
+    heartbeat: float = Field(default=1.0, gt=0, description="seconds between peer heartbeats")
+    liveness_timeout: float = Field(
+        default=6.0, gt=0, description="a peer silent this long is dropped from the schedule"
+    )
+    decision_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a round waits for all statistics (orchestrator) or a decision (peer)",
+    )
+
+    @field_validator("broker")
+    @classmethod
+    def _broker(cls, v: str | None) -> str | None:
+        if v is not None:
+            scheme, sep, rest = v.partition("://")
+            host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "1883")
+            if scheme != "mqtt" or not sep or not host or not port.isdigit():
+                raise ValueError(f"broker {v!r} must look like mqtt://HOST[:PORT]")
+        return v
+
+    @model_validator(mode="after")
+    def _liveness(self) -> OrchestratorConfig:
+        if self.liveness_timeout <= 2 * self.heartbeat:
+            raise ValueError(
+                f"liveness_timeout ({self.liveness_timeout} s) must exceed two heartbeats "
+                f"({2 * self.heartbeat} s)"
+            )
+        return self
+
+
 class EvalConfig(_Section):
     """The averaged model is evaluated on the whole test set every ``every`` epochs; every replica
     too when ``peers`` (on the first ``peer_samples`` test samples, which keeps n-replica
@@ -222,9 +260,10 @@ class RunConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     epochs: float = Field(default=30.0, gt=0)
     seed: int = Field(default=0, ge=0)
-    engine: Literal["vectorized", "processes"] = "vectorized"
+    engine: Literal["vectorized", "processes"] = "processes"
     device: str = "auto"
     threads: int | None = Field(default=None, ge=1)
 
@@ -350,8 +389,13 @@ class RunConfig(_Section):
         return self.plan if isinstance(self.plan, str) else ",".join(self.plan)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, resolved (for config.toml and manifests)."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """Every field, resolved (for config.toml and manifests). A default control mode that
+        controls nothing here (all-reduce, exact phases) is written as "none", so that the file
+        loads back into the same run."""
+        d = self.model_dump(mode="json", exclude_none=True)
+        if not self.controlled_phases() and "mode" not in self.control.model_fields_set:
+            d["control"]["mode"] = "none"
+        return d
 
     def explicit_dict(self) -> dict[str, Any]:
         """Only the fields that were set explicitly (defaults stay defaults when re-validated)."""

@@ -31,9 +31,9 @@ from core.comm import Comm
 from core.compress import PLAIN_GOSSIP_CODECS, Codec, make_codec
 from core.config import RunConfig
 from core.consensus import theta
-from core.plan import LRSchedule, Phase, PhasePlan, build_plan
+from core.plan import Phase
+from core.runplan import Schedules, make_lr_schedule, make_plan
 from core.task import ClassificationTask
-from core.topology import TopologySchedule, make_schedule
 
 
 class ControlHook(Protocol):
@@ -44,55 +44,6 @@ class ControlHook(Protocol):
     def end(self, step: int) -> float | None:
         """Finish the step; returns the target that applied to it (for metrics)."""
         ...
-
-
-def make_lr_schedule(cfg: RunConfig, steps_per_epoch: int) -> LRSchedule:
-    total = max(1, round(cfg.epochs * steps_per_epoch))
-    o = cfg.optim
-    return LRSchedule.from_fractions(
-        o.lr,
-        total,
-        warmup=o.warmup,
-        milestones=tuple(o.milestones),
-        gamma=o.gamma,
-        warmup_from=o.warmup_from,
-    )
-
-
-def make_plan(cfg: RunConfig, schedule: LRSchedule) -> PhasePlan:
-    controlled = cfg.controlled_phases()
-    return build_plan(
-        schedule,
-        modes=cfg.phase_modes(),
-        topologies=cfg.phase_topologies,
-        controlled_phases=tuple(controlled),
-        control_mode=cfg.control.mode if controlled else "none",
-    )
-
-
-class Schedules:
-    """Topology schedules of the phase plan, built once per topology name."""
-
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        self._by_name: dict[str, TopologySchedule] = {}
-
-    def get(self, phase: Phase) -> TopologySchedule:
-        name = phase.topology or self.cfg.topology
-        if name not in self._by_name:
-            self._by_name[name] = make_schedule(
-                name,
-                self.cfg.peers,
-                weights=self.cfg.weights,
-                kappa=self.cfg.kappa,
-                seed=self.cfg.seed,
-            )
-        return self._by_name[name]
-
-    def spectral(self) -> dict[str, dict[str, Any]]:
-        import dataclasses
-
-        return {name: dataclasses.asdict(s.spectral()) for name, s in self._by_name.items()}
 
 
 def make_run_codec(cfg: RunConfig) -> Codec | None:

@@ -39,7 +39,22 @@ from peer.transport import Transport
 
 
 class PeerConfigError(ValueError):
-    """The run config cannot drive a static peer."""
+    """The run config cannot drive this peer."""
+
+
+class StepHooks:
+    """What a training loop does around each step besides training (no-ops by default)."""
+
+    evaluate = True  # evaluate and checkpoint at eval intervals
+
+    def before(self, step: int) -> None:
+        """Called before ``step`` runs."""
+
+    def after(self, step: int, record: dict[str, Any]) -> None:
+        """Called with the step's metrics record."""
+
+    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+        """Called with an evaluation record."""
 
 
 __all__ = ["CertError", "PeerConfigError", "PeerProcess", "run_peer"]
@@ -66,17 +81,43 @@ def check_static(cfg: RunConfig, peer_id: int) -> list[str]:
     return list(addresses)
 
 
+def check_orchestrated(
+    cfg: RunConfig, peer_id: int, listen: str | None, advertise: str | None, run_id: str
+) -> str:
+    """The listen address of a peer that follows an orchestrator, or a PeerConfigError."""
+    from protos.control_plane import Topics
+
+    if not 0 <= peer_id < cfg.peers:
+        raise PeerConfigError(f"--id {peer_id} is not a peer of this run (0..{cfg.peers - 1})")
+    if cfg.dataset.augment:
+        raise PeerConfigError("dataset.augment is not supported by peer processes yet")
+    try:
+        Topics(run_id)
+    except ValueError as exc:
+        raise PeerConfigError(f"config 'name' is the run id on the control plane: {exc}") from None
+    addresses = cfg.network.addresses
+    address = listen or (addresses[peer_id] if addresses else "127.0.0.1:0")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise PeerConfigError(f"--listen {address!r}: expected HOST:PORT (port 0: any free port)")
+    if host in ("0.0.0.0", "[::]", "::") and advertise is None:
+        raise PeerConfigError(
+            f"--listen {address} binds every interface: give --advertise HOST:PORT, the address "
+            "the other peers reach this one at"
+        )
+    return address
+
+
 class _Writer:
     """This peer's run directory. Not `sim.rundir.RunWriter`: peer may not import sim (layering),
     and a peer flushes every metrics line, so a killed peer leaves every completed step behind."""
 
-    def __init__(self, out: Path, cfg: RunConfig, peer_id: int) -> None:
+    def __init__(self, out: Path, cfg: RunConfig, peer_id: int, run: str) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
         (out / "config.toml").write_text(to_toml(cfg), encoding="utf-8")  # the resolved config
         self._metrics: IO[str] = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self._log: IO[str] = open(out / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        run = cfg.name or "static"
 
         def identity(_: Any, __: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
             event.setdefault("run", run)
@@ -108,14 +149,32 @@ class _Writer:
 
 
 class PeerProcess:
-    def __init__(self, cfg: RunConfig, peer_id: int, *, listen: str | None, out: Path) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        peer_id: int,
+        *,
+        listen: str | None,
+        out: Path,
+        broker: str | None = None,
+        advertise: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.peer_id = peer_id
-        self.addresses = check_static(cfg, peer_id)
-        self.listen = listen or self.addresses[peer_id]
+        self.broker = broker or cfg.orchestrator.broker
+        self.run_id = run_id or cfg.name or ("concord" if self.broker else "static")
+        if self.broker is None:
+            self.addresses = check_static(cfg, peer_id)
+            self.listen = listen or self.addresses[peer_id]
+        else:
+            self.addresses = [""] * cfg.peers
+            self.listen = check_orchestrated(cfg, peer_id, listen, advertise, self.run_id)
+        self.advertise = advertise
         self.out = out
         self.stop = threading.Event()
-        self.writer = _Writer(out, cfg, peer_id)
+        self.step = 0
+        self.writer = _Writer(out, cfg, peer_id, self.run_id)
         self.log = self.writer.log
 
     def _device(self) -> torch.device:
@@ -138,6 +197,10 @@ class PeerProcess:
         return sorted(found)
 
     async def main(self) -> int:
+        if self.broker is not None:
+            from peer.follow import follow
+
+            return await follow(self)
         cfg, i = self.cfg, self.peer_id
         torch.set_num_threads(cfg.threads or 1)
         tune_malloc()
@@ -205,18 +268,31 @@ class PeerProcess:
         W = runner.schedules.get(phase).matrix(round)
         return bool(W[self.peer_id, sender] > 0 or W[sender, self.peer_id] > 0)
 
-    def _train(self, runner: StepRunner, task: ClassificationTask) -> dict[str, Any]:
+    def _train(
+        self,
+        runner: StepRunner,
+        task: ClassificationTask,
+        *,
+        steps: int | None = None,
+        hooks: StepHooks | None = None,
+    ) -> dict[str, Any]:
+        """Train ``steps`` steps (default: the whole plan); ``hooks`` see every step (the
+        orchestrated mode applies schedules before and publishes metrics after a step)."""
         log, i = self.log, self.peer_id
         interval = runner.eval_interval()
+        total = runner.total_steps if steps is None else min(steps, runner.total_steps)
         last_eval: dict[str, float] = {}
         step = 0
-        for step in range(runner.total_steps):
+        for step in range(total):
             if self.stop.is_set():
                 log.info("peer.stopping", step=step)
                 if step > 0:  # keep the last completed step for a restart
                     self._checkpoint(task, runner, step - 1)
                 break
+            self.step = step
             structlog.contextvars.bind_contextvars(step=step)  # this thread's log lines
+            if hooks is not None:
+                hooks.before(step)
             record, report = runner.step(step)
             record["peer"] = i
             record["missing"] = sorted({j for o in report.outcomes for m in o.missing for j in m})
@@ -230,15 +306,23 @@ class PeerProcess:
                     round=record["rounds_total"],
                     neighbours=record["missing"],
                 )
+            if hooks is not None:
+                hooks.after(step, record)
             self.writer.metric(record)
             final = step == runner.total_steps - 1
+            if hooks is not None and not hooks.evaluate:
+                continue
             if (step + 1) % interval == 0 or final:
                 ev = task.evaluate(peers=True)
                 last_eval = {"accuracy": ev["acc_mean_peer"], "loss": ev["loss_mean_peer"]}
-                self.writer.metric({"kind": "eval", "step": step, "peer": i, **last_eval})
+                eval_record = {"kind": "eval", "step": step, "peer": i, **last_eval}
+                eval_record["epoch"] = record["epoch"]
+                self.writer.metric(eval_record)
+                if hooks is not None:
+                    hooks.evaluated(step, eval_record)
                 self._checkpoint(task, runner, step)
         else:
-            step = runner.total_steps
+            step = total
         return {
             "engine": "processes",
             "peer": i,
@@ -266,6 +350,20 @@ class PeerProcess:
         tmp.replace(self.out / "checkpoint.pt")
 
 
-def run_peer(cfg: RunConfig, peer_id: int, *, listen: str | None, out: Path) -> int:
-    process = PeerProcess(cfg, peer_id, listen=listen, out=out)
+def run_peer(
+    cfg: RunConfig,
+    peer_id: int,
+    *,
+    listen: str | None,
+    out: Path,
+    broker: str | None = None,
+    advertise: str | None = None,
+    run_id: str | None = None,
+) -> int:
+    from core.lifecycle import die_with_parent
+
+    die_with_parent()
+    process = PeerProcess(
+        cfg, peer_id, listen=listen, out=out, broker=broker, advertise=advertise, run_id=run_id
+    )
     return asyncio.run(process.main())

@@ -33,6 +33,7 @@ class PeerComm(Comm):
         self.loop = loop
         self.counters = CommCounters()
         self.last_outcome: MixOutcome | None = None
+        self.step_base = 0  # added to data-plane step numbers (a run's stages never share one)
 
     @property
     def world_size(self) -> int:
@@ -53,6 +54,7 @@ class PeerComm(Comm):
         receive_from: list[int],
         encoded: Encoded | None = None,
     ) -> tuple[dict[int, Arrival], MixOutcome]:
+        step += self.step_base
         flat = values.detach().to(torch.float32).contiguous().view(-1)
         parts = encoded.parts if encoded is not None else {"values": flat}
         frames = (

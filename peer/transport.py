@@ -233,10 +233,24 @@ class Transport:
         self.greeted: set[int] = set()
         self.rejections: dict[int, tuple[int, str]] = {}  # sender → (step, reason), latest
         self.hello = serde.hello_request(run_id, peer_id, fingerprint, codec)
-        self.links = {j: Link(self, j, a) for j, a in enumerate(self.addresses) if j != peer_id}
+        self.links: dict[int, Link] = {}
+        self.set_addresses(dict(enumerate(self.addresses)))
+        self._closing: set[asyncio.Future[None]] = set()
         self.server: grpc.aio.Server | None = None
         self.health: health.aio.HealthServicer | None = None
         self.port = 0
+
+    def set_addresses(self, addresses: dict[int, str]) -> None:
+        """Where to reach each peer (static config, or the orchestrator's schedule). A peer whose
+        address changed gets a fresh link; an empty address means "not known (yet)"."""
+        for j, address in addresses.items():
+            if j == self.peer_id or not address:
+                continue
+            link = self.links.get(j)
+            if link is None or link.address != address:
+                if link is not None:
+                    self._closing.add(asyncio.ensure_future(link.close()))
+                self.links[j] = Link(self, j, address)
 
     def view(self) -> ReceiverView:
         return ReceiverView(
@@ -270,6 +284,9 @@ class Transport:
 
     async def connect(self, peers: Sequence[int], timeout: float) -> list[int]:
         """Handshake with ``peers`` (start-up barrier); returns those that did not answer."""
+        unknown = [j for j in peers if j not in self.links]
+        if unknown:
+            raise ValueError(f"no address known for peer(s) {unknown}")
         ok = await asyncio.gather(
             *(self.links[j].connect(timeout, wait_for_ready=True) for j in peers)
         )
@@ -313,6 +330,7 @@ class Transport:
         sends = [
             asyncio.create_task(self.links[j].send(frames, key, self.deadline), name=f"send-{j}")
             for j in send_to
+            if j in self.links
         ]
         slots = {j: self.mailbox.slot((j, step, round, tensor_id)) for j in receive_from}
         loop = asyncio.get_running_loop()
@@ -322,11 +340,11 @@ class Transport:
         missing: list[int] = []
         rejected: list[tuple[int, str]] = []
         for j, slot in slots.items():
-            link = self.links[j]
+            link = self.links.get(j)
             got: Arrival | Rejection | None = None
             if slot.done() and not slot.cancelled():
                 got = slot.result()  # here already, even from a neighbour whose link is down
-            elif link.alive:
+            elif link is not None and link.alive:
                 # a live neighbour is waited for until the round's deadline, every round: not
                 # waiting for a merely slow one would let this peer run ahead of it (and past
                 # its STEP_WINDOW), desynchronising the gossip for good
@@ -345,6 +363,6 @@ class Transport:
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
-        await asyncio.gather(*(link.close() for link in self.links.values()))
+        await asyncio.gather(*(link.close() for link in self.links.values()), *self._closing)
         if self.server is not None:
             await self.server.stop(grace)

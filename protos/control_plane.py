@@ -54,6 +54,8 @@ class PayloadError(ValueError):
 PeerState = Literal["starting", "ready", "training", "done", "failed", "offline"]
 PEER_STATES: tuple[str, ...] = get_args(PeerState)
 RunAction = Literal["start", "stop"]
+Stage = Literal["calibrate", "train"]
+STAGES: tuple[str, ...] = get_args(Stage)
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,24 @@ class Schedule(Message):
     seed: int
     phases: list[dict[str, Any]]  # [{"index": k, "topology": name | None}]
     reason: str = ""
+    addresses: list[str] = field(default_factory=list)  # gRPC host:port of peers[i]
+    effective_step: int = 0  # peers switch to this schedule at the start of this step
 
     def validate(self) -> None:
         _nonneg("version", self.version)
+        _nonneg("effective_step", self.effective_step)
         if len(set(self.peers)) != len(self.peers) or any(p < 0 for p in self.peers):
             raise ValueError(f"peers must be distinct ids ≥ 0; got {self.peers}")
+        if not self.peers:
+            raise ValueError("peers must list at least one live peer")
+        if self.addresses and len(self.addresses) != len(self.peers):
+            raise ValueError(
+                f"addresses lists {len(self.addresses)} entries for {len(self.peers)} peers"
+            )
+        for i, a in enumerate(self.addresses):
+            host, sep, port = a.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"addresses[{i}] = {a!r}; expected 'host:port'")
         if not 0 < self.kappa <= 1:
             raise ValueError(f"kappa must be in (0, 1]; got {self.kappa}")
         for i, ph in enumerate(self.phases):
@@ -112,10 +127,16 @@ class RunControl(Message):
     action: str  # "start" | "stop"
     reason: str = ""
     ts: float = 0.0
+    stage: str = "train"  # "calibrate": the uncontrolled pass of constant targets; "train"
+    steps: int = 0  # steps to run in this stage (0: the whole plan)
+    step_base: int = 0  # added to step numbers on the data plane (stages never reuse a step)
 
     def validate(self) -> None:
         if self.action not in get_args(RunAction):
             raise ValueError(f"action must be 'start' or 'stop'; got {self.action!r}")
+        _stage(self.stage)
+        _nonneg("steps", self.steps)
+        _nonneg("step_base", self.step_base)
 
 
 @dataclass(frozen=True)
@@ -126,10 +147,16 @@ class Status(Message):
     step: int = 0
     address: str | None = None
     ts: float = 0.0
+    stage: str = "train"
+    steps_per_epoch: int = 0  # from the peer's data partition (all peers must agree)
+    fingerprint: str = ""  # model fingerprint (parameter names, shapes, dtypes)
+    reason: str = ""  # why a peer failed
 
     def validate(self) -> None:
         _nonneg("peer", self.peer)
         _nonneg("step", self.step)
+        _nonneg("steps_per_epoch", self.steps_per_epoch)
+        _stage(self.stage)
         if self.state not in PEER_STATES:
             raise ValueError(f"state must be one of {', '.join(PEER_STATES)}; got {self.state!r}")
 
@@ -157,8 +184,10 @@ class Stats(Message):
     theta: float  # θ_i = ‖x_i(after) − x_i(before)‖²
     grad_norm: float  # ‖g_i‖ of this step
     bytes_sent: int = 0
+    stage: str = "train"
 
     def validate(self) -> None:
+        _stage(self.stage)
         _nonneg("peer", self.peer)
         _nonneg("step", self.step)
         if self.round < 1:
@@ -198,9 +227,12 @@ class Metrics(Message):
     peer: int
     step: int
     values: dict[str, float] = field(default_factory=dict)
+    event: str = "step"  # "step" (training step record) or "eval" (evaluation of the replica)
 
     def validate(self) -> None:
         _nonneg("peer", self.peer)
+        if self.event not in ("step", "eval"):
+            raise ValueError(f"event must be 'step' or 'eval'; got {self.event!r}")
         for key, value in self.values.items():
             if not isinstance(key, str) or not _is_number(value):
                 raise ValueError(f"values must map names to numbers; got {key!r}: {value!r}")
@@ -219,6 +251,11 @@ def _is_number(v: object) -> bool:
 def _nonneg(name: str, v: int) -> None:
     if v < 0:
         raise ValueError(f"{name} must be ≥ 0; got {v}")
+
+
+def _stage(v: str) -> None:
+    if v not in STAGES:
+        raise ValueError(f"stage must be one of {', '.join(STAGES)}; got {v!r}")
 
 
 def _finite_nonneg(name: str, v: float) -> None:
@@ -370,6 +407,7 @@ _CHECKS: dict[str, Callable[[object], bool]] = {
     "float | None": lambda v: v is None or _is_number(v),
     "int | None": lambda v: v is None or _is_int(v),
     "list[int]": lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
+    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "list[dict[str, Any]]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
     "dict[str, Any]": lambda v: isinstance(v, dict),
     "dict[str, float]": lambda v: isinstance(v, dict),

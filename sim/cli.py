@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -92,6 +92,12 @@ def topology(
 )
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @click.option(
+    "--broker",
+    default=None,
+    metavar="mqtt://HOST:PORT",
+    help="processes engine: use this MQTT broker instead of the orchestrator's embedded one",
+)
+@click.option(
     "--reference",
     type=click.Choice(["allreduce", "none"]),
     default="allreduce",
@@ -104,9 +110,14 @@ def sim(
     overrides: Sequence[str],
     out: Path | None,
     quiet: bool,
+    broker: str | None,
     reference: str,
 ) -> None:
-    """Run n peers on this host and print the final table (next to an all-reduce reference)."""
+    """Run n peers on this host and print the final table (next to an all-reduce reference).
+
+    The default engine, processes, runs the real system: an orchestrator (with an embedded MQTT
+    broker unless --broker is given) and n peer processes exchanging tensors over gRPC on
+    loopback. The vectorized engine trains all n replicas batched in this process."""
     from core.config import apply_overrides, load_config
 
     items = list(overrides)
@@ -116,21 +127,24 @@ def sim(
         cfg = load_config(config, items)
     except ConfigError as exc:
         _fail(str(exc))
-    if cfg.engine == "processes":
-        _fail(
-            "the 'processes' engine (orchestrator + peer processes over gRPC/MQTT) is not "
-            "available in this version yet; run with --engine vectorized"
-        )
     from rich.console import Console
 
-    from sim.engine import run
     from sim.report import compare_table, final_table
     from sim.rundir import default_run_dir
 
+    def run(c: RunConfig, d: Path) -> dict[str, Any]:
+        if c.engine == "processes":
+            from sim.processes import run_processes
+
+            return run_processes(c, d, progress=not quiet, broker=broker)
+        from sim.engine import run as run_vectorized
+
+        return run_vectorized(c, d, progress=not quiet)
+
     run_dir = out or default_run_dir(cfg)
     try:
-        summary = run(cfg, run_dir, progress=not quiet)
-    except (ValueError, FileNotFoundError) as exc:
+        summary = run(cfg, run_dir)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
         _fail(str(exc))
     console = Console()
     if not console.is_terminal:  # pipes and CI logs: wide enough for the comparison table
@@ -140,7 +154,10 @@ def sim(
         ref_cfg = apply_overrides(cfg, {"algorithm": reference, "name": f"{reference}-reference"})
         if not quiet:
             console.print(f"reference run: {reference}, same data, model, seed and steps")
-        ref = run(ref_cfg, run_dir / "reference", progress=not quiet)
+        try:
+            ref = run(ref_cfg, run_dir / "reference")
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:
+            _fail(f"reference run: {exc}")
         console.print(
             compare_table(
                 [{**ref, "label": reference}, {**summary, "label": _label(cfg)}],
@@ -248,6 +265,14 @@ def sweep(
     metavar="HOST:PORT",
     help="address other peers reach this one at (default: the listen address)",
 )
+@click.option(
+    "--broker",
+    default=None,
+    metavar="mqtt://HOST:PORT",
+    help="follow the orchestrator on this MQTT broker (default: orchestrator.broker; "
+    "unset: static mode, network.addresses)",
+)
+@click.option("--run-id", default=None, help="control-plane run id (default: the config's name)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
 @click.option(
     "--out",
@@ -260,6 +285,8 @@ def peer(
     peer_id: int,
     listen: str | None,
     advertise: str | None,
+    broker: str | None,
+    run_id: str | None,
     overrides: Sequence[str],
     out: Path | None,
 ) -> None:
@@ -267,12 +294,69 @@ def peer(
     from core.config import load_config
     from peer.app import CertError, PeerConfigError, run_peer
 
+    items = list(overrides)
+    if broker is not None:
+        items.append(f"orchestrator.broker={broker}")
     try:
-        cfg = load_config(config, list(overrides))
-        code = run_peer(cfg, peer_id, listen=listen, out=out or Path("runs") / f"peer-{peer_id}")
+        cfg = load_config(config, items)
+        code = run_peer(
+            cfg,
+            peer_id,
+            listen=listen,
+            out=out or Path("runs") / f"peer-{peer_id}",
+            advertise=advertise,
+            run_id=run_id,
+        )
     except (ConfigError, PeerConfigError, CertError) as exc:
         _fail(str(exc))
-    del advertise  # static mode: the config's address list is authoritative
+    sys.exit(code)
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="the run's TOML config (the same file the peers run)",
+)
+@click.option(
+    "--broker",
+    default=None,
+    metavar="mqtt://HOST:PORT",
+    help="MQTT broker (default: orchestrator.broker; unset: embed one on 127.0.0.1)",
+)
+@click.option("--run-id", default=None, help="control-plane run id (default: the config's name)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="directory for the manifest, metrics and logs (default: runs/orchestrator)",
+)
+def orchestrator(
+    config: Path,
+    broker: str | None,
+    run_id: str | None,
+    overrides: Sequence[str],
+    out: Path | None,
+) -> None:
+    """Coordinate the peers of a run over MQTT: schedules, plan, consensus control, liveness."""
+    from core.config import load_config
+    from orchestrator.app import OrchestratorError, run_orchestrator
+    from protos.control_plane import Topics
+
+    items = list(overrides)
+    if broker is not None:
+        items.append(f"orchestrator.broker={broker}")
+    try:
+        cfg = load_config(config, items)
+        Topics(run_id or cfg.name or "concord")
+        code = run_orchestrator(
+            cfg, out or Path("runs") / "orchestrator", broker=None, run_id=run_id
+        )
+    except (ConfigError, OrchestratorError, ValueError, OSError) as exc:
+        _fail(str(exc), 1)
     sys.exit(code)
 
 

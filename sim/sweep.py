@@ -494,7 +494,7 @@ def sweep_main(
     if configure is None:
         from core.config import apply_overrides, load_config
 
-        base = load_config(config_path, list(overrides))
+        base = load_config(config_path, ["engine=vectorized", *overrides])  # sweeps: in-process
 
         def configure(extra: Mapping[str, object]) -> Any:
             return apply_overrides(base, extra)

@@ -42,7 +42,7 @@ def test_core_never_imports_io_packages(path: Path) -> None:
         "core.config",
         "protos.control_plane",
         "orchestrator.broker",
-        "orchestrator.mqtt",
+        "protos.mqtt",
     ],
 )
 def test_orchestrator_side_core_modules_do_not_import_torch(module: str) -> None:

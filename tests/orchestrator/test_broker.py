@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from orchestrator.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
-from orchestrator.mqtt import client
 from protos.control_plane import (
     TOPICS,
     Schedule,
@@ -29,6 +28,7 @@ from protos.control_plane import (
     decode,
     encode,
 )
+from protos.mqtt import client
 
 T = 10.0  # seconds: generous per-await bound on a loaded 2-core machine
 
@@ -115,7 +115,7 @@ def test_qos1_stats_round_trip_is_fast_with_nodelay(kind: str) -> None:
 _WILL_CLIENT = """
 import asyncio, sys
 import aiomqtt
-from orchestrator.mqtt import client
+from protos.mqtt import client
 from protos.control_plane import Status, encode
 async def main():
     topic = sys.argv[2]

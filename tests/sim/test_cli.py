@@ -40,12 +40,6 @@ def test_sim_reports_config_errors_by_key() -> None:
     assert "control.factor" in r.output
 
 
-def test_sim_processes_engine_is_announced_as_unavailable() -> None:
-    r = CliRunner().invoke(main, ["sim", "--engine", "processes"])
-    assert r.exit_code == 2
-    assert "--engine vectorized" in r.output
-
-
 def test_sim_runs_and_prints_final_table(tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = CliRunner().invoke(

@@ -1,0 +1,217 @@
+"""The orchestrator's decision logic, sans-io: statistics in, decisions out (no MQTT, no clock).
+
+`RoundBook` collects the peers' per-round `Stats` of the current stage and tells when a round is
+complete, i.e. every *expected* peer (live and still training) reported it. Then:
+
+* stage ``calibrate`` (constant targets): the round's Θ is recorded per phase
+  (`core.control.CalibrationRecorder`); no decision is sent, peers run uncontrolled;
+* stage ``train``, barrier mode: `core.control.ConsensusController` answers repeat/stop after
+  every round and the decision is published for that (step, round);
+* stage ``train``, lagged mode: peers run the rounds planned for the step without waiting; after
+  the planned last round the controller's ``rounds_next`` is published and peers use it for the
+  next step.
+
+Θ of a round is ``sqrt(mean_i θ_i)`` over the peers that reported (`core.consensus.theta`, the
+same float arithmetic as the vectorized engine), the adaptive target's gradient norm the mean of
+the peers' ‖g_i‖ of round 1. A round that stays incomplete for ``timeout`` seconds (a peer
+vanished without a Last-Will yet, a lost message) is decided on what arrived, so one slow peer
+never stalls the others for longer than that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from core.control import Calibration, CalibrationRecorder, ConsensusController
+from core.plan import PhasePlan
+from protos.control_plane import Decision, Stats
+
+
+def estimator(thetas: Iterable[float]) -> float:
+    """Θ = sqrt(mean θ_i) exactly as `core.consensus.theta` computes it (fsum is exact)."""
+    values = [float(v) for v in thetas]
+    return math.sqrt(math.fsum(values) / len(values))
+
+
+def mean(values: Iterable[float]) -> float:
+    v = [float(x) for x in values]
+    return math.fsum(v) / len(v)
+
+
+@dataclass
+class PendingRound:
+    step: int
+    round: int
+    opened: float  # clock value when its first statistic arrived
+    stats: dict[int, Stats] = field(default_factory=dict)
+
+
+@dataclass
+class RoundRecord:
+    """One decided round, for ``control.jsonl`` and the progress view."""
+
+    stage: str
+    step: int
+    round: int
+    peers: int
+    theta: float
+    target: float | None
+    repeat: bool
+    rounds_next: int | None
+    reason: str
+    partial: bool  # decided on a timeout, without every expected peer
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": "round", **self.__dict__}
+
+
+class RoundBook:
+    """Collects one stage's statistics and produces the decisions (see the module docstring)."""
+
+    def __init__(
+        self,
+        stage: str,
+        plan: PhasePlan,
+        *,
+        controller: ConsensusController | None = None,
+        recorder: CalibrationRecorder | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        if stage == "train" and controller is None:
+            raise ValueError("the train stage needs a ConsensusController")
+        if stage == "calibrate" and recorder is None:
+            raise ValueError("the calibrate stage needs a CalibrationRecorder")
+        self.stage = stage
+        self.plan = plan
+        self.controller = controller
+        self.recorder = recorder
+        self.timeout = timeout
+        self.pending: dict[tuple[int, int], PendingRound] = {}
+        self.decided: set[tuple[int, int]] = set()
+        self.records: list[RoundRecord] = []
+        self._step: int | None = None  # step the controller is in
+        self._round = 0  # last round fed to the controller in that step
+        self._stats: list[float] = []
+        self.ignored = 0  # statistics of rounds already decided or out of order
+
+    @property
+    def lagged(self) -> bool:
+        return self.controller is not None and self.controller.config.lagged
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def add(self, stats: Stats, expected: set[int], now: float) -> list[Decision]:
+        """File one peer's statistic; returns the decisions to publish (possibly none)."""
+        key = (stats.step, stats.round)
+        if stats.stage != self.stage or key in self.decided:
+            self.ignored += 1
+            return []
+        pending = self.pending.get(key)
+        if pending is None:
+            pending = self.pending[key] = PendingRound(stats.step, stats.round, now)
+        pending.stats[stats.peer] = stats
+        return self._complete(expected, now)
+
+    def expire(self, expected: set[int], now: float) -> list[Decision]:
+        """Re-check pending rounds (a peer left, or time passed); decide the complete or stale."""
+        return self._complete(expected, now)
+
+    def _complete(self, expected: set[int], now: float) -> list[Decision]:
+        out: list[Decision] = []
+        for key in sorted(self.pending):
+            p = self.pending[key]
+            done = expected <= set(p.stats)
+            stale = now - p.opened >= self.timeout
+            if not (done or stale):
+                continue
+            del self.pending[key]
+            self.decided.add(key)
+            decision = self._decide(p, partial=not done)
+            if decision is not None:
+                out.append(decision)
+        return out
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def _decide(self, p: PendingRound, *, partial: bool) -> Decision | None:
+        stats = [p.stats[k] for k in sorted(p.stats)]
+        theta = estimator(s.theta for s in stats)
+        phase = self.plan.phase_at(p.step)
+        if self.stage == "calibrate":
+            assert self.recorder is not None
+            self.recorder.observe(p.step, phase.index, theta)
+            self._record(p, len(stats), theta, None, False, None, "calibration", partial)
+            return None
+        ctl = self.controller
+        assert ctl is not None
+        if self._step != p.step:
+            self._close_step()
+            if p.round != 1:  # the step's first rounds were lost (broker outage): move on
+                self._record(p, len(stats), theta, None, False, None, "resync", partial)
+                return Decision(step=p.step, round=p.round, repeat=False, reason="resync")
+            ctl.begin_step(p.step, mean(s.grad_norm for s in stats))
+            self._step, self._round, self._stats = p.step, 0, []
+        if p.round != self._round + 1:
+            self._record(p, len(stats), theta, None, False, None, "resync", partial)
+            return Decision(step=p.step, round=p.round, repeat=False, reason="resync")
+        d = ctl.after_round(p.step, p.round, theta)
+        self._round = p.round
+        self._stats.append(theta)
+        if not d.repeat:
+            ctl.end_step(p.step, self._stats)
+            self._step, self._stats = None, []
+        self._record(p, len(stats), theta, d.target, d.repeat, d.rounds_next, d.reason, partial)
+        if self.lagged and d.repeat:
+            return None  # peers follow the plan within a step; only its end is published
+        return Decision(
+            step=p.step,
+            round=p.round,
+            repeat=d.repeat,
+            target=d.target,
+            statistic=theta,
+            rounds_next=d.rounds_next,
+            reason=d.reason,
+        )
+
+    def _close_step(self) -> None:
+        """Abandon a step whose last rounds never completed (peers moved on without us)."""
+        if self._step is not None and self.controller is not None:
+            step, stats = self._step, self._stats
+            self._step, self._stats = None, []
+            if stats:
+                self.controller.end_step(step, stats)
+            else:  # begun but never fed: reset by beginning and ending it empty
+                self.controller.end_step(step, [])
+
+    def _record(
+        self,
+        p: PendingRound,
+        peers: int,
+        theta: float,
+        target: float | None,
+        repeat: bool,
+        rounds_next: int | None,
+        reason: str,
+        partial: bool,
+    ) -> None:
+        self.records.append(
+            RoundRecord(
+                self.stage,
+                p.step,
+                p.round,
+                peers,
+                theta,
+                target,
+                repeat,
+                rounds_next,
+                reason,
+                partial,
+            )
+        )
+
+    def calibration(self) -> Calibration:
+        if self.recorder is None:
+            raise ValueError("not a calibration stage")
+        return self.recorder.result()

@@ -1,0 +1,257 @@
+"""A peer's side of the control plane: follow the orchestrator over MQTT.
+
+`ControlClient` runs on the peer's event loop: one reconnecting `protos.mqtt.Bus` session with a
+Last-Will (retained status "offline"), a heartbeat task, the latest schedule / plan / run control
+(all retained, so a late or reconnecting peer gets them at once), and the decisions, filed by
+(step, round) for the training thread to wait on.
+
+`OrchestratedControl` is the `core.loop.ControlHook` (and `core.algorithms.RoundControl`) the
+training thread uses in a controlled step: after each gossip round it publishes θ_i and ‖g_i‖
+and, in barrier mode, waits for the orchestrator's repeat/stop; in lagged mode it runs the rounds
+the previous step's decision planned without waiting between rounds.
+
+When the broker is away (or a decision does not come within ``orchestrator.decision_timeout``)
+the peer keeps going on what it knows: barrier mode stops after the round (one round per step,
+plain gossip), lagged mode keeps the last planned number of rounds; control resumes as soon as
+decisions arrive again. Each step records how its rounds were decided ("orchestrator",
+"lagged-plan", "fallback").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import torch
+
+from core.algorithms import RoundControl
+from core.plan import Phase
+from protos.control_plane import (
+    Decision,
+    Heartbeat,
+    Message,
+    Metrics,
+    Plan,
+    RunControl,
+    Schedule,
+    Stats,
+    Status,
+    Topics,
+)
+from protos.mqtt import Bus
+
+log = structlog.get_logger("peer.control")
+
+
+class ControlClient:
+    def __init__(
+        self, url: str, run_id: str, peer_id: int, *, heartbeat: float, step: Callable[[], int]
+    ) -> None:
+        self.peer_id = peer_id
+        self.topics = Topics(run_id)
+        self.heartbeat = heartbeat
+        self.current_step = step
+        self.bus = Bus(
+            url,
+            f"peer-{run_id}-{peer_id}",
+            self.topics,
+            subscribe=["schedule", "plan", "control", "decision"],
+            handler=self._on_message,
+            will=("status", peer_id, Status(peer=peer_id, state="offline")),
+        )
+        self.schedule: Schedule | None = None
+        self.plan: Plan | None = None
+        self.control: RunControl | None = None
+        self.changed = asyncio.Event()
+        self.decisions: dict[tuple[int, int], Decision] = {}
+        self.last_of_step: dict[int, Decision] = {}  # lagged: the decision carrying rounds_next
+        self._waiters: dict[tuple[int, int] | int, asyncio.Future[Decision]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._beat: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> ControlClient:
+        await self.bus.__aenter__()
+        self._beat = asyncio.create_task(self._heartbeats(), name=f"heartbeat-{self.peer_id}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beat
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)
+        await self.bus.close()
+
+    @property
+    def connected(self) -> bool:
+        return self.bus.connected.is_set()
+
+    # -- incoming ------------------------------------------------------------------------------
+
+    def _on_message(self, kind: str, peer: int | None, message: Message) -> None:
+        if isinstance(message, Schedule):
+            if self.schedule is None or message.version >= self.schedule.version:
+                self.schedule = message
+        elif isinstance(message, Plan):
+            self.plan = message
+        elif isinstance(message, RunControl):
+            self.control = message
+        elif isinstance(message, Decision):
+            self._on_decision(message)
+            return
+        self.changed.set()
+
+    def _on_decision(self, d: Decision) -> None:
+        self.decisions[(d.step, d.round)] = d
+        self._wake((d.step, d.round), d)
+        if d.rounds_next is not None:
+            self.last_of_step[d.step] = d
+            self._wake(d.step, d)
+        for old in [k for k in self.decisions if k[0] < d.step - 4]:  # bounded memory
+            del self.decisions[old]
+        for s in [s for s in self.last_of_step if s < d.step - 4]:
+            del self.last_of_step[s]
+
+    def _wake(self, key: tuple[int, int] | int, d: Decision) -> None:
+        fut = self._waiters.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(d)
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        while not predicate():
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 0.5 if left is None else min(left, 0.5))
+        return True
+
+    async def decision(self, key: tuple[int, int] | int, timeout: float) -> Decision | None:
+        """The decision for (step, round), or — key = step — the step's last (lagged) decision;
+        None at once when the broker is away, or after ``timeout``."""
+        have = self.decisions.get(key) if isinstance(key, tuple) else self.last_of_step.get(key)
+        if have is not None:
+            return have
+        if not self.connected:
+            return None
+        fut = self._waiters.get(key)
+        if fut is None or fut.done():
+            fut = self._waiters[key] = asyncio.get_running_loop().create_future()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            return None
+
+    # -- outgoing ------------------------------------------------------------------------------
+
+    def send(self, kind: str, message: Message, peer: bool = True) -> None:
+        """Publish without waiting (on this loop; from another thread use `send_threadsafe`)."""
+        task = asyncio.create_task(
+            self.bus.publish(kind, message, self.peer_id if peer else None), name=f"pub-{kind}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def status(self, state: str, **fields: Any) -> None:
+        await self.bus.publish(
+            "status",
+            Status(
+                peer=self.peer_id, state=state, step=self.current_step(), ts=time.time(), **fields
+            ),
+            self.peer_id,
+        )
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            if self.connected:
+                beat = Heartbeat(peer=self.peer_id, step=self.current_step(), ts=time.time())
+                await self.bus.publish("heartbeat", beat, self.peer_id)
+
+
+class OrchestratedControl:
+    """ControlHook + RoundControl of a peer (module docstring). Called from the training thread."""
+
+    def __init__(
+        self,
+        client: ControlClient,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        stage: str,
+        lagged: bool,
+        timeout: float,
+        bytes_sent: Callable[[], int],
+    ) -> None:
+        self.client = client
+        self.loop = loop
+        self.stage = stage
+        self.lagged = lagged and stage == "train"
+        self.timeout = timeout
+        self.bytes_sent = bytes_sent
+        self.step = 0
+        self.grad_norm = 0.0
+        self.target: float | None = None
+        self.planned = 1
+        self.how = ""  # how this step's rounds were decided (metrics)
+        self.fallbacks = 0
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout + 30)
+
+    def begin(self, step: int, phase: Phase, grad_norms: torch.Tensor) -> RoundControl:
+        self.step, self.grad_norm = step, float(grad_norms[0])
+        self.how = "orchestrator" if self.stage == "train" else "calibration"
+        if self.lagged:
+            if step == phase.start:
+                self.planned = 1  # first step of a controlled phase: one round (core.control)
+            else:
+                d = self._call(self.client.decision(step - 1, self.timeout))
+                if d is not None and d.rounds_next is not None:
+                    self.planned, self.target, self.how = d.rounds_next, d.target, "lagged-plan"
+                else:
+                    self.how = "fallback"
+                    self.fallbacks += 1
+        return self
+
+    def after_round(self, round_index: int, x: torch.Tensor, theta_local: torch.Tensor) -> bool:
+        stats = Stats(
+            peer=self.client.peer_id,
+            step=self.step,
+            round=round_index,
+            theta=float(theta_local[0]),
+            grad_norm=self.grad_norm,
+            bytes_sent=self.bytes_sent(),
+            stage=self.stage,
+        )
+        self.loop.call_soon_threadsafe(self.client.send, "stats", stats)
+        if self.stage != "train":
+            return False  # calibration: uncontrolled, one round
+        if self.lagged:
+            return round_index < self.planned
+        d = self._call(self.client.decision((self.step, round_index), self.timeout))
+        if d is None:
+            self.how = "fallback"
+            self.fallbacks += 1
+            log.warning("control.fallback", step=self.step, round=round_index)
+            return False
+        self.target = d.target
+        return d.repeat
+
+    def end(self, step: int) -> float | None:
+        return self.target
+
+    def publish_metrics(self, step: int, event: str, values: dict[str, Any]) -> None:
+        clean = {
+            k: float(v)
+            for k, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        message = Metrics(peer=self.client.peer_id, step=step, values=clean, event=event)
+        self.loop.call_soon_threadsafe(self.client.send, "metrics", message)

@@ -1,0 +1,262 @@
+"""A peer that follows the orchestrator (``concord peer … --broker mqtt://HOST:PORT``).
+
+The same training loop as a static peer (`peer.app.PeerProcess`), driven by the control plane:
+
+1. start the gRPC server (``--listen``, port 0 = any free port) and announce, as a retained
+   status "ready": the address the others reach us at, the steps per epoch of our partition and
+   the model fingerprint;
+2. take the neighbours' addresses from the orchestrator's schedule and connect;
+3. run each stage the orchestrator starts: ``calibrate`` (the controlled phases, uncontrolled,
+   reporting θ_i) and ``train`` (rounds decided by the orchestrator, `peer.control`); data-plane
+   step numbers of a stage start at its ``step_base`` so stages never share a frame key;
+4. apply a repaired schedule (a peer left) at its ``effective_step``; frames for a step are checked
+   against the schedule in force at that step;
+5. report "done", wait for the run's "stop", close streams and server, write the summary.
+
+Per-step metrics go to ``metrics.jsonl`` (with ``control``: how the step's rounds were decided)
+and, as `Metrics` messages, to the orchestrator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from core.loop import StepRunner
+from core.task import ClassificationTask
+from peer.app import StepHooks
+from peer.comm import PeerComm
+from peer.control import ControlClient, OrchestratedControl
+from peer.memory import tune_malloc
+from peer.serde import TENSOR_ALLREDUCE
+from peer.tls import load_credentials
+from peer.transport import Transport
+from protos.control_plane import Schedule
+
+if TYPE_CHECKING:
+    from peer.app import PeerProcess
+
+_STOP_WAIT = 60.0  # seconds a finished peer keeps serving until the run's "stop"
+
+
+class Membership:
+    """Which peers gossip at which step: the applied schedule and a pending repaired one."""
+
+    def __init__(self, peer_id: int) -> None:
+        self.peer_id = peer_id
+        self.client: ControlClient | None = None
+        self.runner: StepRunner | None = None
+        self.step_base = 0
+        self.applied = 0  # version of the schedule in force
+
+    def _pending(self) -> Schedule | None:
+        s = self.client.schedule if self.client is not None else None
+        return s if s is not None and s.version > self.applied else None
+
+    def before_step(self, step: int) -> Schedule | None:
+        """Apply a newer schedule whose effective step has come; returns it if applied."""
+        s = self._pending()
+        if s is None or step < s.effective_step or self.runner is None:
+            return None
+        self.runner.schedules.set_members(s.peers)
+        self.applied = s.version
+        return s
+
+    def is_neighbour(self, sender: int, wire_step: int, round: int, tensor_id: int) -> bool:
+        if tensor_id == TENSOR_ALLREDUCE:
+            return sender != self.peer_id
+        runner = self.runner
+        step = wire_step - self.step_base
+        if runner is None or step < 0:
+            return True  # a straggler of the previous stage: filed and never read
+        phase = runner.plan.phase_at(min(step, runner.total_steps - 1))
+        if phase.mode != "gossip":
+            return False
+        pending = self._pending()
+        members = pending.peers if pending is not None and step >= pending.effective_step else None
+        W = runner.schedules.get(phase, members).matrix(round)
+        return bool(W[self.peer_id, sender] > 0 or W[sender, self.peer_id] > 0)
+
+
+class FollowHooks(StepHooks):
+    def __init__(self, p: PeerProcess, control: OrchestratedControl, membership: Membership):
+        self.p = p
+        self.control = control
+        self.membership = membership
+        self.evaluate = control.stage == "train"
+
+    def before(self, step: int) -> None:
+        s = self.membership.before_step(step)
+        if s is not None:
+            self.p.log.info("schedule.applied", version=s.version, peers=s.peers, step=step)
+
+    def after(self, step: int, record: dict[str, Any]) -> None:
+        record["stage"] = self.control.stage
+        record["control"] = self.control.how or None
+        self.control.how = ""
+        if self.control.stage == "train":
+            self.control.publish_metrics(step, "step", record)
+
+    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+        self.control.publish_metrics(step, "eval", record)
+
+
+async def follow(p: PeerProcess) -> int:
+    cfg, i = p.cfg, p.peer_id
+    assert p.broker is not None
+    torch.set_num_threads(cfg.threads or 1)
+    tune_malloc()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, p._request_stop, sig)
+    server_creds = channel_creds = None
+    if cfg.network.tls is not None:
+        t = cfg.network.tls
+        server_creds, channel_creds = load_credentials(t.ca, t.cert, t.key, i)
+    task = await asyncio.to_thread(ClassificationTask, cfg, [i], device=p._device())
+    membership = Membership(i)
+    transport = Transport(
+        run_id=p.run_id,
+        peer_id=i,
+        world_size=cfg.peers,
+        addresses=[""] * cfg.peers,
+        fingerprint=task.flat.fingerprint(),
+        dim=int(task.x.shape[1]),
+        codec=cfg.compression.codec,
+        ratio=cfg.compression.ratio,
+        chunk_bytes=cfg.network.chunk_bytes,
+        max_tensor_bytes=cfg.network.max_tensor_bytes,
+        deadline=cfg.network.deadline,
+        is_neighbour=membership.is_neighbour,
+        server_credentials=server_creds,
+        channel_credentials=channel_creds,
+    )
+    port = await transport.start(p.listen)
+    host = p.listen.rpartition(":")[0]
+    advertise = p.advertise or f"{host}:{port}"
+    p.log.info("peer.listening", address=p.listen, port=port, advertise=advertise)
+    timeout = cfg.network.startup_timeout
+    ctl = ControlClient(
+        p.broker, p.run_id, i, heartbeat=cfg.orchestrator.heartbeat, step=lambda: p.step
+    )
+    membership.client = ctl
+    summary: dict[str, Any] = {}
+    started = time.perf_counter()
+    code = 0
+    try:
+        async with ctl:
+            if not await ctl.bus.wait_connected(timeout):
+                p.log.error("peer.no_broker", broker=p.broker)
+                return 1
+            await ctl.status(
+                "ready",
+                address=advertise,
+                steps_per_epoch=task.steps_per_epoch,
+                fingerprint=task.flat.fingerprint(),
+            )
+            if not await ctl.wait_for(lambda: ctl.schedule is not None or p.stop.is_set(), timeout):
+                p.log.error("peer.no_schedule", waited=timeout)
+                return 1
+            summary, code = await _stages(p, ctl, transport, membership, task)
+            if not p.stop.is_set():
+                await ctl.wait_for(
+                    lambda: (
+                        p.stop.is_set()
+                        or (ctl.control is not None and ctl.control.action == "stop")
+                    ),
+                    _STOP_WAIT,
+                )
+            if not summary.get("completed"):
+                await ctl.status("failed", reason="stopped before the end of training")
+    finally:
+        await transport.stop(grace=min(5.0, cfg.network.deadline))
+    summary.update(
+        wall_seconds=time.perf_counter() - started,
+        frames_rejected=dict(transport.counters.rejected),
+        tensors_received=transport.counters.received,
+        tensors_late=transport.counters.late,
+        send_failures=transport.counters.send_failures,
+        broker_connects=ctl.bus.connects,
+        control_payloads_rejected=ctl.bus.rejected,
+    )
+    p.log.info("peer.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
+    p.writer.close(summary)
+    return code
+
+
+async def _stages(
+    p: PeerProcess,
+    ctl: ControlClient,
+    transport: Transport,
+    membership: Membership,
+    task: ClassificationTask,
+) -> tuple[dict[str, Any], int]:
+    """Run the stages the orchestrator starts until "train" is done or a stop comes."""
+    cfg, i = p.cfg, p.peer_id
+    loop = asyncio.get_running_loop()
+    schedule = ctl.schedule
+    assert schedule is not None
+    transport.set_addresses(dict(zip(schedule.peers, schedule.addresses, strict=True)))
+    handled: list[float] = []  # ts of the run controls already acted on
+    connected = False
+    fresh = True  # task.x is still x⁰
+
+    def news() -> bool:
+        return p.stop.is_set() or (ctl.control is not None and ctl.control.ts not in handled)
+
+    while True:
+        await ctl.wait_for(news, None)
+        control = ctl.control
+        if p.stop.is_set() or control is None:
+            return {"completed": False}, 0
+        handled.append(control.ts)
+        if control.action == "stop":
+            return {"completed": False}, 1
+        if not fresh:  # the calibration pass moved the model: start over from x⁰
+            task = await asyncio.to_thread(ClassificationTask, cfg, [i], device=p._device())
+        fresh = False
+        comm = PeerComm(i, cfg.peers, transport, loop)
+        comm.step_base = control.step_base
+        hook = OrchestratedControl(
+            ctl,
+            loop,
+            stage=control.stage,
+            lagged=cfg.control.lagged,
+            timeout=cfg.orchestrator.decision_timeout,
+            bytes_sent=_bytes_of(comm),
+        )
+        runner = StepRunner(cfg, task, comm, control=hook)
+        membership.runner, membership.step_base = runner, control.step_base
+        if ctl.schedule is not None:  # a stage starts everyone at once: the newest schedule
+            runner.schedules.set_members(ctl.schedule.peers)
+            membership.applied = ctl.schedule.version
+        if not connected:
+            missing = await transport.connect(
+                p._neighbours_ever(runner), cfg.network.startup_timeout
+            )
+            if missing:
+                p.log.warning("peer.start_without", missing=missing)
+            connected = True
+        await ctl.status("training", stage=control.stage, address=transport_address(p, transport))
+        hooks = FollowHooks(p, hook, membership)
+        result = await asyncio.to_thread(
+            p._train, runner, task, steps=control.steps or None, hooks=hooks
+        )
+        result["control_fallbacks"] = hook.fallbacks
+        await ctl.status("done", stage=control.stage)
+        if control.stage == "train" or p.stop.is_set():
+            return result, 0
+
+
+def _bytes_of(comm: PeerComm) -> Callable[[], int]:
+    return lambda: comm.counters.bytes_wire
+
+
+def transport_address(p: PeerProcess, transport: Transport) -> str:
+    host = p.listen.rpartition(":")[0]
+    return p.advertise or f"{host}:{transport.port}"

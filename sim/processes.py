@@ -1,0 +1,329 @@
+"""``concord sim --engine processes``: the real system on this host.
+
+One orchestrator process (embedding an MQTT broker unless ``--broker`` names one) and n
+``concord peer`` processes on loopback, each started as a fresh interpreter (never forked from
+this torch process), one torch thread each by default, ``cuda:(i mod G)`` when G GPUs are present.
+Every child arms a parent-death signal (`core.lifecycle`), and Ctrl-C / SIGTERM here stop them
+all (SIGTERM, then SIGKILL after a grace period): no orphans.
+
+While the run goes, a progress view follows the control plane like any other MQTT client:
+step, loss, accuracy of the latest evaluation, Θ against its target, rounds and the peers' states.
+
+At the end the run directory looks like the vectorized engine's: the orchestrator's
+``manifest.json``, ``metrics.jsonl`` (aggregated over peers), ``control.jsonl`` (every decided
+round) and ``calibration.json``; each peer's own directory under ``peers/``; and here
+``partition.json``, ``edges.json``, the final evaluation — the averaged model of the peers'
+final parameters and every peer on the whole test set, exact Ξ — ``summary.json`` and the plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from core.config import RunConfig, to_toml
+from core.consensus import consensus_distance
+from core.task import ClassificationTask, load_task_data, make_partition
+from protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
+from protos.mqtt import Bus
+from sim.rundir import load_checkpoint
+
+_GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
+
+
+class ProcessesError(RuntimeError):
+    """The processes engine could not run (a child failed to start, or the run was stopped)."""
+
+
+def make_run_id(cfg: RunConfig) -> str:
+    base = "".join(c if c.isalnum() or c in "_.-" else "-" for c in (cfg.name or "sim"))[:48]
+    return f"{base.strip('-_.') or 'sim'}-{uuid.uuid4().hex[:8]}"
+
+
+class Children:
+    """The orchestrator and peer processes of one run (owned: `stop` ends every one)."""
+
+    def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
+        self.run_dir = run_dir
+        self.cfg = cfg
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+        threads = str(cfg.threads or 1)
+        self.env = {
+            **os.environ,
+            "CONCORD_PARENT_PID": str(os.getpid()),
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+        }
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.run_dir / "logs" / f"{name}.out", "wb")  # noqa: SIM115 - closed in stop()
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sim.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
+        )
+        self.procs[name] = proc
+        return proc
+
+    def failed(self) -> dict[str, int]:
+        return {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
+
+    def running(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
+    def stop(self, grace: float = _GRACE) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+        end = time.monotonic() + grace
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+
+
+class Monitor:
+    """Follows the run on the control plane for the progress view (an ordinary MQTT client)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.total = 0
+        self.states: dict[int, str] = {}
+        self.steps: dict[int, int] = {}
+        self.latest: dict[int, dict[str, float]] = {}
+        self.evals: dict[int, float] = {}
+        self.decision: Decision | None = None
+
+    def on_message(self, kind: str, peer: int | None, message: Message) -> None:
+        if isinstance(message, Status) and peer is not None:
+            self.states[peer] = message.state
+        elif isinstance(message, Metrics) and peer is not None:
+            if message.event == "eval":
+                self.evals[peer] = message.values.get("accuracy", float("nan"))
+            else:
+                self.steps[peer] = message.step
+                self.latest[peer] = message.values
+        elif isinstance(message, Plan):
+            self.total = message.total_steps
+        elif isinstance(message, Decision):
+            self.decision = message
+
+    def line(self) -> str:
+        parts = []
+        if self.latest:
+            loss = [v["loss"] for v in self.latest.values() if "loss" in v]
+            epoch = max(v.get("epoch", 0.0) for v in self.latest.values())
+            parts.append(f"ep {epoch:.1f}")
+            if loss:
+                parts.append(f"loss {sum(loss) / len(loss):.3f}")
+        if self.evals:
+            acc = list(self.evals.values())
+            parts.append(f"acc {100 * sum(acc) / len(acc):.1f}% (worst {100 * min(acc):.1f}%)")
+        d = self.decision
+        if d is not None and d.statistic is not None and d.target is not None:
+            parts.append(f"Θ {d.statistic:.3g}/{d.target:.3g}")
+        rounds = [int(v.get("rounds", 0)) for v in self.latest.values()]
+        if rounds:
+            parts.append(f"rounds {max(rounds)}")
+        counts: dict[str, int] = {}
+        for i in range(self.n):
+            state = self.states.get(i, "starting")
+            counts[state] = counts.get(state, 0) + 1
+        parts.append("peers " + " ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+        return "  ".join(parts)
+
+    @property
+    def step(self) -> int:
+        return min(self.steps.values()) + 1 if len(self.steps) == self.n else 0
+
+
+async def _follow(
+    children: Children, url: str, run_id: str, monitor: Monitor, progress: bool, stop: list[str]
+) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.append, signal.Signals(sig).name)
+    bar = Progress(
+        TextColumn("[bold]step {task.completed}/{task.total}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        disable=not progress,
+    )
+    topics = Topics(run_id)
+    kinds = ["status", "metrics", "plan", "decision"]
+    async with Bus(url, f"monitor-{run_id}", topics, subscribe=kinds, handler=monitor.on_message):
+        with bar:
+            task = bar.add_task("run", total=None, info="starting peers")
+            while children.running() and not stop:
+                if children.failed():
+                    break
+                await asyncio.sleep(0.25)
+                bar.update(
+                    task, total=monitor.total or None, completed=monitor.step, info=monitor.line()
+                )
+
+
+def run_processes(
+    cfg: RunConfig, run_dir: Path, *, progress: bool = True, broker: str | None = None
+) -> dict[str, Any]:
+    """Run orchestrator + n peers; returns the summary (and writes the run directory)."""
+    started = time.perf_counter()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    run_id = make_run_id(cfg)
+    config_path = run_dir / "config.toml"
+    config_path.write_text(to_toml(cfg), encoding="utf-8")
+    children = Children(run_dir, cfg)
+    stop: list[str] = []
+    log_file = open(run_dir / "logs" / "launcher.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+    structlog.configure(  # the monitor's MQTT client logs to the run, not to the terminal
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(),
+        ],
+        logger_factory=structlog.WriteLoggerFactory(file=log_file),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        url = _start(children, cfg, run_dir, run_id, config_path, broker)
+        monitor = Monitor(cfg.peers)
+        asyncio.run(_follow(children, url, run_id, monitor, progress, stop))
+        if stop:
+            raise ProcessesError(f"stopped by {stop[0]}; every child process was terminated")
+        end = time.monotonic() + 120
+        while children.running() and not children.failed() and time.monotonic() < end:
+            time.sleep(0.1)
+        failed = children.failed()
+    finally:
+        children.stop()
+        structlog.reset_defaults()
+        log_file.close()
+    if "orchestrator" in failed or len(failed) == cfg.peers:
+        raise ProcessesError(
+            f"child processes failed: {failed}; see {run_dir / 'logs'} and each log.jsonl"
+        )
+    return finish(cfg, run_dir, started, failed)
+
+
+def _start(
+    children: Children,
+    cfg: RunConfig,
+    run_dir: Path,
+    run_id: str,
+    config_path: Path,
+    broker: str | None,
+) -> str:
+    orch_args = ["orchestrator", "--config", str(config_path), "--out", str(run_dir)]
+    orch_args += ["--run-id", run_id] + (["--broker", broker] if broker else [])
+    orch = children.start("orchestrator", orch_args)
+    info = run_dir / "orchestrator.json"
+    end = time.monotonic() + 60
+    while not info.is_file():
+        if orch.poll() is not None or time.monotonic() > end:
+            out = (run_dir / "logs" / "orchestrator.out").read_text(errors="replace")[-2000:]
+            raise ProcessesError(f"the orchestrator did not start:\n{out}")
+        time.sleep(0.05)
+    url = str(json.loads(info.read_text())["broker"])
+    for i in range(cfg.peers):
+        args = ["peer", "--config", str(config_path), "--id", str(i), "--broker", url]
+        args += ["--run-id", run_id, "--listen", "127.0.0.1:0"]
+        args += ["--out", str(run_dir / "peers" / f"peer-{i}")]
+        children.start(f"peer-{i}", args)
+    return url
+
+
+def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]) -> dict[str, Any]:
+    """Final evaluation from the peers' checkpoints, edges, partition, plots and summary."""
+    peer_dirs = {i: run_dir / "peers" / f"peer-{i}" for i in range(cfg.peers)}
+    summaries = {
+        i: json.loads((d / "summary.json").read_text())
+        for i, d in peer_dirs.items()
+        if (d / "summary.json").is_file()
+    }
+    done = sorted(i for i, s in summaries.items() if s.get("completed"))
+    if not done:
+        raise ProcessesError(f"no peer completed the run; see {run_dir / 'logs'}")
+    data = load_task_data(cfg)
+    parts = make_partition(cfg, data)
+    task = ClassificationTask(cfg, done, device=torch.device("cpu"), data=data, parts=parts)
+    buffers = []
+    for row, i in enumerate(done):
+        state = load_checkpoint(peer_dirs[i] / "checkpoint.pt")
+        task.x[row].copy_(state["params"][0])
+        if "buffers" in state:
+            buffers.append(state["buffers"][0])
+    if buffers:
+        task.flat.load_buffers_flat(torch.stack(buffers))
+    final = task.evaluate(peers=True)
+    xi = consensus_distance(task.x)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    steps = int(manifest["steps"])
+    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        record = {"kind": "eval", "step": steps - 1, "epoch": cfg.epochs, "xi": xi, **final}
+        f.write(json.dumps(record) + "\n")
+    task_stats = task.partition_stats()
+    (run_dir / "partition.json").write_text(json.dumps(task_stats, indent=2) + "\n")
+    edges = [e for s in summaries.values() for e in s.get("bytes_per_edge", [])]
+    (run_dir / "edges.json").write_text(json.dumps(edges, indent=2) + "\n")
+    orch = json.loads((run_dir / "orchestrator-summary.json").read_text())
+    summary = {
+        "engine": "processes",
+        "algorithm": cfg.algorithm,
+        "topology": cfg.topology,
+        "peers": cfg.peers,
+        "steps": steps,
+        "epochs": cfg.epochs,
+        "seed": cfg.seed,
+        "plan": cfg.plan_label(),
+        "control_mode": cfg.control.mode if cfg.controlled_phases() else "none",
+        "control_factor": cfg.control.factor if cfg.controlled_phases() else None,
+        "control_lagged": cfg.control.lagged,
+        "accuracy_avg_model": final["acc_avg_model"],
+        "accuracy_worst_peer": final["acc_worst_peer"],
+        "accuracy_mean_peer": final["acc_mean_peer"],
+        "gossip_rounds_total": max(s["gossip_rounds_total"] for s in summaries.values()),
+        "bytes_sent_total": sum(s["bytes_sent_total"] for s in summaries.values()),
+        "bytes_raw_total": sum(s["bytes_raw_total"] for s in summaries.values()),
+        "final_consensus_distance": xi,
+        "peers_completed": done,
+        "peers_dropped": orch.get("peers_dropped", []),
+        "children_failed": failed,
+        "control_fallbacks": sum(s.get("control_fallbacks", 0) for s in summaries.values()),
+        "wall_seconds": time.perf_counter() - started,
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    from sim.plots import write_plots
+
+    with contextlib.suppress(Exception):  # plots never lose a finished run's numbers
+        write_plots(run_dir)
+    return summary
