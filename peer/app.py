@@ -283,6 +283,7 @@ class PeerProcess:
         total = runner.total_steps if steps is None else min(steps, runner.total_steps)
         last_eval: dict[str, float] = {}
         step = 0
+        t0 = time.perf_counter()
         for step in range(total):
             if self.stop.is_set():
                 log.info("peer.stopping", step=step)
@@ -333,6 +334,7 @@ class PeerProcess:
             "bytes_sent_total": runner.comm.counters.bytes_wire,
             "bytes_raw_total": runner.comm.counters.bytes_raw,
             "bytes_per_edge": runner.comm.counters.edge_table(),
+            "train_seconds": time.perf_counter() - t0,  # the training loop only (incl. evals)
             "run_dir": str(self.out),
         }
 

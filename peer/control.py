@@ -201,9 +201,14 @@ class OrchestratedControl:
         self.planned = 1
         self.how = ""  # how this step's rounds were decided (metrics)
         self.fallbacks = 0
+        self.wait_s = 0.0  # time this step spent blocked on the orchestrator (metrics)
 
     def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout + 30)
+        t0 = time.perf_counter()
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout + 30)
+        finally:
+            self.wait_s += time.perf_counter() - t0
 
     def begin(self, step: int, phase: Phase, grad_norms: torch.Tensor) -> RoundControl:
         self.step, self.grad_norm = step, float(grad_norms[0])

@@ -98,7 +98,8 @@ class FollowHooks(StepHooks):
     def after(self, step: int, record: dict[str, Any]) -> None:
         record["stage"] = self.control.stage
         record["control"] = self.control.how or None
-        self.control.how = ""
+        record["control_wait_ms"] = 1000.0 * self.control.wait_s
+        self.control.how, self.control.wait_s = "", 0.0
         if self.control.stage == "train":
             self.control.publish_metrics(step, "step", record)
 
