@@ -137,6 +137,6 @@ def test_a_real_mosquitto_carries_the_documented_topics_and_payloads(tmp_path: P
         except PayloadError as exc:
             pytest.fail(f"mosquitto_sub saw a payload that does not decode: {exc}")
         kind = topic.split("/")[3]
-        assert message.KIND == TOPICS[kind].kind
+        assert TOPICS[kind].kind == message.KIND
         seen[kind] = seen.get(kind, 0) + 1
     assert set(seen) == set(TOPICS), f"topics seen: {seen}"
