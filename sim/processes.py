@@ -86,6 +86,13 @@ class Children:
     def failed(self) -> dict[str, int]:
         return {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
 
+    def hopeless(self) -> bool:
+        """The run cannot finish: the orchestrator failed, or every peer did (a lost peer is
+        the orchestrator's business: it repairs the schedule and the others go on)."""
+        failed = self.failed()
+        peers = [n for n in self.procs if n.startswith("peer-")]
+        return "orchestrator" in failed or all(n in failed for n in peers)
+
     def running(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is None]
 
@@ -183,7 +190,7 @@ async def _follow(
         with bar:
             task = bar.add_task("run", total=None, info="starting peers")
             while children.running() and not stop:
-                if children.failed():
+                if children.hopeless():
                     break
                 await asyncio.sleep(0.25)
                 bar.update(
@@ -220,7 +227,7 @@ def run_processes(
         if stop:
             raise ProcessesError(f"stopped by {stop[0]}; every child process was terminated")
         end = time.monotonic() + 120
-        while children.running() and not children.failed() and time.monotonic() < end:
+        while children.running() and not children.hopeless() and time.monotonic() < end:
             time.sleep(0.1)
         failed = children.failed()
     finally:

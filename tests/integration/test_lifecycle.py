@@ -1,0 +1,174 @@
+"""``concord sim`` (processes engine) as a user runs it, in a subprocess: stopping it leaves no
+orphans, a peer killed mid-run is dropped and the others finish on a repaired schedule, and
+malformed control-plane payloads are rejected with a log line while the run goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import aiomqtt
+import msgpack
+import pytest
+
+from protos.control_plane import Topics
+from protos.mqtt import client
+
+BASE = [
+    "dataset.samples=3000",
+    "eval.every=1",
+    "orchestrator.heartbeat=0.2",
+    "orchestrator.liveness_timeout=3",
+    "network.deadline=3",
+]
+
+
+def _launch(out: Path, *sets: str) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "sim.cli", "sim", "--engine", "processes", "--quiet"]
+    args += ["--reference", "none", "--out", str(out)]
+    for item in (*BASE, *sets):
+        args += ["--set", item]
+    log = open(out.parent / f"{out.name}.launcher.out", "wb")  # noqa: SIM115 - child owns it
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _children(parent: int) -> dict[int, str]:
+    """pid → command line of every process started by ``parent`` (CONCORD_PARENT_PID)."""
+    found = {}
+    mark = f"CONCORD_PARENT_PID={parent}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if mark in (entry / "environ").read_bytes().split(b"\0"):
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (entry / "stat").read_text().split()[2]
+                if state != "Z":
+                    found[int(entry.name)] = cmd
+        except OSError:
+            continue
+    return found
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _step_lines(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    return path.read_text().count('"kind": "step"') if path.is_file() else 0
+
+
+def _training(run: Path, n: int = 5) -> Callable[[], bool]:
+    return lambda: _step_lines(run) >= n
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=str)
+def test_stopping_the_launcher_stops_every_child(tmp_path: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "run"
+    proc = _launch(out, "peers=3", "epochs=200")
+    try:
+        _wait(lambda: len(_children(proc.pid)) == 4, 60, "orchestrator + 3 peers")
+        _wait(_training(out), 90, "training to start")
+        children = _children(proc.pid)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+        _wait(lambda: not _children(proc.pid), 45, f"children {sorted(children)} to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _children(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert code == (-sig if sig == signal.SIGKILL else 2)
+    if sig != signal.SIGKILL:
+        text = (tmp_path / "run.launcher.out").read_text()
+        assert f"stopped by {sig.name}" in text
+
+
+def test_a_killed_peer_is_dropped_and_the_others_finish_on_a_repaired_schedule(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    proc = _launch(out, "peers=4", "epochs=5", "control.max_rounds=3")
+    try:
+        _wait(_training(out, 20), 120, "20 steps")
+        victim = next(pid for pid, cmd in _children(proc.pid).items() if "--id 2 " in cmd + " ")
+        os.kill(victim, signal.SIGKILL)
+        code = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, (tmp_path / "run.launcher.out").read_text()[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["peers_completed"] == [0, 1, 3]
+    assert summary["peers_dropped"] == [2]
+    schedules = [json.loads(x) for x in (out / "schedules.jsonl").read_text().splitlines()]
+    assert schedules[-1]["peers"] == [0, 1, 3]
+    assert schedules[-1]["version"] == 2
+    effective = schedules[-1]["effective_step"]
+    for i in (1, 3):  # peer 2's ring neighbours: missing it for a while, then not any more
+        rows = [json.loads(x) for x in (out / "peers" / f"peer-{i}" / "metrics.jsonl").open()]
+        steps = [r for r in rows if r["kind"] == "step"]
+        assert any(2 in r["missing"] for r in steps)
+        assert not any(r["missing"] for r in steps if r["step"] >= effective + 1)
+    assert summary["accuracy_avg_model"] > 0.3  # trained on (MNIST-1D, 10 classes: chance 0.1)
+
+
+def test_malformed_control_payloads_are_rejected_and_logged(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _launch(out, "peers=3", "epochs=2")
+    try:
+        _wait(lambda: (out / "orchestrator.json").is_file(), 60, "the orchestrator")
+        info = json.loads((out / "orchestrator.json").read_text())
+        asyncio.run(_inject(info["broker"], Topics(info["run"]), proc))
+        code = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, (tmp_path / "run.launcher.out").read_text()[-3000:]
+    orch_log = [json.loads(x) for x in (out / "log.jsonl").open()]
+    rejected = {e["topic"].split("/")[3] for e in orch_log if e["event"] == "control.rejected"}
+    assert {"stats", "metrics", "status"} <= rejected
+    for i in range(3):
+        peer = out / "peers" / f"peer-{i}"
+        events = [json.loads(x) for x in (peer / "log.jsonl").open()]
+        kinds = {e["topic"].split("/")[3] for e in events if e["event"] == "control.rejected"}
+        assert {"decision", "control"} <= kinds, f"peer {i}: {kinds}"
+        assert json.loads((peer / "summary.json").read_text())["completed"]
+
+
+async def _inject(url: str, topics: Topics, proc: subprocess.Popen[bytes]) -> None:
+    """Publish garbage (never retained) on every topic until the run is over."""
+
+    def pack(d: dict[str, object]) -> bytes:
+        return bytes(msgpack.packb(d))
+
+    garbage = [
+        (topics.topic("stats", 0), b"\x00 not msgpack"),
+        (topics.topic("stats", 1), pack({"v": 1, "kind": "stats", "peer": 1, "step": -5})),
+        (topics.topic("metrics", 0), pack({"v": 2, "kind": "metrics", "peer": 0, "step": 1})),
+        (topics.topic("status", 2), pack({"v": 1, "kind": "heartbeat", "peer": 2})),
+        (topics.topic("decision"), pack({"v": 99, "kind": "decision", "step": 0})),
+        (topics.topic("decision"), pack({"v": 1, "kind": "decision", "repeat": "yes"})),
+        (topics.topic("control"), pack({"v": 1, "kind": "control", "action": "explode"})),
+        (topics.topic("schedule"), pack({"v": 1, "kind": "schedule", "version": 7})),
+    ]
+    with contextlib.suppress(aiomqtt.MqttError):  # the embedded broker ends with the run
+        async with client(url, "rogue") as rogue:
+            end = time.monotonic() + 150
+            while proc.poll() is None and time.monotonic() < end:
+                for topic, payload in garbage:
+                    await rogue.publish(topic, payload, qos=0, retain=False)
+                await asyncio.sleep(0.05)
