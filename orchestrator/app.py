@@ -77,6 +77,7 @@ class PeerInfo:
     fingerprint: str = ""
     stage_done: str = ""  # last stage this peer reported done
     gone: bool = False
+    offline_at: float | None = None  # its Last-Will arrived (confirmed by silence, see _liveness)
 
 
 def configure_logging(path: Path, run: str) -> TextIO:
@@ -150,6 +151,8 @@ class Orchestrator:
         if peer is not None and not 0 <= peer < self.n:
             log.warning("control.rejected", topic=kind, peer=peer, problem="unknown peer id")
             return
+        if peer is not None and not (isinstance(message, Status) and message.state == "offline"):
+            self.peers[peer].offline_at = None  # alive after all
         if isinstance(message, Status) and peer is not None:
             self._on_status(peer, message, now)
         elif isinstance(message, Heartbeat) and peer is not None:
@@ -172,6 +175,9 @@ class Orchestrator:
         if status.peer != peer:
             log.warning("control.rejected", topic="status", peer=peer, problem="peer mismatch")
             return
+        if status.state == "offline":  # a Last-Will: confirmed by silence in _liveness
+            info.state, info.offline_at = status.state, now
+            return
         info.state, info.last_seen, info.step = status.state, now, status.step
         if status.state in ("ready", "training"):
             if status.address:
@@ -182,7 +188,7 @@ class Orchestrator:
                 info.fingerprint = status.fingerprint
         elif status.state == "done":
             info.stage_done = status.stage
-        elif status.state in ("offline", "failed") and self.stage and not info.gone:
+        elif status.state == "failed" and self.stage and not info.gone:
             self._drop(
                 peer, f"status {status.state}" + (f": {status.reason}" if status.reason else "")
             )
@@ -201,21 +207,34 @@ class Orchestrator:
         self.changed.set()
 
     async def _liveness(self) -> None:
-        """Owned task: drop silent peers, decide stale rounds (10 Hz)."""
+        """Owned task: drop silent peers, decide stale rounds (10 Hz). While we are cut off from
+        the broker nobody is silent by their own fault; after a reconnect peers get the longest
+        reconnect backoff (5 s) on top of the liveness timeout to come back.
+
+        A Last-Will ("offline") drops a peer once two heartbeats pass without a word from it:
+        a broker that shuts down publishes every client's will, though the peers are fine."""
         timeout = self.cfg.orchestrator.liveness_timeout
+        confirm = 2 * self.cfg.orchestrator.heartbeat + 0.2
+        grace_until = 0.0
         while True:
             await asyncio.sleep(0.1)
             now = time.monotonic()
             assert self.bus is not None
             if not self.bus.connected.is_set():
-                for info in self.peers.values():  # no news while we are cut off: not their fault
-                    info.last_seen = max(info.last_seen, now)
+                grace_until = now + self.bus.backoff[1]
+                for info in self.peers.values():
+                    info.offline_at = None
                 continue
-            if self.stage:
+            for i, info in self.peers.items():
+                if info.offline_at is not None and now - info.offline_at > confirm and self.stage:
+                    info.offline_at = None
+                    self._drop(i, "Last-Will (offline) and silent since")
+            if self.stage and now >= grace_until:
                 for i, info in self.peers.items():
                     busy = info.stage_done != self.stage
-                    if not info.gone and busy and now - info.last_seen > timeout:
-                        self._drop(i, f"silent for {now - info.last_seen:.1f} s")
+                    silent = now - max(info.last_seen, grace_until)
+                    if not info.gone and busy and silent > timeout:
+                        self._drop(i, f"silent for {silent:.1f} s")
             if self.book is not None and self.book.pending:
                 self._publish_all(self.book.expire(self.expected(), now))
 

@@ -19,6 +19,7 @@ import aiomqtt
 import msgpack
 import pytest
 
+from orchestrator.broker import MosquittoBroker, mosquitto_binary
 from protos.control_plane import Topics
 from protos.mqtt import client
 
@@ -172,3 +173,43 @@ async def _inject(url: str, topics: Topics, proc: subprocess.Popen[bytes]) -> No
                 for topic, payload in garbage:
                     await rogue.publish(topic, payload, qos=0, retain=False)
                 await asyncio.sleep(0.05)
+
+
+def test_lagged_peers_keep_going_while_the_broker_is_away_and_control_resumes(
+    tmp_path: Path,
+) -> None:
+    if mosquitto_binary() is None:
+        pytest.fail("mosquitto is not installed; scripts/bootstrap installs it (root, Debian)")
+    broker = MosquittoBroker()
+    broker.start()
+    out = tmp_path / "run"
+    sets = ["peers=3", "epochs=20", "optim.milestones=[]", "control.lagged=true"]
+    sets += ["control.factor=0.1"]  # one controlled phase over the whole run
+    sets += ["orchestrator.liveness_timeout=10", f"orchestrator.broker={broker.url}"]
+    proc = _launch(out, *sets)
+    try:
+        _wait(_training(out, 30), 120, "30 steps")
+        broker.stop()  # the broker goes away mid-run …
+        time.sleep(1.5)
+        restarted = MosquittoBroker(port=broker.port)  # … and comes back on the same port
+        restarted.start()
+        code = proc.wait(timeout=240)
+        restarted.stop()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        broker.stop()
+    assert code == 0, (tmp_path / "run.launcher.out").read_text()[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["peers_completed"] == [0, 1, 2]
+    assert summary["peers_dropped"] == []
+    for i in range(3):
+        peer = out / "peers" / f"peer-{i}"
+        rows = [json.loads(x) for x in (peer / "metrics.jsonl").open()]
+        how = [r["control"] for r in rows if r["kind"] == "step" and r["phase"] == 1]
+        first_fallback = how.index("fallback")  # the broker was away: on the last plan
+        assert "lagged-plan" in how[:first_fallback]
+        assert "lagged-plan" in how[first_fallback:], f"peer {i}: control never resumed"
+        assert json.loads((peer / "summary.json").read_text())["broker_connects"] >= 2
+    orch = [json.loads(x) for x in (out / "log.jsonl").open()]
+    assert sum(e["event"] == "mqtt.connected" for e in orch) >= 2
