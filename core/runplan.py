@@ -104,7 +104,9 @@ class Schedules:
 
     def __init__(self, cfg: RunConfig, members: Sequence[int] | None = None) -> None:
         self.cfg = cfg
-        self.members: tuple[int, ...] = tuple(sorted(members or range(cfg.peers)))
+        self.members: tuple[int, ...] = tuple(range(cfg.peers))
+        if members is not None:
+            self.set_members(members)
         self._by_name: dict[tuple[str, tuple[int, ...]], MemberSchedule] = {}
 
     def set_members(self, members: Sequence[int]) -> None:

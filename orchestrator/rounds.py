@@ -94,7 +94,9 @@ class RoundBook:
         self._step: int | None = None  # step the controller is in
         self._round = 0  # last round fed to the controller in that step
         self._stats: list[float] = []
-        self.ignored = 0  # statistics of rounds already decided or out of order
+        self._latest: int | None = None  # newest step the controller began
+        self.max_rounds = controller.config.max_rounds if controller is not None else 1
+        self.ignored = 0  # duplicates, rounds already decided, steps outside the plan / stale
 
     @property
     def lagged(self) -> bool:
@@ -105,12 +107,17 @@ class RoundBook:
     def add(self, stats: Stats, expected: set[int], now: float) -> list[Decision]:
         """File one peer's statistic; returns the decisions to publish (possibly none)."""
         key = (stats.step, stats.round)
-        if stats.stage != self.stage or key in self.decided:
+        stale = self._latest is not None and stats.step < self._latest
+        outside = stats.step >= self.plan.total_steps or stats.round > self.max_rounds
+        if stats.stage != self.stage or key in self.decided or stale or outside:
             self.ignored += 1
             return []
         pending = self.pending.get(key)
         if pending is None:
             pending = self.pending[key] = PendingRound(stats.step, stats.round, now)
+        if stats.peer in pending.stats:
+            self.ignored += 1  # a duplicate: the first one counts
+            return []
         pending.stats[stats.peer] = stats
         return self._complete(expected, now)
 
@@ -146,13 +153,16 @@ class RoundBook:
             return None
         ctl = self.controller
         assert ctl is not None
+        if self._latest is not None and p.step < self._latest:  # went stale behind a newer step
+            self._record(p, len(stats), theta, None, False, None, "resync", partial)
+            return Decision(step=p.step, round=p.round, repeat=False, reason="resync")
         if self._step != p.step:
             self._close_step()
             if p.round != 1:  # the step's first rounds were lost (broker outage): move on
                 self._record(p, len(stats), theta, None, False, None, "resync", partial)
                 return Decision(step=p.step, round=p.round, repeat=False, reason="resync")
             ctl.begin_step(p.step, mean(s.grad_norm for s in stats))
-            self._step, self._round, self._stats = p.step, 0, []
+            self._step, self._round, self._stats, self._latest = p.step, 0, [], p.step
         if p.round != self._round + 1:
             self._record(p, len(stats), theta, None, False, None, "resync", partial)
             return Decision(step=p.step, round=p.round, repeat=False, reason="resync")
@@ -180,10 +190,7 @@ class RoundBook:
         if self._step is not None and self.controller is not None:
             step, stats = self._step, self._stats
             self._step, self._stats = None, []
-            if stats:
-                self.controller.end_step(step, stats)
-            else:  # begun but never fed: reset by beginning and ending it empty
-                self.controller.end_step(step, [])
+            self.controller.end_step(step, stats)  # never empty: begun with round 1
 
     def _record(
         self,

@@ -147,6 +147,8 @@ class ControlClient:
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
+            if self._waiters.get(key) is fut:
+                del self._waiters[key]
             return None
 
     # -- outgoing ------------------------------------------------------------------------------

@@ -172,9 +172,15 @@ class Bus:
                 "control.rejected", client=self.identifier, topic=topic, problem=exc.problem
             )
             return
-        result = self.handler(kind, peer, message)
-        if result is not None:
-            await result
+        try:
+            result = self.handler(kind, peer, message)
+            if result is not None:
+                await result
+        except Exception as exc:  # a handler bug must not end the session; say what and where
+            self.rejected += 1
+            log.exception(
+                "control.handler_failed", client=self.identifier, topic=topic, error=repr(exc)
+            )
 
     async def publish(self, kind: str, message: Message, peer: int | None = None) -> bool:
         """Send one message with its topic's QoS/retain; False (and logged) if not connected."""

@@ -1,0 +1,327 @@
+"""A peer's control-plane bookkeeping (`peer.control.ControlClient`) without a broker, and the
+parent-death hygiene of `core.lifecycle`.
+
+The client is built inside a running loop but never entered (no connection); messages are fed to
+its handler `_on_message` directly, as the `Bus` would after validating them. ``bus.connected``
+is set by hand where a test needs the client to believe it is connected."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from core.lifecycle import die_with_parent
+from peer.control import ControlClient
+from protos.control_plane import Decision, Plan, RunControl, Schedule
+
+ROOT = Path(__file__).resolve().parents[2]
+T = 5.0  # seconds: upper bound on any await that must not block (loaded 2-core machine)
+
+
+def run(test: Callable[[ControlClient], Awaitable[None]]) -> None:
+    async def main() -> None:
+        client = ControlClient("mqtt://127.0.0.1:1", "t1", 0, heartbeat=1.0, step=lambda: 0)
+        await asyncio.wait_for(test(client), 2 * T)
+
+    asyncio.run(main())
+
+
+def decision(
+    step: int,
+    rnd: int,
+    *,
+    repeat: bool = False,
+    target: float | None = None,
+    statistic: float | None = None,
+    rounds_next: int | None = None,
+    reason: str = "",
+) -> Decision:
+    return Decision(
+        step=step,
+        round=rnd,
+        repeat=repeat,
+        target=target,
+        statistic=statistic,
+        rounds_next=rounds_next,
+        reason=reason,
+    )
+
+
+def schedule(version: int, topology: str = "ring") -> Schedule:
+    return Schedule(
+        version=version,
+        peers=[0, 1],
+        topology=topology,
+        weights=None,
+        kappa=1.0,
+        seed=0,
+        phases=[],
+    )
+
+
+# -- decisions -----------------------------------------------------------------------------------
+
+
+def test_a_decision_wakes_its_waiter() -> None:
+    async def body(c: ControlClient) -> None:
+        c.bus.connected.set()
+        waiter = asyncio.create_task(c.decision((3, 1), timeout=T), name="waiter")
+        await asyncio.sleep(0.01)
+        assert not waiter.done()  # waiting: nothing filed yet
+        other = decision(3, 2, repeat=True)
+        c._on_message("decision", None, other)  # another round's decision does not wake it
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        d = decision(3, 1, repeat=True, target=0.5, statistic=0.75, reason="above-target")
+        t0 = time.monotonic()
+        c._on_message("decision", None, d)
+        got = await asyncio.wait_for(waiter, T)
+        assert got == d
+        assert time.monotonic() - t0 < T / 2  # woken, not timed out
+        # filed: later calls return it at once, connected or not
+        assert await c.decision((3, 1), timeout=T) == d
+        c.bus.connected.clear()
+        assert await c.decision((3, 2), timeout=T) == other
+
+    run(body)
+
+
+def test_two_waiters_of_the_same_round_both_get_it() -> None:
+    async def body(c: ControlClient) -> None:
+        c.bus.connected.set()
+        a = asyncio.create_task(c.decision((5, 2), timeout=T), name="a")
+        b = asyncio.create_task(c.decision((5, 2), timeout=T), name="b")
+        await asyncio.sleep(0.01)
+        d = decision(5, 2, repeat=False, reason="at-target")
+        c._on_message("decision", None, d)
+        assert await asyncio.wait_for(asyncio.gather(a, b), T) == [d, d]
+
+    run(body)
+
+
+def test_a_decision_with_rounds_next_is_found_by_step() -> None:
+    async def body(c: ControlClient) -> None:
+        c.bus.connected.set()
+        waiter = asyncio.create_task(c.decision(4, timeout=T), name="by-step")
+        await asyncio.sleep(0.01)
+        mid = decision(4, 1, repeat=True, reason="lagged-plan")  # no rounds_next: not the last
+        c._on_message("decision", None, mid)
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        last = decision(4, 2, target=1.0, statistic=0.5, rounds_next=3, reason="lagged-plan")
+        c._on_message("decision", None, last)
+        assert await asyncio.wait_for(waiter, T) == last
+        assert c.last_of_step[4] == last
+        assert await c.decision(4, timeout=T) == last
+        assert await c.decision((4, 2), timeout=T) == last  # filed by (step, round) too
+        assert await c.decision((4, 1), timeout=T) == mid
+
+    run(body)
+
+
+def test_a_step_without_its_last_decision_times_out() -> None:
+    async def body(c: ControlClient) -> None:
+        c.bus.connected.set()
+        c._on_message("decision", None, decision(6, 1, repeat=True, reason="lagged-plan"))
+        t0 = time.monotonic()
+        assert await c.decision(6, timeout=0.05) is None
+        assert await c.decision((6, 2), timeout=0.05) is None
+        elapsed = time.monotonic() - t0
+        assert 0.1 <= elapsed < T  # waited (twice 0.05 s), then gave up
+
+    run(body)
+
+
+def test_no_wait_when_not_connected() -> None:
+    async def body(c: ControlClient) -> None:
+        assert not c.connected
+        t0 = time.monotonic()
+        assert await c.decision((1, 1), timeout=T) is None
+        assert await c.decision(1, timeout=T) is None
+        assert time.monotonic() - t0 < T / 2  # at once, not after the timeout
+        assert c._waiters == {}  # nothing left waiting
+
+    run(body)
+
+
+def test_old_decisions_are_pruned() -> None:
+    async def body(c: ControlClient) -> None:
+        for step in range(200):
+            for rnd in (1, 2, 3):
+                c._on_message("decision", None, decision(step, rnd, repeat=rnd < 3))
+            c._on_message("decision", None, decision(step, 4, rounds_next=2))
+        # only the last few steps are kept: memory stays bounded in a long run
+        assert {s for s, _ in c.decisions} == set(range(195, 200))
+        assert len(c.decisions) == 5 * 4
+        assert set(c.last_of_step) == set(range(195, 200))
+        assert await c.decision((199, 3), timeout=T) == decision(199, 3)
+        assert await c.decision((10, 1), timeout=0.01) is None  # pruned (and not connected)
+
+    run(body)
+
+
+def test_decisions_do_not_touch_the_changed_event() -> None:
+    async def body(c: ControlClient) -> None:
+        c._on_message("decision", None, decision(0, 1))
+        assert not c.changed.is_set()  # the training thread waits on decisions, not on this
+        c._on_message("control", None, RunControl(action="start", stage="train"))
+        assert c.changed.is_set()
+        assert c.control == RunControl(action="start", stage="train")
+
+    run(body)
+
+
+# -- retained state ------------------------------------------------------------------------------
+
+
+def test_schedules_with_lower_versions_do_not_replace_newer_ones() -> None:
+    async def body(c: ControlClient) -> None:
+        c._on_message("schedule", None, schedule(3))
+        assert c.schedule == schedule(3)
+        assert c.changed.is_set()
+        c.changed.clear()
+        c._on_message("schedule", None, schedule(2, "complete"))  # a stale retained copy
+        assert c.schedule == schedule(3)
+        c._on_message("schedule", None, schedule(3, "chain"))  # re-publication of version 3
+        assert c.schedule == schedule(3, "chain")
+        c._on_message("schedule", None, schedule(7))
+        assert c.schedule == schedule(7)
+        c._on_message("schedule", None, schedule(0))
+        assert c.schedule == schedule(7)
+
+    run(body)
+
+
+def test_wait_for_sees_a_plan_arriving() -> None:
+    async def body(c: ControlClient) -> None:
+        plan = Plan(total_steps=10, phases={}, lr={}, control={})
+
+        async def later() -> None:
+            await asyncio.sleep(0.05)
+            c._on_message("plan", None, plan)
+
+        task = asyncio.create_task(later(), name="plan-later")
+        assert await c.wait_for(lambda: c.plan is not None, timeout=T)
+        await task
+        assert c.plan == plan
+        assert not await c.wait_for(lambda: c.schedule is not None, timeout=0.05)
+
+    run(body)
+
+
+# -- core.lifecycle.die_with_parent -------------------------------------------------------------
+
+
+def test_die_with_parent_does_nothing_without_the_variable() -> None:
+    assert die_with_parent({}) is False
+    assert die_with_parent({"CONCORD_PARENT_PID": ""}) is False
+    assert die_with_parent({"CONCORD_PARENT_PID": "not-a-pid"}) is False
+
+
+def _child(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_die_with_parent_arms_with_the_real_parent_pid() -> None:
+    out = _child(
+        """
+        import os
+        from core.lifecycle import die_with_parent
+        print(die_with_parent({}))
+        print(die_with_parent({"CONCORD_PARENT_PID": str(os.getppid())}))
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_die_with_parent_exits_when_the_parent_is_already_gone() -> None:
+    # a pid that is not our parent: as if the launcher died before the child armed the signal
+    out = _child(
+        """
+        import os
+        from core.lifecycle import die_with_parent
+        die_with_parent({"CONCORD_PARENT_PID": str(os.getppid() + 1)})
+        print("still alive")
+        """
+    )
+    assert out.returncode == 143
+    assert "still alive" not in out.stdout
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_child_dies_with_its_sigkilled_parent() -> None:
+    """launcher (killed with SIGKILL) → child that armed die_with_parent: the child goes too."""
+    launcher_code = textwrap.dedent(
+        """
+        import os, subprocess, sys, time
+        child = subprocess.Popen(
+            [sys.executable, "-c",
+             "import os, sys, time\\n"
+             "from core.lifecycle import die_with_parent\\n"
+             "ok = die_with_parent()\\n"
+             "print(os.getpid(), ok, flush=True)\\n"
+             "time.sleep(60)\\n"],
+            env={**os.environ, "CONCORD_PARENT_PID": str(os.getpid())},
+            stdout=sys.stdout,
+        )
+        time.sleep(60)
+        """
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", launcher_code],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child_pid = None
+    try:
+        assert launcher.stdout is not None
+        ready, _, _ = select.select([launcher.stdout], [], [], 60)  # the child's start-up
+        assert ready, "the child did not report within 60 s"
+        line = launcher.stdout.readline()  # "<pid> True"
+        pid_text, armed = line.split()
+        child_pid = int(pid_text)
+        assert armed == "True"
+        assert not _gone(child_pid)
+        launcher.kill()  # SIGKILL: the launcher cannot clean up
+        launcher.wait(timeout=T)
+        deadline = time.monotonic() + T
+        while not _gone(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _gone(child_pid), "the child outlived its SIGKILLed parent"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(timeout=T)
+        if child_pid is not None and not _gone(child_pid):
+            os.kill(child_pid, 9)
+        if launcher.stdout is not None:
+            launcher.stdout.close()
