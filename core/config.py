@@ -250,6 +250,10 @@ class RunConfig(_Section):
     weights: Literal["metropolis", "uniform", "pairwise"] | None = None
     kappa: float = Field(default=1.0, gt=0, le=1)
     algorithm: str = "dsgd"
+    hyper: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the algorithm's own hyperparameters (checked by the algorithm, by name)",
+    )
     plan: str | list[Literal["exact", "gossip"]] = "gossip"
     phase_topologies: list[str | None] | None = None
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)

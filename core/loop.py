@@ -53,10 +53,23 @@ def make_run_codec(cfg: RunConfig) -> Codec | None:
 
 
 def algorithm_hyperparameters(cfg: RunConfig, codec: Codec | None) -> dict[str, Any]:
-    """Constructor keywords of ``cfg.algorithm`` beyond the local optimizer."""
+    """Constructor keywords of ``cfg.algorithm`` beyond the local optimizer: the ``[hyper]``
+    table (checked against the constructor by `make_algorithm`, with the accepted names in the
+    error), and CHOCO's codec and γ from ``[compression]``."""
+    hyper = dict(cfg.hyper)
     if cfg.algorithm == "choco":
-        return {"codec": codec, "gamma": cfg.compression.gamma}
-    return {}
+        hyper.update(codec=codec, gamma=cfg.compression.gamma)
+    return hyper
+
+
+def check_algorithm(cfg: RunConfig) -> None:
+    """Build ``cfg.algorithm`` once with its hyperparameters: a ValueError names what is wrong
+    (before any process is started)."""
+    make_algorithm(
+        cfg.algorithm,
+        make_local_optimizer(cfg, torch.ones(1)),
+        **algorithm_hyperparameters(cfg, make_run_codec(cfg)),
+    )
 
 
 def gossip_codec(cfg: RunConfig, codec: Codec | None) -> Codec | None:

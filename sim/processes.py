@@ -36,6 +36,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from core.config import RunConfig, to_toml
 from core.consensus import consensus_distance
+from core.loop import check_algorithm
 from core.task import ClassificationTask, load_task_data, make_partition
 from protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
 from protos.mqtt import Bus
@@ -203,6 +204,7 @@ def run_processes(
 ) -> dict[str, Any]:
     """Run orchestrator + n peers; returns the summary (and writes the run directory)."""
     started = time.perf_counter()
+    check_algorithm(cfg)  # a bad [hyper] table fails here, not in n peer processes
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     run_id = make_run_id(cfg)
