@@ -20,10 +20,24 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core.topology import TOPOLOGY_NAMES
+from core.graph import TopologyError
+from core.topology import DIRECTED_TOPOLOGIES, TOPOLOGY_NAMES, build_graph
+from core.trees import relay_trees
 
-ALGORITHM_NAMES: tuple[str, ...] = ("allreduce", "dsgd", "choco")
-TIME_VARYING = ("exponential-one-peer", "bipartite-exponential", "random-matching")
+ALGORITHM_NAMES: tuple[str, ...] = (
+    "allreduce",
+    "dsgd",
+    "choco",
+    "relaysgd",
+    "relaysgd-grad",
+    "sgp",
+)
+TIME_VARYING = (
+    "exponential-one-peer",
+    "exponential-one-peer-directed",
+    "bipartite-exponential",
+    "random-matching",
+)
 DATASET_NAMES: tuple[str, ...] = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
 MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn1d", "cnn", "resnet20")
 PARTITION_NAMES: tuple[str, ...] = ("iid", "dirichlet", "sorted", "shards")
@@ -371,6 +385,7 @@ class RunConfig(_Section):
                     f"topology {varying[0]!r} is time-varying; algorithm 'choco' needs a static "
                     "topology (its public-copy sums assume fixed neighbours)"
                 )
+        problems.extend(_relay_and_push_problems(self))
         addresses = self.network.addresses
         if addresses is not None and len(addresses) != self.peers:
             problems.append(
@@ -411,6 +426,58 @@ class RunConfig(_Section):
             return []
         modes = self.phase_modes()
         return [k for k in self.control.phases if 1 <= k <= len(modes) and modes[k - 1] == "gossip"]
+
+
+RELAY_ALGORITHMS = ("relaysgd", "relaysgd-grad")
+DETAG_ALGORITHMS = ("detag", "dsgt")
+
+
+def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
+    """RelaySGD needs one static spanning tree; directed topologies need push-sum (sgp); their
+    per-edge messages travel as raw float32."""
+    problems: list[str] = []
+    used = [cfg.topology, *(t for t in cfg.phase_topologies or () if t)]
+    directed = [t for t in used if t in DIRECTED_TOPOLOGIES]
+    if directed and cfg.algorithm not in ("sgp", "allreduce"):
+        problems.append(
+            f"topology {directed[0]!r} is directed (column-stochastic, not symmetric weights); "
+            f"only algorithm 'sgp' (push-sum) can use it, not {cfg.algorithm!r}"
+        )
+    if directed and cfg.weights is not None:
+        problems.append(
+            f"weights: topology {directed[0]!r} is directed and its weights are fixed (½ kept, "
+            f"½ pushed); leave weights unset (got {cfg.weights!r})"
+        )
+    algo = cfg.algorithm
+    if algo in (*RELAY_ALGORITHMS, "sgp") and cfg.compression.codec in ("fp16", "bf16"):
+        problems.append(
+            f"compression.codec {cfg.compression.codec!r} does not apply to algorithm {algo!r}: "
+            "its messages travel as raw float32 (use 'none')"
+        )
+    if algo not in RELAY_ALGORITHMS:
+        return problems
+    varying = [t for t in used if t in TIME_VARYING]
+    if varying:
+        problems.append(
+            f"topology {varying[0]!r} is time-varying; algorithm {algo!r} relays over one "
+            "spanning tree of a static topology (chain, binary-tree, double-binary-tree, or the "
+            "BFS tree of any static graph)"
+        )
+    elif any(t != cfg.topology for t in used):
+        problems.append(
+            f"phase_topologies: algorithm {algo!r} relays over one spanning tree for the whole "
+            f"run; every phase must use topology {cfg.topology!r}"
+        )
+    else:
+        try:
+            graph = build_graph(cfg.topology, cfg.peers)
+        except (TopologyError, OSError):
+            return problems  # reported when the schedule is built
+        try:
+            relay_trees(graph, cfg.hyper.get("tree", "auto"), cfg.hyper.get("root", "center"))
+        except ValueError as exc:
+            problems.append(f"algorithm {algo!r} on topology {cfg.topology!r}: {exc}")
+    return problems
 
 
 def _check_topology(v: str) -> str:

@@ -15,6 +15,12 @@ Weight rules (ALGORITHMS.md §2.1):
 * ``pairwise`` — ½ to self, ½ to the peer; only for matchings (max degree ≤ 1); unmatched nodes
   keep weight 1.
 
+Directed schedules (push-sum / SGP, Assran et al. 2019) use **column-stochastic** matrices
+instead: `push_weights` gives node i's mass to itself and its out-neighbours in equal shares
+(W[j, i] = 1/(outdeg_i + 1) for each arc i → j), and `validate_column_stochastic` checks them
+(non-negative, columns sum to 1; rows need not). They are kept apart from the symmetric rule set on
+purpose: every other algorithm relies on W being symmetric and doubly stochastic.
+
 Lazy (slack) matrix (DeTAG experiments, Lu & De Sa 2021): W_κ = κ W + (1 − κ) I, κ ∈ (0, 1].
 Spectral quantities (ALGORITHMS.md §1): λ := max(|λ₂|, |λₙ|) = ‖W − 11ᵀ/n‖₂ for a symmetric
 doubly-stochastic W; spectral gap 1 − λ; mixing parameter p = 1 − λ² (Koloskova et al. 2020:
@@ -24,6 +30,7 @@ doubly-stochastic W; spectral gap 1 − λ; mixing parameter p = 1 − λ² (Kol
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
@@ -127,23 +134,8 @@ def validate_mixing(
     If ``graph`` is given, off-diagonal non-zeros must also be edges of it. Raises
     `TopologyError` naming the first offending entry/row; returns None when W is valid.
     """
-    M = np.asarray(W)
-    if M.ndim != 2 or M.shape[0] != M.shape[1] or M.shape[0] == 0:
-        raise TopologyError(f"{what} must be a non-empty square 2-D matrix; got shape {M.shape}")
-    if not np.issubdtype(M.dtype, np.number) or np.iscomplexobj(M):
-        raise TopologyError(f"{what} must be a real numeric matrix; got dtype {M.dtype}")
-    M = M.astype(np.float64, copy=False)
+    M = _check_entries(W, what, atol)
     n = M.shape[0]
-    bad = np.argwhere(~np.isfinite(M))
-    if bad.size:
-        i, j = bad[0]
-        raise TopologyError(f"{what} has non-finite entries: {what}[{i}, {j}] = {M[i, j]}")
-    neg = np.argwhere(atol < -M)
-    if neg.size:
-        i, j = neg[0]
-        raise TopologyError(
-            f"{what} has negative entries: {what}[{i}, {j}] = {M[i, j]:.6g} (weights must be >= 0)"
-        )
     asym = np.abs(M - M.T)
     if asym.max() > atol:
         i, j = np.unravel_index(int(np.argmax(asym)), asym.shape)
@@ -160,17 +152,87 @@ def validate_mixing(
                 f"{what} {kind} {r} sums to {sums[r]:.12g}, not 1 (a mixing matrix must be "
                 f"doubly stochastic; {off.size} of {n} {kind}s are off, atol {atol:g})"
             )
-    if graph is not None:
-        if graph.n != n:
-            raise TopologyError(f"{what} is {n}×{n} but the graph has n={graph.n}")
-        outside = (np.abs(M) > atol) & ~graph.adjacency()
-        np.fill_diagonal(outside, False)
-        hit = np.argwhere(outside)
-        if hit.size:
-            i, j = hit[0]
-            raise TopologyError(
-                f"{what}[{i}, {j}] = {M[i, j]:.6g} but ({i}, {j}) is not an edge of the graph"
-            )
+    _check_support(M, what, atol, graph)
+
+
+def validate_column_stochastic(
+    W: np.ndarray, *, what: str = "W", atol: float = 1e-10, graph: Graph | None = None
+) -> None:
+    """Check that W is a non-negative square matrix whose *columns* sum to 1 (push-sum).
+
+    Column j is what node j sends (W[i, j] to node i, W[j, j] kept), so the total mass Σ_i x_i
+    is preserved by x ← W x; rows may sum to anything. If ``graph`` is given, off-diagonal
+    non-zeros must be edges of it (the undirected support of the directed arcs).
+    """
+    M = _check_entries(W, what, atol)
+    sums = M.sum(axis=0)
+    off = np.flatnonzero(np.abs(sums - 1.0) > atol)
+    if off.size:
+        c = int(off[0])
+        raise TopologyError(
+            f"{what} column {c} sums to {sums[c]:.12g}, not 1 (a push-sum matrix must be "
+            f"column stochastic; {off.size} of {M.shape[0]} columns are off, atol {atol:g})"
+        )
+    _check_support(M, what, atol, graph)
+
+
+def _check_entries(W: np.ndarray, what: str, atol: float) -> np.ndarray:
+    """A non-empty square real matrix with finite, non-negative entries, as float64."""
+    M = np.asarray(W)
+    if M.ndim != 2 or M.shape[0] != M.shape[1] or M.shape[0] == 0:
+        raise TopologyError(f"{what} must be a non-empty square 2-D matrix; got shape {M.shape}")
+    if not np.issubdtype(M.dtype, np.number) or np.iscomplexobj(M):
+        raise TopologyError(f"{what} must be a real numeric matrix; got dtype {M.dtype}")
+    M = M.astype(np.float64, copy=False)
+    bad = np.argwhere(~np.isfinite(M))
+    if bad.size:
+        i, j = bad[0]
+        raise TopologyError(f"{what} has non-finite entries: {what}[{i}, {j}] = {M[i, j]}")
+    neg = np.argwhere(atol < -M)
+    if neg.size:
+        i, j = neg[0]
+        raise TopologyError(
+            f"{what} has negative entries: {what}[{i}, {j}] = {M[i, j]:.6g} (weights must be >= 0)"
+        )
+    return M
+
+
+def _check_support(M: np.ndarray, what: str, atol: float, graph: Graph | None) -> None:
+    if graph is None:
+        return
+    n = M.shape[0]
+    if graph.n != n:
+        raise TopologyError(f"{what} is {n}×{n} but the graph has n={graph.n}")
+    outside = (np.abs(M) > atol) & ~graph.adjacency()
+    np.fill_diagonal(outside, False)
+    hit = np.argwhere(outside)
+    if hit.size:
+        i, j = hit[0]
+        raise TopologyError(
+            f"{what}[{i}, {j}] = {M[i, j]:.6g} but ({i}, {j}) is not an edge of the graph"
+        )
+
+
+def push_weights(n: int, arcs: Iterable[tuple[int, int]]) -> np.ndarray:
+    """Column-stochastic push-sum weights for the directed arcs ``(i, j)`` = i → j on n nodes.
+
+    Node i keeps 1/(outdeg_i + 1) and sends the same share to each out-neighbour: W[j, i] =
+    W[i, i] = 1/(outdeg_i + 1) (½ self, ½ peer on a one-peer graph). Duplicate arcs count once;
+    self-arcs are refused.
+    """
+    out: list[set[int]] = [set() for _ in range(n)]
+    for a, b in arcs:
+        i, j = int(a), int(b)
+        if i == j or not (0 <= i < n and 0 <= j < n):
+            raise TopologyError(f"arc ({i}, {j}) is not an arc between two of the {n} nodes")
+        out[i].add(j)
+    W = np.zeros((n, n), dtype=np.float64)
+    for i, targets in enumerate(out):
+        share = 1.0 / (len(targets) + 1)
+        W[i, i] = share
+        for j in targets:
+            W[j, i] = share
+    return W
 
 
 def _is_symmetric(M: np.ndarray, atol: float = 1e-12) -> bool:

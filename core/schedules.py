@@ -7,6 +7,11 @@ built). A static topology is a schedule with ``period == 1``; periodic time-vary
 random schedules (random matching) have ``period is None`` and W_k is a pure function of
 (seed, k). Build schedules with `core.topology.make_schedule`.
 
+A *directed* schedule (``directed=True``, push-sum / SGP) has column-stochastic matrices instead
+(`core.mixing.validate_column_stochastic`; W_k[i, j] > 0 for an arc j → i), its graphs are the
+undirected supports of the arcs, and connectivity means *strong* connectivity of the arcs over
+one period. Only push-sum algorithms may use one (`core.config` enforces it).
+
 Spectral summary (`Spectral`, ALGORITHMS.md §1 and §2.3):
 
 * static: λ = max(|λ₂|, |λₙ|) of W;
@@ -29,7 +34,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.graph import Graph, TopologyError, describe_components
-from core.mixing import consensus_contraction, lazy, spectral_values, validate_mixing
+from core.mixing import (
+    consensus_contraction,
+    lazy,
+    spectral_values,
+    validate_column_stochastic,
+    validate_mixing,
+)
 
 RoundBuilder = Callable[[int], tuple[Graph, np.ndarray]]
 """Round k → (graph, W before the lazy factor)."""
@@ -81,8 +92,10 @@ class TopologySchedule:
         period: int | None,
         build: RoundBuilder,
         expected: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None,
+        directed: bool = False,
     ) -> None:
-        """``expected`` (random schedules only) returns (E[W], E[WᵀW]) before the lazy factor."""
+        """``expected`` (random schedules only) returns (E[W], E[WᵀW]) before the lazy factor;
+        ``directed`` selects column-stochastic validation (module docstring)."""
         if period is None and expected is None:
             raise TopologyError(f"random schedule {name!r} needs its expected matrices")
         if period is not None and period < 1:
@@ -93,6 +106,7 @@ class TopologySchedule:
         self.kappa = float(kappa)
         self.seed = int(seed)
         self.period = period
+        self.directed = bool(directed)
         self._build = build
         self._expected = expected
         self._periodic: list[tuple[Graph, np.ndarray]] = []
@@ -120,7 +134,10 @@ class TopologySchedule:
         graph, W0 = self._build(k)
         W = lazy(W0, self.kappa)
         what = f"{self.name} (n={self.n}) round {k} mixing matrix"
-        validate_mixing(W, what=what, graph=graph)
+        if self.directed:
+            validate_column_stochastic(W, what=what, graph=graph)
+        else:
+            validate_mixing(W, what=what, graph=graph)
         W.flags.writeable = False
         return graph, W
 
@@ -144,7 +161,8 @@ class TopologySchedule:
         return hit
 
     def matrix(self, k: int) -> np.ndarray:
-        """W_k, float64 (n, n), symmetric and doubly stochastic.
+        """W_k, float64 (n, n), symmetric and doubly stochastic (column stochastic if
+        ``directed``).
 
         The cached array itself (read-only; periodic schedules return the same object for
         k ≡ k' mod period, so callers can cache per object). Copy it before modifying, and
@@ -253,6 +271,8 @@ def check_connected_over_period(schedule: TopologySchedule) -> None:
     enough rounds is connected with probability → 1.
     """
     union = schedule.union_graph()
+    if schedule.directed and schedule.period is not None:
+        _check_strongly_connected(schedule)
     if not union.is_connected():
         span = "one period" if schedule.period is not None else "E[W]"
         rounds = f" ({schedule.period} rounds)" if schedule.period not in (None, 1) else ""
@@ -260,3 +280,24 @@ def check_connected_over_period(schedule: TopologySchedule) -> None:
             f"topology {schedule.name!r} with n={schedule.n} is not connected over {span}"
             f"{rounds}: {describe_components(union)}"
         )
+
+
+def _check_strongly_connected(schedule: TopologySchedule) -> None:
+    """Every node reaches every other along the arcs (W[i, j] > 0: j → i) of one period."""
+    n = schedule.n
+    arcs = np.zeros((n, n), dtype=bool)
+    for W in schedule.matrices():
+        arcs |= W > 0.0
+    for reach_of, direction in ((arcs, "reach"), (arcs.T, "be reached from")):
+        seen = np.zeros(n, dtype=bool)
+        seen[0] = True
+        frontier = seen.copy()
+        while frontier.any():
+            frontier = reach_of[:, frontier].any(axis=1) & ~seen
+            seen |= frontier
+        if not seen.all():
+            missing = np.flatnonzero(~seen)[:10].tolist()
+            raise TopologyError(
+                f"directed topology {schedule.name!r} with n={n} is not strongly connected over "
+                f"one period: node 0 cannot {direction} nodes {missing}"
+            )

@@ -19,6 +19,13 @@ Node ids are 0…n−1, n ≥ 2. Definitions (ALGORITHMS.md §2.2):
   falls back to Tao Lin's undirected ``UndirectedTimeVaryingSGPGraph``: round k links
   i ↔ i ± 2^(k mod T) mod n, a circulant (hence regular) degree-2 graph with Metropolis weights
   (= 1/3, the same as his row-normalised A + I); not finite-time exact.
+* ``exponential-one-peer-directed`` time-varying and *directed* (SGP, Assran et al. 2019; quasi-
+  global-momentum ``DirectedTimeVaryingOnePeerGraph``), period T = ⌊log2(n−1)⌋ + 1: in round k
+  node i pushes to i + 2^(k mod T) mod n, keeping ½ and sending ½ (column-stochastic
+  `core.mixing.push_weights`). The shift is a bijection for every n, so every node also receives
+  exactly one message and W_k is doubly stochastic (push-sum weights stay 1) — for n a power of 2
+  the T factors multiply to 11ᵀ/n exactly. Only push-sum algorithms (``sgp``) may use it: W_k is
+  not symmetric.
 * ``bipartite-exponential`` time-varying, n even, period max(1, ⌊log2(n−1)⌋): round k uses hop
   h = 2^(k mod T + 1) − 1 (odd) and pairs each odd i with i + h mod n — a perfect matching,
   pairwise weights (``TimeVaryingBipartiteExponentialOnePeerGraph``). n = 4 is refused
@@ -63,7 +70,7 @@ from core.graph import (
     star_graph,
     torus_graph,
 )
-from core.mixing import WEIGHT_RULES, check_kappa, validate_mixing, weights_for
+from core.mixing import WEIGHT_RULES, check_kappa, push_weights, validate_mixing, weights_for
 from core.registry import Registry
 from core.schedules import (
     RoundBuilder,
@@ -73,6 +80,7 @@ from core.schedules import (
 )
 
 __all__ = [
+    "DIRECTED_TOPOLOGIES",
     "TOPOLOGY_NAMES",
     "WEIGHT_RULES",
     "Graph",
@@ -101,6 +109,7 @@ class Family:
     default_weights: str
     expected: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None  # (E[W], E[WᵀW])
     fixed_matrix: np.ndarray | None = None  # weights given by an edge-list file
+    arcs: Callable[[int], list[tuple[int, int]]] | None = None  # directed: round k's arcs i → j
 
 
 FamilyBuilder = Callable[[int, int], Family]  # (n, seed) → Family
@@ -164,6 +173,14 @@ def _one_peer(n: int, _seed: int) -> Family:
     return Family(lambda k: graphs[k % period], period, "metropolis")
 
 
+@TOPOLOGIES.register("exponential-one-peer-directed")
+def _one_peer_directed(n: int, _seed: int) -> Family:
+    period = log2_floor(n - 1) + 1
+    arcs = [[(i, (i + (1 << k)) % n) for i in range(n)] for k in range(period)]
+    graphs = [Graph.from_edges(n, a) for a in arcs]
+    return Family(lambda k: graphs[k % period], period, "push", arcs=lambda k: arcs[k % period])
+
+
 @TOPOLOGIES.register("bipartite-exponential")
 def _bipartite(n: int, _seed: int) -> Family:
     if n % 2:
@@ -214,12 +231,20 @@ TOPOLOGY_NAMES: tuple[str, ...] = (
     "hypercube",
     "exponential",
     "exponential-one-peer",
+    "exponential-one-peer-directed",
     "bipartite-exponential",
     "random-matching",
     "binary-tree",
     "double-binary-tree",
 )
-_TIME_VARYING = ("exponential-one-peer", "bipartite-exponential", "random-matching")
+_TIME_VARYING = (
+    "exponential-one-peer",
+    "exponential-one-peer-directed",
+    "bipartite-exponential",
+    "random-matching",
+)
+DIRECTED_TOPOLOGIES: tuple[str, ...] = ("exponential-one-peer-directed",)
+"""Topologies with column-stochastic (not symmetric) matrices: for push-sum algorithms only."""
 
 
 # ---- public entry points -------------------------------------------------------------------
@@ -267,6 +292,15 @@ def _family(name: str, n: int, seed: int) -> Family:
 
 def _round_builder(fam: Family, rule: str, name: str, n: int) -> RoundBuilder:
     """Round k → (graph, W) for weight rule ``rule`` (validated here)."""
+    arcs = fam.arcs
+    if arcs is not None:
+        if rule != "push":
+            raise TopologyError(
+                f"topology {name!r} is directed: its weights are fixed (each node keeps "
+                f"1/(outdeg + 1) and pushes that share to each out-neighbour, column "
+                f"stochastic); leave weights unset (got {rule!r})"
+            )
+        return lambda k: (fam.round_graph(k), push_weights(n, arcs(k)))
     if rule == "file":
         fixed = fam.fixed_matrix
         if fixed is None:
@@ -299,7 +333,8 @@ def make_schedule(
     more, see the module docstring); ``weights`` ∈ `WEIGHT_RULES` (or "file" for a weighted edge
     list), None = the topology's default; ``kappa`` ∈ (0, 1] lazy factor; ``seed`` ≥ 0 (random
     schedules only). Every matrix is validated (symmetric, doubly stochastic, supported on the
-    graph) and the union over one period must be connected; violations raise `TopologyError`.
+    graph; column stochastic for `DIRECTED_TOPOLOGIES`) and the union over one period must be
+    connected (strongly, for directed ones); violations raise `TopologyError`.
     """
     nn = _check_n(n)
     k = check_kappa(kappa)
@@ -316,6 +351,7 @@ def make_schedule(
         period=fam.period,
         build=build,
         expected=fam.expected,
+        directed=fam.arcs is not None,
     )
     check_connected_over_period(schedule)
     return schedule

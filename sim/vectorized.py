@@ -5,6 +5,7 @@ per-edge messages are a dictionary hand-over. Bytes are accounted as the real sy
 them, so `summary.json` reports comparable traffic for both engines:
 
 * gossip round: one d-vector per directed edge (i → j, W[j, i] > 0, i ≠ j);
+* per-edge messages (`exchange`): each message on its directed edge;
 * exact averaging: a ring all-reduce, 2(n − 1)/n · d elements per replica.
 """
 
@@ -105,6 +106,7 @@ class VectorizedComm(Comm):
         round: int = 0,
     ) -> dict[Edge, torch.Tensor]:
         got = {e: outgoing[e] for e in incoming if e in outgoing}
-        nbytes = sum(t.numel() * t.element_size() for t in outgoing.values())
-        self.counters.add(raw=nbytes, wire=nbytes, messages=len(outgoing))
+        for edge, t in outgoing.items():  # per directed edge, like a peer's edges table
+            nbytes = t.numel() * t.element_size()
+            self.counters.add_edges([edge], raw=nbytes, wire=nbytes)
         return got

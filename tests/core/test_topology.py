@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from core.graph import Graph, TopologyError, bfs_distances, distance_stats
-from core.mixing import validate_mixing
+from core.mixing import validate_column_stochastic, validate_mixing
 from core.registry import UnknownNameError
 from core.schedules import TopologySchedule
 from core.topology import (
@@ -40,6 +40,7 @@ VALID_N: dict[str, tuple[int, ...]] = {
     "hypercube": (2, 4, 8, 16),
     "exponential": (2, 3, 12, 16),
     "exponential-one-peer": (2, 3, 8, 12, 16, 20),
+    "exponential-one-peer-directed": (2, 3, 6, 8, 16),
     "bipartite-exponential": (2, 6, 8, 10, 16),
     "random-matching": (2, 3, 9, 16),
     "binary-tree": (2, 3, 10, 16),
@@ -71,7 +72,10 @@ def test_every_topology_builds_valid_matrices(name: str, n: int) -> None:
         g = sch.graph(k)
         assert W.shape == (n, n)
         assert W.dtype == np.float64
-        validate_mixing(W, graph=g)  # symmetric, doubly stochastic, on the graph's support
+        if sch.directed:  # push-sum: column stochastic, on the arcs' undirected support
+            validate_column_stochastic(W, graph=g)
+        else:
+            validate_mixing(W, graph=g)  # symmetric, doubly stochastic, on the graph's support
         for i in range(n):
             nb = sch.neighbors(i, k)
             assert [j for j, _ in nb] == [j for j in g.neighbors(i) if W[i, j] > 0]

@@ -26,6 +26,10 @@ CASES: dict[str, list[str]] = {
     "dsgd": [],
     "allreduce": [],
     "choco": ["compression.codec=topk", "compression.ratio=0.1", "compression.gamma=0.5"],
+    # both trees of the double binary tree: coordinates split by parity, one message per edge
+    "relaysgd": ["topology=double-binary-tree"],
+    "relaysgd-grad": ["topology=ring", "hyper.tree=chain"],  # the chain spanning the ring
+    "sgp": ["topology=exponential-one-peer-directed"],
 }
 
 

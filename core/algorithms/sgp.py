@@ -1,0 +1,113 @@
+"""SGP — Stochastic Gradient Push (Assran, Loizou, Ballas & Rabbat, "Stochastic Gradient Push for
+Distributed Deep Learning", ICML 2019): push-sum gossip (Kempe et al. 2003) with column-stochastic,
+possibly directed and time-varying mixing matrices P^k. ALGORITHMS.md §3.6.
+
+State per replica i: the push-sum numerator x_i and weight w_i (w⁰ = 1); the model is the
+de-biased z_i = x_i / w_i. Per step, with d_i the local optimizer's direction at z_i:
+
+    x_i ← w_i z_i − η d_i                    gradient (momentum, weight decay) taken at z_i
+    x_i ← Σ_j p_ij^k x_j;  w_i ← Σ_j p_ij^k w_j;  z_i = x_i / w_i     (one or more rounds k)
+
+Column stochasticity (Σ_i p_ij = 1) preserves Σ_i x_i and Σ_i w_i = n, so z_i → Σ_j x_j / n
+even when P is not doubly stochastic (rows need not sum to 1).
+
+Engine tensor. The engines' parameter tensor holds the *models* z ([k, d]), so evaluation, the
+consensus distance Ξ and checkpoints see the de-biased models; the numerators x = w·z are formed
+inside the step, and the gradient point is z (the default `Algorithm.grad_point`).
+
+Weights. The push-sum weights are a function of the schedule alone (w^{k+1} = P^k w^k, w⁰ = 1,
+every message delivered), so every process evolves the whole n-vector w locally in float64 and
+only the numerators travel, through `Comm.mix` (receive from j with P[i, j] > 0, send to j with
+P[j, i] > 0: a directed P works in both engines). They do not ride along as a (d+1)-th
+coordinate: peers reject tensors whose length is not the model's d. Consequence: a lost message
+is handled like in D-SGD (the peer's `Comm.mix` renormalises over what arrived), not by
+push-sum's own bookkeeping.
+
+Graph: the run's topology; SGP's default is ``exponential-one-peer-directed`` (i pushes ½ to
+i + 2^(k mod T), keeps ½). The shift is a bijection for every n, so that P^k is doubly
+stochastic, w stays 1 exactly and SGP coincides with D-SGD on the same matrices (for n a power
+of 2 the period multiplies to 11ᵀ/n exactly). Push-sum weights vary only on graphs with unequal
+in-degrees (tests/core/test_sgp.py builds such schedules). Any symmetric doubly stochastic
+topology also works (w stays 1). Caveat: `peer.comm.PeerComm.mix` renormalises by the row sum
+Σ_j P[i, j] of what arrived, which is only right for row-stochastic P; every registered topology
+is, a general column-stochastic schedule would need that changed for real peers.
+
+Hyperparameters: those of the local optimizer (η from the schedule, momentum, weight decay).
+Consensus control: rounds repeat with the next matrices of the schedule; θ_i = ‖z_i(after) −
+z_i(before)‖². Exact-averaging phases set every z to Σ_j x_j / n and w to 1.
+Invariants: Σ_i w_i = n (float64 round-off), w_i > 0; z is what is evaluated.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from core.algorithms.optim import LocalSGD
+from core.comm import Comm
+from core.consensus import local_theta
+
+
+@ALGORITHMS.register("sgp")
+class SGP(Algorithm):
+    name: ClassVar[str] = "sgp"
+
+    def __init__(self, optimizer: LocalSGD) -> None:
+        self.optimizer = optimizer
+        self.weights: np.ndarray | None = None  # w of all n replicas, float64 [n]
+        self.ranks: list[int] = []
+
+    def setup(self, x: torch.Tensor, comm: Comm) -> None:
+        """w = 1 for every replica (the replicas may start from different models)."""
+        self.weights = np.ones(comm.world_size, dtype=np.float64)
+        self.ranks = list(comm.ranks)
+
+    def _weights(self) -> np.ndarray:
+        if self.weights is None:
+            raise RuntimeError("sgp: call setup(x, comm) (or load_state_dict) before step")
+        return self.weights
+
+    def _local_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """w_i of the local rows as a [k, 1] column in x's dtype."""
+        w = torch.from_numpy(self._weights()[self.ranks]).to(device=x.device, dtype=x.dtype)
+        return w.unsqueeze(1)
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
+        if not self.ranks:  # restored by load_state_dict without setup
+            self.ranks = list(ctx.comm.ranks)
+        numerators = x * self._local_weights(x)
+        numerators.sub_(self.optimizer.direction(x, grad), alpha=ctx.lr)
+        if ctx.phase.mode == "exact":
+            x.copy_(ctx.comm.allreduce_mean(numerators, step=ctx.step))
+            self._weights()[:] = 1.0
+            return StepReport(exact_average=True)
+        report = StepReport()
+        while True:
+            index = ctx.round_offset + report.rounds
+            W = ctx.matrix(index)
+            result = ctx.comm.mix(numerators, W, step=ctx.step, round=index)
+            self.weights = W @ self._weights()
+            numerators = result.x
+            z = numerators / self._local_weights(x)
+            theta_local = local_theta(x, z)
+            x.copy_(z)
+            report.rounds += 1
+            report.theta_local = theta_local
+            report.statistics.append(theta_local)
+            report.outcomes.append(result.outcome)
+            if not ctx.control.after_round(report.rounds, x, theta_local):
+                return report
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = dict(self.optimizer.state_dict())
+        if self.weights is not None:
+            state["push_weights"] = torch.from_numpy(self.weights.copy())
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.optimizer.load_state_dict(state)
+        w = state.get("push_weights")
+        self.weights = None if w is None else w.detach().cpu().to(torch.float64).numpy().copy()
