@@ -1,10 +1,11 @@
 """One tensor exchange between two peer transports in two processes, for ``bench/transport.py``.
 
 `grpc_exchange` spawns (never forks) a receiver and a sender process on loopback. Both run the
-real `peer.transport.Transport`: handshake, one long-lived Exchange stream, ≤ 1 MiB chunks
-(`peer.serde`), receiver-side validation (header checks, part table, finiteness), the mailbox, and
-one Ack per tensor. Time per exchange = from the sender packing the tensor into frames to the
-receiver's Ack arriving back. glibc malloc is tuned in both processes (TRANSPORT.md §4.1).
+real `peer.transport.Transport`: handshake, one long-lived ExchangeRaw stream, ≤ 1 MiB chunks
+(`peer.serde`) built as they are written (`Transport.round_`), receiver-side validation (header
+checks, part table, finiteness), the mailbox, and one Ack per tensor. Time per exchange = from the
+sender packing the tensor to the receiver's Ack arriving back. glibc malloc is tuned in both
+processes (TRANSPORT.md §4.1).
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ def _transport(peer_id: int, addresses: list[str], dim: int) -> Any:
 
 
 def _receiver(dim: int, total: int, ports: Any) -> None:
+    import torch
+
     from peer.memory import tune_malloc
 
     tune_malloc()
+    torch.set_num_threads(1)  # as in a peer (threads = 1): the finiteness check runs on the loop
 
     async def main() -> None:
         t = _transport(1, ["127.0.0.1:1", "127.0.0.1:0"], dim)  # id 0 is never dialled
@@ -72,10 +76,12 @@ def _sender(port: int, dim: int, repeats: int, warmup: int, out: Any) -> None:
         for k in range(warmup + repeats):
             t0 = time.perf_counter()
             frames = t.frames(step=k, round=k, tensor_id=0, codec="none", parts={"values": values})
-            key = (k, k, 0)
-            if not await link.send(frames, key, _TIMEOUT):
+            await t.round_(
+                step=k, round=k, tensor_id=0, frames=frames, send_to=[1], receive_from=[]
+            )
+            if t.counters.send_failures:
                 raise RuntimeError(f"sending tensor {k} failed")
-            await asyncio.wait_for(link.acks[key], _TIMEOUT)
+            await asyncio.wait_for(link.acks[(k, k, 0)], _TIMEOUT)
             times.append(time.perf_counter() - t0)
         await t.stop(1.0)
         return times[warmup:]

@@ -66,7 +66,7 @@ class PeerComm(Comm):
                 parts=parts,
             )
             if send_to
-            else []
+            else None
         )
         coro = self.transport.round_(
             step=step,

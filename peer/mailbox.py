@@ -9,11 +9,14 @@ A slot resolves to either the `Arrival` or a `Rejection` (the tensor was refused
 `peer.validate`): the round then records the neighbour as *rejected* instead of waiting for it
 until the deadline.
 
-Receive buffers: each tensor is assembled into one ``bytearray`` of exactly its byte length (no
-per-chunk objects are kept); the parts are zero-copy ``torch.frombuffer`` views of it. The peer
-tunes glibc malloc at start (`peer.app.tune_malloc`, TRANSPORT.md §4.1), so these buffers come
-from the heap without page faulting every time; the training thread drops its reference after
-the mix, which returns the memory for the next round's buffer.
+Receive buffers: each tensor is assembled into one uninitialised ``numpy.empty`` buffer of exactly
+its byte length (no zero fill: every byte is written by a chunk before the tensor is filed, and
+a tensor whose chunks do not cover it is rejected); no per-chunk objects are kept, and the parts
+are zero-copy ``torch.frombuffer`` views of it. The peer tunes glibc malloc at start
+(`peer.memory.tune_malloc`, TRANSPORT.md §4.1), so these buffers come from the heap without page
+faulting every time; the training thread drops its reference after the mix, which returns the
+memory for the next round's buffer. Buffers are never reused by the receiver itself: the
+training thread may still read an earlier `Arrival` of the same sender.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from peer import serde
@@ -38,7 +42,7 @@ class Arrival:
     tensor_id: int
     codec: str
     parts: tuple[serde.PartSpec, ...]
-    payload: bytearray
+    payload: bytearray | np.ndarray  # uint8, exactly the tensor's byte length
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Zero-copy views of the named parts."""

@@ -1,9 +1,11 @@
 """The only module that converts between data-plane wire messages and domain types.
 
-Wire messages are the generated `protos.data_plane_pb2` classes; domain types are the plain
-dataclasses below and torch tensors. Bodies are read from a message exactly once (upb copies on
-every ``.body`` access, TRANSPORT.md §4.1), and payload slices become ``bytes`` once per chunk
-(protobuf refuses memoryviews).
+Wire messages are the generated `protos.data_plane_pb2` classes, and for the raw method
+(``ExchangeRaw``, framing in protos/data_plane.proto) ``varint + FrameHeader + body`` bytes; domain
+types are the plain dataclasses below and torch tensors. Outgoing chunks are built one at a time
+(`Outgoing`), each body copied once into the ``bytes`` gRPC takes; incoming raw bodies are
+zero-copy views of the received message, protobuf bodies are read from a message exactly once
+(upb copies on every ``.body`` access, TRANSPORT.md §4.1).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from google.protobuf.message import DecodeError
 
 from protos import data_plane_pb2 as pb
 
@@ -116,6 +120,90 @@ def layout(parts: dict[str, torch.Tensor]) -> tuple[list[PartSpec], int]:
     return specs, offset
 
 
+class MalformedFrameError(ValueError):
+    """An ``ExchangeRaw`` message that is not ``varint(n) + FrameHeader (n bytes) + body``."""
+
+
+class Outgoing:
+    """One tensor to send, cut into ``count`` chunks of at most ``chunk_bytes`` on demand.
+
+    The named parts are packed back to back: a single part is a zero-copy view of the tensor's
+    memory (the tensor must stay unchanged until every chunk has been built), several parts are
+    packed into one new buffer here. Each chunk is built only when it is written — as a protobuf
+    `pb.TensorFrame` (`frame`) or as a raw message (`raw`, see `raw_message`) — at the cost of one
+    copy of its body (the unavoidable ``bytes`` object gRPC takes)."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        sender: int,
+        step: int,
+        round: int,
+        tensor_id: int,
+        codec: str,
+        dim: int,
+        parts: dict[str, torch.Tensor],
+        chunk_bytes: int,
+    ) -> None:
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be ≥ 1; got {chunk_bytes}")
+        self.specs, self.nbytes = layout(parts)
+        raw = [t.detach().contiguous().cpu().view(-1).view(torch.uint8) for t in parts.values()]
+        if len(raw) == 1:
+            self._mv = raw[0].numpy().data  # zero-copy view of the tensor's bytes
+        else:
+            payload = np.empty(self.nbytes, dtype=np.uint8)  # every byte is written below
+            packed = torch.from_numpy(payload)
+            for spec, r in zip(self.specs, raw, strict=True):
+                packed[spec.offset : spec.offset + spec.nbytes].copy_(r)
+            self._mv = payload.data
+        self.run_id, self.sender, self.step, self.round = run_id, sender, step, round
+        self.tensor_id, self.codec, self.dim = tensor_id, codec, dim
+        self.chunk_bytes = chunk_bytes
+        self.count = max(1, -(-self.nbytes // chunk_bytes))
+
+    def header(self, index: int) -> pb.FrameHeader:
+        """Header of chunk ``index`` (0 ≤ index < count); chunk 0 carries the part table."""
+        header = pb.FrameHeader(
+            run_id=self.run_id,
+            sender=self.sender,
+            step=self.step,
+            round=self.round,
+            tensor_id=self.tensor_id,
+            codec=CODEC_TO_WIRE[self.codec],  # type: ignore[arg-type]
+            chunk_index=index,
+            chunk_count=self.count,
+            byte_length=self.nbytes,
+            chunk_offset=index * self.chunk_bytes,
+            dim=self.dim,
+        )
+        if index == 0:
+            header.parts.extend(
+                pb.Part(
+                    name=s.name,
+                    dtype=DTYPE_TO_WIRE[s.dtype],  # type: ignore[arg-type]
+                    numel=s.numel,
+                    offset=s.offset,
+                )
+                for s in self.specs
+            )
+        return header
+
+    def body(self, index: int) -> memoryview:
+        """Zero-copy view of chunk ``index``'s bytes."""
+        start = index * self.chunk_bytes
+        return self._mv[start : start + self.chunk_bytes]
+
+    def frame(self, index: int) -> pb.TensorFrame:
+        """Chunk ``index`` as a protobuf frame (method ``Exchange``)."""
+        return pb.TensorFrame(header=self.header(index), body=bytes(self.body(index)))
+
+    def raw(self, index: int) -> bytes:
+        """Chunk ``index`` as a raw message (method ``ExchangeRaw``)."""
+        return raw_message(self.header(index), self.body(index))
+
+
 def frames(
     *,
     run_id: str,
@@ -128,53 +216,64 @@ def frames(
     parts: dict[str, torch.Tensor],
     chunk_bytes: int,
 ) -> Iterator[pb.TensorFrame]:
-    """Chunked frames of one tensor (its named parts packed back to back).
+    """Chunked protobuf frames of one tensor (its named parts packed back to back)."""
+    out = Outgoing(
+        run_id=run_id,
+        sender=sender,
+        step=step,
+        round=round,
+        tensor_id=tensor_id,
+        codec=codec,
+        dim=dim,
+        parts=parts,
+        chunk_bytes=chunk_bytes,
+    )
+    for index in range(out.count):
+        yield out.frame(index)
 
-    A single part is sliced straight out of the tensor's memory (one copy per chunk, the
-    unavoidable ``bytes`` for protobuf); several parts are packed into one buffer first."""
-    specs, total = layout(parts)
-    raw = [t.detach().contiguous().cpu().view(-1).view(torch.uint8) for t in parts.values()]
-    mv: memoryview
-    if len(raw) == 1:
-        mv = raw[0].numpy().data  # zero-copy view of the tensor's bytes
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def raw_message(header: pb.FrameHeader, body: bytes | memoryview) -> bytes:
+    """One message of ``ExchangeRaw``: varint length of the serialized header, the header, the
+    body (one copy of the body; gRPC takes only ``bytes``)."""
+    h = header.SerializeToString()
+    return b"".join((_varint(len(h)), h, body))
+
+
+def raw_frame_from_wire(message: bytes) -> tuple[FrameInfo, memoryview]:
+    """Header as domain values and a zero-copy view of the body of one ``ExchangeRaw`` message;
+    `MalformedFrameError` when the framing is broken or the header does not parse."""
+    mv = memoryview(message)
+    length = 0
+    for used in range(min(len(mv), 10)):
+        byte = mv[used]
+        length |= (byte & 0x7F) << (7 * used)
+        if byte < 0x80:
+            break
     else:
-        payload = bytearray(total)
-        for spec, r in zip(specs, raw, strict=True):
-            view = memoryview(payload)[spec.offset : spec.offset + spec.nbytes]
-            torch.frombuffer(view, dtype=torch.uint8).copy_(r)
-        mv = memoryview(payload)
-    count = max(1, -(-total // chunk_bytes))
-    for index in range(count):
-        start = index * chunk_bytes
-        header = pb.FrameHeader(
-            run_id=run_id,
-            sender=sender,
-            step=step,
-            round=round,
-            tensor_id=tensor_id,
-            codec=CODEC_TO_WIRE[codec],  # type: ignore[arg-type]
-            chunk_index=index,
-            chunk_count=count,
-            byte_length=total,
-            chunk_offset=start,
-            dim=dim,
+        raise MalformedFrameError(f"no varint header length at the start of {len(mv)} bytes")
+    used += 1
+    end = used + length
+    if end > len(mv):
+        raise MalformedFrameError(
+            f"header of {length} bytes does not fit in a message of {len(mv)} bytes"
         )
-        if index == 0:
-            header.parts.extend(
-                pb.Part(
-                    name=s.name,
-                    dtype=DTYPE_TO_WIRE[s.dtype],  # type: ignore[arg-type]
-                    numel=s.numel,
-                    offset=s.offset,
-                )
-                for s in specs
-            )
-        yield pb.TensorFrame(header=header, body=bytes(mv[start : start + chunk_bytes]))
+    try:
+        header = pb.FrameHeader.FromString(mv[used:end])
+    except DecodeError as exc:
+        raise MalformedFrameError(f"header is not a concord.v1.FrameHeader: {exc}") from exc
+    return _info(header), mv[end:]
 
 
-def frame_from_wire(frame: pb.TensorFrame) -> tuple[FrameInfo, bytes]:
-    """Header as domain values and the body (read once)."""
-    h = frame.header
+def _info(h: pb.FrameHeader) -> FrameInfo:
     parts: tuple[PartSpec, ...] | None = None
     if h.chunk_index == 0:
         dtypes = [WIRE_TO_DTYPE.get(p.dtype) for p in h.parts]
@@ -184,7 +283,7 @@ def frame_from_wire(frame: pb.TensorFrame) -> tuple[FrameInfo, bytes]:
                 for p, d in zip(h.parts, dtypes, strict=True)
                 if d is not None
             )
-    info = FrameInfo(
+    return FrameInfo(
         run_id=h.run_id,
         sender=h.sender,
         step=h.step,
@@ -199,15 +298,22 @@ def frame_from_wire(frame: pb.TensorFrame) -> tuple[FrameInfo, bytes]:
         parts=parts,
         raw_parts=len(h.parts),
     )
-    return info, frame.body
+
+
+def frame_from_wire(frame: pb.TensorFrame) -> tuple[FrameInfo, bytes]:
+    """Header as domain values and the body (read once: upb copies on every access)."""
+    return _info(frame.header), frame.body
 
 
 def tensors_from_payload(
-    payload: bytearray, parts: tuple[PartSpec, ...]
+    payload: bytearray | np.ndarray, parts: tuple[PartSpec, ...]
 ) -> dict[str, torch.Tensor]:
-    """Zero-copy views of the named parts of an assembled payload."""
+    """Zero-copy views of the named parts of an assembled payload (frombuffer refuses empty
+    views: an empty part is an empty tensor)."""
     return {
         p.name: torch.frombuffer(payload, dtype=p.dtype, count=p.numel, offset=p.offset)
+        if p.numel
+        else torch.empty(0, dtype=p.dtype)
         for p in parts
     }
 

@@ -9,17 +9,18 @@ to enter — recorded in that round's outcome as *rejected*. Everyone else keeps
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
+import numpy as np
 import structlog
 from google.protobuf.message import DecodeError
 
 from peer import serde
 from peer.mailbox import Arrival
-from peer.validate import STEP_WINDOW, RejectedError, check_frame, check_hello, check_values
+from peer.validate import STEP_WINDOW, FiniteScan, RejectedError, check_frame, check_hello
 from protos import data_plane_pb2 as pb
 from protos import data_plane_pb2_grpc as pb_grpc
 
@@ -33,6 +34,10 @@ STATUS_OF: dict[str, grpc.StatusCode] = {  # the one place domain rejections bec
     "too-big": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 REJECTION_CODES = frozenset(STATUS_OF.values())
+SERVICE = "concord.v1.Gossip"
+_M = TypeVar("_M", pb.TensorFrame, bytes)
+PROTOBUF_FRAME = "a concord.v1.TensorFrame"
+RAW_FRAME = "a raw frame: varint header length, concord.v1.FrameHeader, body"
 
 log = structlog.get_logger("peer.servicer")
 
@@ -42,7 +47,9 @@ class _Assembly:
     """One tensor being received on a stream (chunks of one stream arrive in order)."""
 
     head: serde.FrameInfo
-    buf: bytearray
+    buf: np.ndarray  # uninitialised; every byte is written before the tensor is filed
+    view: memoryview
+    scan: FiniteScan  # finiteness of the floating parts, checked chunk by chunk
     next_index: int = 0
     received: int = 0
 
@@ -57,11 +64,89 @@ class _Assembly:
         ) and f.chunk_index == self.next_index
 
 
+class _Stream:
+    """The receiving state of one Exchange stream: its sender, the tensor being assembled."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.t = transport
+        self.sender: int | None = None  # set by the first frame that passes the checks
+        self.asm: _Assembly | None = None
+
+    def accept(self, info: serde.FrameInfo, body: bytes | memoryview) -> pb.Ack | None:
+        """Check one chunk and copy its body into place; the Ack once the tensor is complete,
+        validated and filed. Raises `RejectedError`."""
+        t = self.t
+        if self.sender is None:
+            if info.sender not in t.greeted:
+                raise RejectedError("permission", f"peer {info.sender} sent frames before Hello")
+            self.sender = info.sender
+        n = len(body)
+        check_frame(info, n, t.view(), expected_sender=self.sender)
+        asm = self.asm
+        if info.chunk_index == 0:
+            buf = np.empty(info.byte_length, dtype=np.uint8)  # no zero fill (see peer.mailbox)
+            parts = info.parts or ()  # check_frame rejected chunk 0 without a valid part table
+            scan = FiniteScan(serde.tensors_from_payload(buf, parts), parts)
+            asm = self.asm = _Assembly(info, buf, buf.data, scan)
+        elif asm is None or not asm.continues(info):
+            raise RejectedError("invalid", f"chunk {info.chunk_index} out of order")
+        if info.chunk_offset != asm.received:
+            raise RejectedError(
+                "invalid",
+                f"chunk {info.chunk_index} at offset {info.chunk_offset}, expected {asm.received}",
+            )
+        asm.view[asm.received : asm.received + n] = body  # the one copy on this side
+        asm.received += n
+        asm.next_index += 1
+        asm.scan.advance(asm.received)  # while the chunk is in cache (= check_values when done)
+        head = asm.head
+        if asm.next_index < head.chunk_count:
+            return None
+        if asm.received != head.byte_length:
+            raise RejectedError("invalid", "chunks do not add up to the tensor's length")
+        self.asm = None
+        arrival = Arrival(
+            head.sender,
+            head.step,
+            head.round,
+            head.tensor_id,
+            head.codec or "none",
+            head.parts or (),
+            asm.buf,
+        )
+        t.counters.received += 1
+        late = not t.mailbox.deliver(arrival)
+        if late:
+            t.counters.late += 1
+        return serde.ack(
+            t.peer_id,
+            head.step,
+            head.round,
+            head.tensor_id,
+            late=late,
+            reason="step already over" if late else "",
+        )
+
+
 class GossipServicer(pb_grpc.GossipServicer):
     """Thin: decode, call the transport's checks, encode; rejections abort the stream."""
 
     def __init__(self, transport: Transport) -> None:
         self.t = transport
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        """Register Hello, Exchange (protobuf frames) and ExchangeRaw (raw frames, no protobuf
+        on the bodies: request bytes go to the handler untouched)."""
+        pb_grpc.add_GossipServicer_to_server(self, server)
+        raw = {
+            "ExchangeRaw": grpc.stream_stream_rpc_method_handler(
+                self.ExchangeRaw,
+                request_deserializer=None,
+                response_serializer=pb.Ack.SerializeToString,
+            )
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, raw),))
+        server.add_registered_method_handlers(SERVICE, raw)
 
     async def Hello(  # noqa: N802 - the RPC name of the .proto
         self, request: pb.HelloRequest, context: grpc.aio.ServicerContext
@@ -81,96 +166,84 @@ class GossipServicer(pb_grpc.GossipServicer):
     async def Exchange(  # noqa: N802 - the RPC name of the .proto
         self, request_iterator: AsyncIterator[pb.TensorFrame], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Ack]:
-        sender: int | None = None
-        asm: _Assembly | None = None
-        incoming = aiter(request_iterator)
+        # an async generator function itself: grpc.aio picks the streaming handler by that
+        async for ack in self._serve(
+            request_iterator, context, serde.frame_from_wire, PROTOBUF_FRAME
+        ):
+            yield ack
+
+    async def ExchangeRaw(  # noqa: N802 - the RPC name of the wire contract
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Ack]:
+        async for ack in self._serve(
+            request_iterator, context, serde.raw_frame_from_wire, RAW_FRAME
+        ):
+            yield ack
+
+    async def _serve(
+        self,
+        messages: AsyncIterator[_M],
+        context: grpc.aio.ServicerContext,
+        decode: Callable[[_M], tuple[serde.FrameInfo, bytes | memoryview]],
+        what: str,
+    ) -> AsyncIterator[pb.Ack]:
+        """The receiving loop of both methods; ``decode`` turns one message into header and body,
+        ``what`` names the expected message in the rejection of one that does not decode."""
+        stream = _Stream(self.t)
+        incoming = aiter(messages)
         while True:
             try:
-                frame = await anext(incoming)
+                info, body = decode(await anext(incoming))
             except StopAsyncIteration:
                 return
-            except DecodeError as exc:  # bytes that are not a TensorFrame at all
+            except (DecodeError, serde.MalformedFrameError) as exc:  # not a frame at all
                 self.t.counters.reject("invalid")
-                detail = f"malformed frame (not a concord.v1.TensorFrame): {exc}"
+                detail = f"malformed frame (not {what}): {exc}"
                 log.warning(
                     "frame.rejected",
                     peer=self.t.peer_id,
-                    sender=sender,  # None when no frame of this stream decoded yet
+                    sender=stream.sender,  # None when no frame of this stream decoded yet
                     remote=context.peer(),
                     code=STATUS_OF["invalid"].name,
                     reason=detail,
                 )
-                await context.abort(STATUS_OF["invalid"], detail)
-            info, body = serde.frame_from_wire(frame)
+                await context.abort(STATUS_OF["invalid"], detail)  # raises: the RPC ends
+                return
             try:
-                if sender is None:
-                    if info.sender not in self.t.greeted:
-                        raise RejectedError(
-                            "permission", f"peer {info.sender} sent frames before Hello"
-                        )
-                    sender = info.sender
-                check_frame(info, len(body), self.t.view(), expected_sender=sender)
-                if info.chunk_index == 0:
-                    asm = _Assembly(info, bytearray(info.byte_length))
-                elif asm is None or not asm.continues(info):
-                    raise RejectedError("invalid", f"chunk {info.chunk_index} out of order")
-                if info.chunk_offset != asm.received:
-                    raise RejectedError(
-                        "invalid",
-                        f"chunk {info.chunk_index} at offset "
-                        f"{info.chunk_offset}, expected {asm.received}",
-                    )
-                asm.buf[asm.received : asm.received + len(body)] = body
-                asm.received += len(body)
-                asm.next_index += 1
-                head = asm.head
-                if asm.next_index < head.chunk_count:
-                    continue
-                if asm.received != head.byte_length:
-                    raise RejectedError("invalid", "chunks do not add up to the tensor's length")
-                buf = asm.buf
-                parts = head.parts or ()
-                arrival = Arrival(
-                    head.sender,
-                    head.step,
-                    head.round,
-                    head.tensor_id,
-                    head.codec or "none",
-                    parts,
-                    buf,
-                )
-                check_values(arrival.tensors(), parts)
-                asm = None
-                self.t.counters.received += 1
-                late = not self.t.mailbox.deliver(arrival)
-                if late:
-                    self.t.counters.late += 1
-                yield serde.ack(
-                    self.t.peer_id,
-                    head.step,
-                    head.round,
-                    head.tensor_id,
-                    late=late,
-                    reason="step already over" if late else "",
-                )
+                ack = stream.accept(info, body)
             except RejectedError as r:
-                self.t.counters.reject(r.reason)
-                if sender is not None:
-                    self.t.rejections[sender] = (info.step, f"{r.reason}: {r.detail}")
-                log.warning(
-                    "frame.rejected",
-                    peer=self.t.peer_id,
-                    sender=info.sender,
-                    step=info.step,
-                    round=info.round,
-                    code=STATUS_OF[r.reason].name,
-                    reason=r.detail,
-                )
-                if sender is not None and info.sender == sender:
-                    # the round waiting for this tensor records it as rejected, not missing
-                    self.t.mailbox.reject(
-                        (sender, info.step, info.round, info.tensor_id),
-                        f"{STATUS_OF[r.reason].name}: {r.detail}",
-                        horizon=self.t.mailbox.step + STEP_WINDOW,
-                    )
-                await context.abort(STATUS_OF[r.reason], r.detail)
+                await self._reject(r, info, stream.sender, context)  # raises: the RPC ends
+                return
+            del body  # a raw body is a view of its whole message: let it go before the next
+            if ack is not None:
+                yield ack
+
+    async def _reject(
+        self,
+        r: RejectedError,
+        info: serde.FrameInfo,
+        sender: int | None,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """Log, count and record a rejected frame, then end its stream with the status code
+        (`context.abort` raises)."""
+        self.t.counters.reject(r.reason)
+        if sender is not None:
+            self.t.rejections[sender] = (info.step, f"{r.reason}: {r.detail}")
+        log.warning(
+            "frame.rejected",
+            peer=self.t.peer_id,
+            sender=info.sender,
+            step=info.step,
+            round=info.round,
+            code=STATUS_OF[r.reason].name,
+            reason=r.detail,
+        )
+        if sender is not None and info.sender == sender:
+            # the round waiting for this tensor records it as rejected, not missing
+            self.t.mailbox.reject(
+                (sender, info.step, info.round, info.tensor_id),
+                f"{STATUS_OF[r.reason].name}: {r.detail}",
+                horizon=self.t.mailbox.step + STEP_WINDOW,
+            )
+        await context.abort(STATUS_OF[r.reason], r.detail)

@@ -1,15 +1,18 @@
 """The gRPC data plane of one peer: an aio server (`peer.servicer`) receiving tensors into a
 mailbox (`peer.mailbox`), the standard grpc.health.v1 service, and one channel with one long-lived
-bidirectional Exchange stream per neighbour (`Link`) for sending.
+bidirectional stream per neighbour (`Link`) for sending: ``ExchangeRaw`` (raw chunks behind
+identity serializers, the default) or the protobuf ``Exchange`` (``wire="protobuf"``).
 
 Everything here runs on the peer's event loop and only moves bytes: the training thread packs its
-tensor into frames (`Transport.frames`), the loop writes them, copies incoming chunks into one
-buffer per tensor and files it; all tensor arithmetic happens in the training thread
-(`peer.comm.PeerComm`). Failure is data: `Transport.round_` returns who answered, who is missing
-and who was rejected (with the reason). A neighbour whose connection failed (refused, reset,
-timed out) is marked down and not waited for; the next send to it reconnects, at most once per
-backoff interval (0.2 s doubling to 5 s). A neighbour that merely refused one of our tensors is
-still alive and still waited for.
+tensor (`Transport.frames`: zero-copy for a single part), the loop cuts it into chunks as it
+writes them (one ≤ 1 MiB copy each, shared by all neighbours receiving the tensor, so the first
+chunk is on the wire before the last is built), copies incoming chunks into one buffer per tensor
+and files it; all tensor arithmetic happens in the training thread (`peer.comm.PeerComm`).
+Failure is data: `Transport.round_` returns who answered, who is missing and who was rejected
+(with the reason). A neighbour whose connection failed (refused, reset, timed out) is marked down
+and not waited for; the next send to it reconnects, at most once per backoff interval (0.2 s
+doubling to 5 s). A neighbour that merely refused one of our tensors is still alive and still
+waited for.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import structlog
@@ -49,7 +52,32 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+RAW_METHOD = "/concord.v1.Gossip/ExchangeRaw"
+Wire = Literal["raw", "protobuf"]
 log = structlog.get_logger("peer.transport")
+
+
+class Fanout:
+    """The chunks of one outgoing tensor for ``readers`` links: chunk k is built (one copy) by the
+    first link to reach it, shared with the others, and dropped once every link has taken it."""
+
+    def __init__(self, out: serde.Outgoing, readers: int, wire: Wire) -> None:
+        self.out = out
+        self.count = out.count
+        self.readers = readers
+        self.raw = wire == "raw"
+        self._built: dict[int, tuple[bytes | pb.TensorFrame, int]] = {}
+
+    def message(self, index: int) -> bytes | pb.TensorFrame:
+        got = self._built.pop(index, None)
+        if got is None:
+            msg = self.out.raw(index) if self.raw else self.out.frame(index)
+            left = self.readers - 1
+        else:
+            msg, left = got[0], got[1] - 1
+        if left > 0:
+            self._built[index] = (msg, left)
+        return msg
 
 
 class Link:
@@ -97,7 +125,12 @@ class Link:
                     reason=reply.reason,
                 )
                 return False
-            self.call = stub.Exchange()
+            if self.t.wire == "raw":
+                self.call = self.channel.stream_stream(
+                    RAW_METHOD, request_serializer=None, response_deserializer=pb.Ack.FromString
+                )()
+            else:
+                self.call = stub.Exchange()
             self.reader = asyncio.create_task(self._read_acks(), name=f"acks-{self.peer_id}")
             self.up, self.alive, self.backoff = True, True, 0.2
             return True
@@ -148,9 +181,9 @@ class Link:
         self.next_try = time.monotonic() + self.backoff
         self.backoff = min(self.backoff * 2, 5.0)
 
-    async def send(
-        self, frames: Sequence[pb.TensorFrame], key: tuple[int, int, int], timeout: float
-    ) -> bool:
+    async def send(self, fan: Fanout, key: tuple[int, int, int], timeout: float) -> bool:
+        """Write every chunk of ``fan``, each within ``timeout`` seconds; False when the link is
+        refused, down, or fails now (then marked down)."""
         if self.refused is not None:
             return False
         if not self.up and (
@@ -159,10 +192,14 @@ class Link:
             return False
         for done in [k for k, f in self.acks.items() if f.done()]:
             del self.acks[done]
-        self.acks[key] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.acks[key] = loop.create_future()
         try:
-            for frame in frames:
-                await asyncio.wait_for(self.call.write(frame), timeout)
+            async with asyncio.timeout(None) as budget:  # re-armed per chunk, no task per write
+                for index in range(fan.count):
+                    message = fan.message(index)
+                    budget.reschedule(loop.time() + timeout)
+                    await self.call.write(message)
             return True
         except (
             TimeoutError,
@@ -219,7 +256,10 @@ class Transport:
         is_neighbour: Callable[[int, int, int, int], bool],
         server_credentials: grpc.ServerCredentials | None = None,
         channel_credentials: grpc.ChannelCredentials | None = None,
+        wire: Wire = "raw",
     ) -> None:
+        """``wire``: how this peer sends ("raw": ExchangeRaw; "protobuf": Exchange); it receives
+        both."""
         self.run_id, self.peer_id, self.world_size = run_id, peer_id, world_size
         self.addresses = list(addresses)
         self.fingerprint, self.dim, self.codec, self.ratio = fingerprint, dim, codec, ratio
@@ -228,6 +268,7 @@ class Transport:
         self.is_neighbour = is_neighbour
         self.server_credentials = server_credentials
         self.channel_credentials = channel_credentials
+        self.wire: Wire = wire
         self.mailbox = Mailbox()
         self.counters = Counters()
         self.greeted: set[int] = set()
@@ -269,7 +310,7 @@ class Transport:
 
     async def start(self, listen: str) -> int:
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        pb_grpc.add_GossipServicer_to_server(GossipServicer(self), self.server)
+        GossipServicer(self).add_to_server(self.server)
         # the standard grpc.health.v1 service: "" and "concord.v1.Gossip" report SERVING
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -294,21 +335,20 @@ class Transport:
 
     def frames(
         self, *, step: int, round: int, tensor_id: int, codec: str, parts: dict[str, torch.Tensor]
-    ) -> list[pb.TensorFrame]:
-        """Our tensor as chunked frames. Call it from the training thread: packing the parts
-        is a full copy of the tensor, which must not run on the event loop."""
-        return list(
-            serde.frames(
-                run_id=self.run_id,
-                sender=self.peer_id,
-                step=step,
-                round=round,
-                tensor_id=tensor_id,
-                codec=codec,
-                dim=self.dim,
-                parts=parts,
-                chunk_bytes=self.chunk_bytes,
-            )
+    ) -> serde.Outgoing:
+        """Our tensor, ready to be chunked by `round_`. Call it from the training thread: packing
+        several parts is a full copy, which must not run on the event loop. A single part is not
+        copied: leave it unchanged until `round_` has returned."""
+        return serde.Outgoing(
+            run_id=self.run_id,
+            sender=self.peer_id,
+            step=step,
+            round=round,
+            tensor_id=tensor_id,
+            codec=codec,
+            dim=self.dim,
+            parts=parts,
+            chunk_bytes=self.chunk_bytes,
         )
 
     async def round_(
@@ -317,21 +357,27 @@ class Transport:
         step: int,
         round: int,
         tensor_id: int,
-        frames: Sequence[pb.TensorFrame],
+        frames: serde.Outgoing | None,
         send_to: Sequence[int],
         receive_from: Sequence[int],
     ) -> tuple[dict[int, Arrival], MixOutcome]:
-        """Send ``frames`` (from `frames`) to ``send_to`` and collect the tensors of
+        """Send ``frames`` (from `frames`; None when ``send_to`` is empty) to ``send_to``, all
+        neighbours concurrently, and collect the tensors of
         ``receive_from`` within ``deadline`` seconds. Never raises for a slow, dead or bad
         neighbour: the outcome lists who answered, who is missing (timed out, or its link is
         down so it is not waited for) and who was rejected with what reason."""
         self.mailbox.advance(step)
         key = (step, round, tensor_id)
-        sends = [
-            asyncio.create_task(self.links[j].send(frames, key, self.deadline), name=f"send-{j}")
-            for j in send_to
-            if j in self.links
-        ]
+        targets = [self.links[j] for j in send_to if j in self.links]
+        if targets and frames is None:
+            raise ValueError("round_ needs frames to send to " + str(list(send_to)))
+        sends = []
+        if frames is not None and targets:
+            fan = Fanout(frames, len(targets), self.wire)
+            sends = [
+                asyncio.create_task(link.send(fan, key, self.deadline), name=f"send-{link.peer_id}")
+                for link in targets
+            ]
         slots = {j: self.mailbox.slot((j, step, round, tensor_id)) for j in receive_from}
         loop = asyncio.get_running_loop()
         end = loop.time() + self.deadline

@@ -136,6 +136,41 @@ def test_garbage_frames_are_rejected_and_the_peer_keeps_running(tmp_path: Path) 
         assert "malformed frame" in info.value.details()  # type: ignore[attr-defined]
         cases.append(([], grpc.StatusCode.INVALID_ARGUMENT, "malformed"))  # for the counts below
 
+        # the same checks on the raw method (varint header length + FrameHeader + body), plus
+        # messages whose framing is broken
+        raw_cases = [
+            ([serde.raw_message(f.header, f.body) for f in frames], code, text)
+            for frames, code, text in cases
+            if frames
+        ]
+        whole = [serde.raw_message(f.header, f.body) for f in make(chunk_bytes=512)]
+        header0 = make(chunk_bytes=512)[0].header
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        raw_cases += [
+            ([b""], invalid, "malformed frame"),
+            ([b"\xff" * 12], invalid, "no varint header length"),
+            ([b"\x7f" + b"\x00" * 20], invalid, "does not fit"),
+            ([b"\x03\xff\xfe\xfd" + b"\x00" * 64], invalid, "not a concord.v1.FrameHeader"),
+            ([*whole[:-1], whole[-1][:-4]], invalid, "do not add up"),  # last body too short
+            ([*whole[:-1], whole[-1] + b"\x00" * 4], invalid, "exceeds the tensor"),
+            # chunk 0 with its body cut short: chunk 1 no longer lands where chunk 0 ended
+            ([serde.raw_message(header0, b"\x00" * 500), whole[1]], invalid, "expected 500"),
+        ]
+        exchange_raw = channel.stream_stream(
+            "/concord.v1.Gossip/ExchangeRaw", response_deserializer=pb.Ack.FromString
+        )
+        for messages, code, text in raw_cases:
+            with pytest.raises(grpc.RpcError) as info:
+                for _ in exchange_raw(iter(messages), timeout=10):
+                    pass
+            assert info.value.code() == code, (text, info.value)  # type: ignore[attr-defined]
+            assert text in (info.value.details() or ""), text  # type: ignore[attr-defined]
+        # a good tensor on the raw method is acknowledged
+        acks = list(exchange_raw(iter(whole), timeout=10))
+        assert len(acks) == 1
+        assert acks[0].status in (pb.ACK_OK, pb.ACK_LATE)
+        cases += raw_cases
+
         # a NaN tensor for a round the peer has not reached yet: that round records peer 1 as
         # rejected (with the reason) rather than missing. The peer runs ahead quickly, so aim
         # STEP_WINDOW steps past its last record and retry until one lands in time.

@@ -8,11 +8,13 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
+import pytest
 import torch
 
 from core.comm import MixOutcome
+from peer import serde
 from peer.mailbox import Arrival
-from peer.transport import Transport
+from peer.transport import Fanout, Transport, Wire
 
 DIM = 300_000  # 1.2 MB of float32: two chunks of ≤ 1 MiB
 
@@ -24,7 +26,10 @@ def _free_port() -> int:
 
 
 def _pair(
-    deadline: float, *, neighbours_of_1: Callable[[int], bool] = lambda s: True
+    deadline: float,
+    *,
+    neighbours_of_1: Callable[[int], bool] = lambda s: True,
+    wire: Wire = "raw",
 ) -> tuple[Transport, Transport]:
     addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
     common = {
@@ -37,6 +42,7 @@ def _pair(
         "chunk_bytes": 1 << 20,
         "max_tensor_bytes": 1 << 26,
         "deadline": deadline,
+        "wire": wire,
     }
     t0 = Transport(peer_id=0, is_neighbour=lambda *a: True, **common)  # type: ignore[arg-type]
     t1 = Transport(
@@ -66,9 +72,10 @@ async def _round(
     )
 
 
-def test_two_transports_exchange_and_early_tensors_wait() -> None:
+@pytest.mark.parametrize("wire", ["raw", "protobuf"])
+def test_two_transports_exchange_and_early_tensors_wait(wire: Wire) -> None:
     async def body() -> None:
-        t0, t1 = _pair(deadline=10.0)
+        t0, t1 = _pair(deadline=10.0, wire=wire)
         for t in (t0, t1):
             await t.start(t.addresses[t.peer_id])
         try:
@@ -173,3 +180,25 @@ def test_a_silent_live_neighbour_costs_one_deadline_and_counts_as_missing() -> N
             await asyncio.gather(t0.stop(1.0), t1.stop(1.0))
 
     _run(body)
+
+
+def test_a_fanout_builds_each_chunk_once_for_all_its_links() -> None:
+    out = serde.Outgoing(
+        run_id="r",
+        sender=0,
+        step=1,
+        round=1,
+        tensor_id=0,
+        codec="none",
+        dim=10,
+        parts={"values": torch.arange(10, dtype=torch.float32)},
+        chunk_bytes=16,
+    )
+    fan = Fanout(out, readers=2, wire="raw")
+    first = [fan.message(k) for k in range(fan.count)]
+    second = [fan.message(k) for k in range(fan.count)]
+    assert all(a is b for a, b in zip(first, second, strict=True))  # shared, not rebuilt
+    assert first == [out.raw(k) for k in range(out.count)]
+    assert fan.message(0) is not first[0]  # dropped once both links took it
+    frames = Fanout(out, readers=1, wire="protobuf")
+    assert frames.message(1) == out.frame(1)

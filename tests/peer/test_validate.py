@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
-from peer.serde import PROTOCOL_VERSION, FrameInfo, Hello, PartSpec, frame_from_wire, frames
-from peer.validate import ReceiverView, RejectedError, check_frame, check_hello, check_values
+from peer.serde import (
+    PROTOCOL_VERSION,
+    FrameInfo,
+    Hello,
+    PartSpec,
+    frame_from_wire,
+    frames,
+    tensors_from_payload,
+)
+from peer.validate import (
+    FiniteScan,
+    ReceiverView,
+    RejectedError,
+    check_frame,
+    check_hello,
+    check_values,
+)
 
 VIEW = ReceiverView(
     run_id="r",
@@ -116,3 +132,48 @@ def test_handshake_checks() -> None:
     ]:
         with pytest.raises(RejectedError, match=text):
             check_hello(bad, VIEW)
+
+
+def _scan_in_chunks(parts: dict[str, torch.Tensor], chunk: int) -> None:
+    """Pack ``parts`` back to back and scan them the way the receiver does, chunk by chunk."""
+    specs, payload, offset = [], bytearray(), 0
+    for name, t in parts.items():
+        specs.append(PartSpec(name, t.dtype, t.numel(), offset))
+        raw = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        payload += raw
+        offset += len(raw)
+    buf = np.empty(len(payload), dtype=np.uint8)
+    scan = FiniteScan(tensors_from_payload(buf, tuple(specs)), tuple(specs))
+    for start in range(0, len(payload), chunk):
+        end = min(start + chunk, len(payload))
+        buf[start:end] = np.frombuffer(payload, dtype=np.uint8)[start:end]
+        scan.advance(end)
+
+
+@pytest.mark.parametrize("chunk", [3, 7, 64, 1 << 20])
+def test_the_chunkwise_scan_catches_what_check_values_catches(chunk: int) -> None:
+    # chunks split elements and parts at odd offsets; every floating element is checked once
+    parts = {
+        "values": torch.linspace(-2, 2, 37).to(torch.float16),
+        "indices": torch.arange(37, dtype=torch.int32),
+        "scale": torch.tensor([0.5, 3.0e38, 3.0e38]),  # finite, but its float32 sum overflows
+        "bf": torch.linspace(-1, 1, 11).to(torch.bfloat16),
+    }
+    _scan_in_chunks(parts, chunk)
+    for name, index in [("values", 36), ("scale", 0), ("bf", 5), ("values", 0)]:
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            broken = {k: v.clone() for k, v in parts.items()}
+            broken[name][index] = bad
+            with pytest.raises(RejectedError, match=f"part '{name}' has 1 non-finite") as info:
+                _scan_in_chunks(broken, chunk)
+            assert info.value.reason == "invalid"
+    broken = {k: v.clone() for k, v in parts.items()}
+    broken["indices"][3] = -1  # integers are not checked
+    _scan_in_chunks(broken, chunk)
+
+
+def test_check_values_accepts_finite_values_whose_sum_overflows() -> None:
+    parts = (PartSpec("values", torch.float32, 2, 0),)
+    check_values({"values": torch.tensor([3.0e38, 3.0e38])}, parts)
+    with pytest.raises(RejectedError, match="1 non-finite"):
+        check_values({"values": torch.tensor([3.0e38, float("inf")])}, parts)
