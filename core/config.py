@@ -20,8 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core.adagraph import ADA_ALGORITHMS, hyper_problems
 from core.graph import TopologyError
-from core.topology import DIRECTED_TOPOLOGIES, TOPOLOGY_NAMES, build_graph
+from core.topology import DIRECTED_TOPOLOGIES, TOPOLOGY_NAMES, build_graph, exponential_k
 from core.trees import relay_trees
 
 ALGORITHM_NAMES: tuple[str, ...] = (
@@ -31,6 +32,8 @@ ALGORITHM_NAMES: tuple[str, ...] = (
     "relaysgd",
     "relaysgd-grad",
     "sgp",
+    "ada-schedule",
+    "ada-feedback",
 )
 TIME_VARYING = (
     "exponential-one-peer",
@@ -361,6 +364,12 @@ class RunConfig(_Section):
                     )
             if self.algorithm == "allreduce":
                 problems.append("control.mode: all-reduce has no consensus distance to control")
+            if self.algorithm == "ada-feedback":
+                problems.append(
+                    "control.mode: ada-feedback moves its graph from the same Θ that consensus "
+                    "control drives down with extra rounds; the two loops do not combine (use "
+                    "ada-schedule with control, or control.mode = 'none')"
+                )
             if self.control.statistic == "xi" and self.engine == "processes":
                 problems.append(
                     "control.statistic 'xi' (exact consensus distance) is only known in the "
@@ -386,6 +395,8 @@ class RunConfig(_Section):
                     "topology (its public-copy sums assume fixed neighbours)"
                 )
         problems.extend(_relay_and_push_problems(self))
+        problems.extend(_exponential_problems(self))
+        problems.extend(_ada_problems(self, n_phases))
         addresses = self.network.addresses
         if addresses is not None and len(addresses) != self.peers:
             problems.append(
@@ -414,6 +425,8 @@ class RunConfig(_Section):
         d = self.model_dump(mode="json", exclude_none=True)
         if not self.controlled_phases() and "mode" not in self.control.model_fields_set:
             d["control"]["mode"] = "none"
+        if self.algorithm in ADA_ALGORITHMS:
+            d.pop("topology")  # unused: the graphs come from hyper (and may not be set)
         return d
 
     def explicit_dict(self) -> dict[str, Any]:
@@ -422,7 +435,7 @@ class RunConfig(_Section):
 
     def controlled_phases(self) -> list[int]:
         """Phases under consensus control: listed in control.phases, gossip, gossip algorithm."""
-        if self.control.mode == "none" or self.algorithm == "allreduce":
+        if self.control.mode == "none" or self.algorithm in ("allreduce", "ada-feedback"):
             return []
         modes = self.phase_modes()
         return [k for k in self.control.phases if 1 <= k <= len(modes) and modes[k - 1] == "gossip"]
@@ -486,9 +499,47 @@ def _check_topology(v: str) -> str:
         if not path.is_file():
             raise ValueError(f"topology edge-list file {str(path)!r} does not exist")
         return v
+    if exponential_k(v) is not None:  # exponential:K (K ≤ ⌈log2 peers⌉ checked in _cross)
+        return v
     if v not in TOPOLOGY_NAMES:
-        raise ValueError(_unknown("topology", v, TOPOLOGY_NAMES, "file:PATH"))
+        raise ValueError(_unknown("topology", v, TOPOLOGY_NAMES, "exponential:K", "file:PATH"))
     return v
+
+
+def _exponential_problems(cfg: RunConfig) -> list[str]:
+    """``exponential:K`` needs K ≤ ⌈log2 peers⌉."""
+    problems = []
+    for t in (cfg.topology, *(t for t in cfg.phase_topologies or () if t)):
+        try:
+            exponential_k(t, cfg.peers)
+        except TopologyError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def _ada_problems(cfg: RunConfig, n_phases: int) -> list[str]:
+    """The Ada interpretations choose every phase's graph themselves (`core.adagraph`)."""
+    algo = cfg.algorithm
+    if algo not in ADA_ALGORITHMS:
+        return []
+    source = "hyper.graphs" if algo == "ada-schedule" else "exponential:K moved by Θ feedback"
+    problems = []
+    for key, set_ in (
+        ("topology", "topology" in cfg.model_fields_set),
+        ("phase_topologies", cfg.phase_topologies is not None),
+    ):
+        if set_:
+            problems.append(f"{key}: algorithm {algo!r} chooses its graphs ({source}); unset it")
+    if any(m != "gossip" for m in cfg.phase_modes()):
+        problems.append(
+            f"plan {cfg.plan_label()!r}: algorithm {algo!r} chooses the gossip graph of every "
+            "phase; exact-averaging phases have none (use plan = 'gossip')"
+        )
+    if cfg.peers < 2:
+        problems.append(f"peers: algorithm {algo!r} needs at least 2 peers to gossip")
+    else:
+        problems.extend(hyper_problems(algo, cfg.hyper, cfg.peers, n_phases))
+    return problems
 
 
 def _unknown(kind: str, value: str, names: Sequence[str], *extra: str) -> str:

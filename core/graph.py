@@ -293,5 +293,12 @@ def exponential_graph(n: int) -> Graph:
     return Graph.from_edges(n, ((i, (i + h) % n) for i in range(n) for h in hops))
 
 
+def k_peer_exponential_graph(n: int, k: int) -> Graph:
+    """i ↔ i ± 2^j mod n for j = 0 … k−1 (1 ≤ k ≤ ⌊log2(n−1)⌋ + 1 = ⌈log2 n⌉): k = 1 is the
+    ring, the largest k the full ``exponential`` graph."""
+    hops = [1 << j for j in range(k)]
+    return Graph.from_edges(n, ((i, (i + h) % n) for i in range(n) for h in hops))
+
+
 def binary_tree_graph(n: int) -> Graph:
     return Graph(n, tuple(sorted((w // 2, w) for w in range(1, n))))

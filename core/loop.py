@@ -7,7 +7,11 @@ differs between engines comes in from outside:
 
 * the `Comm` (in-memory in the vectorized engine, gRPC in a peer);
 * the `ControlHook`, which turns a controlled step into a `RoundControl`: the vectorized engine
-  decides from the global statistic at once; a peer asks the orchestrator.
+  decides from the global statistic at once; a peer asks the orchestrator;
+* the `GraphHook` of the adaptive-graph algorithms (`core.adagraph`), which sees every gossip
+  step's θ_i and ‖g_i‖: the vectorized engine feeds its graph controller, a peer publishes them
+  to the orchestrator. The topology overrides themselves are applied by the engine
+  (`core.runplan.Schedules.set_topologies`) before a step; the record names the graph used.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from core.adagraph import ADA_ALGORITHMS
 from core.algorithms import (
     Algorithm,
     LocalSGD,
@@ -34,6 +39,7 @@ from core.consensus import theta
 from core.plan import Phase
 from core.runplan import Schedules, make_lr_schedule, make_plan
 from core.task import ClassificationTask
+from core.topology import exponential_k
 
 
 class ControlHook(Protocol):
@@ -43,6 +49,15 @@ class ControlHook(Protocol):
 
     def end(self, step: int) -> float | None:
         """Finish the step; returns the target that applied to it (for metrics)."""
+        ...
+
+
+class GraphHook(Protocol):
+    def observe(
+        self, step: int, phase: Phase, grad_norms: torch.Tensor, report: StepReport
+    ) -> None:
+        """After a gossip step: the local replicas' ‖g_i‖ ([k]) and the step's report
+        (``report.theta_local``: θ_i of its last round, [k])."""
         ...
 
 
@@ -102,11 +117,13 @@ class StepRunner:
         comm: Comm,
         *,
         control: ControlHook | None = None,
+        graphs: GraphHook | None = None,
     ) -> None:
         self.cfg = cfg
         self.task = task
         self.comm = comm
         self.control = control
+        self.graphs = graphs
         self.schedule = make_lr_schedule(cfg, task.steps_per_epoch)
         self.plan = make_plan(cfg, self.schedule)
         self.schedules = Schedules(cfg)
@@ -172,4 +189,10 @@ class StepRunner:
             "bytes_sent": self.comm.counters.bytes_wire,
             "rounds_total": self.rounds_total,
         }
+        if self.graphs is not None and report.theta_local is not None:
+            self.graphs.observe(step, phase, grad_norms, report)
+        if self.cfg.algorithm in ADA_ALGORITHMS and phase.mode == "gossip":
+            name = self.schedules.topology_name(phase)
+            record["graph"] = name
+            record["graph_k"] = exponential_k(name, self.cfg.peers)
         return record, report

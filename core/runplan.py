@@ -8,7 +8,7 @@ targets as the vectorized engine's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -16,7 +16,13 @@ from core.config import RunConfig
 from core.control import ControlConfig
 from core.plan import LRSchedule, Phase, PhasePlan, build_plan
 from core.schedules import Spectral
-from core.topology import TopologySchedule, make_schedule
+from core.topology import (
+    TopologySchedule,
+    exponential_k,
+    exponential_name,
+    make_schedule,
+    max_exponential_k,
+)
 
 
 def make_lr_schedule(cfg: RunConfig, steps_per_epoch: int) -> LRSchedule:
@@ -100,7 +106,9 @@ class Schedules:
     """Topology schedules of the phase plan, built once per (topology name, members).
 
     ``members`` (default: every peer) is the set the orchestrator's schedule lists; a repaired
-    schedule after a peer left is applied with `set_members`."""
+    schedule after a peer left is applied with `set_members`. Per-phase topology *overrides*
+    (`set_topologies`: the adaptive graphs of `core.adagraph`, which a peer takes from the
+    orchestrator's published schedule) replace the plan's topology of those phases."""
 
     def __init__(self, cfg: RunConfig, members: Sequence[int] | None = None) -> None:
         self.cfg = cfg
@@ -108,6 +116,7 @@ class Schedules:
         if members is not None:
             self.set_members(members)
         self._by_name: dict[tuple[str, tuple[int, ...]], MemberSchedule] = {}
+        self.topologies: dict[int, str] = {}  # phase index → topology override
 
     def set_members(self, members: Sequence[int]) -> None:
         bad = [m for m in members if not 0 <= m < self.cfg.peers]
@@ -115,13 +124,31 @@ class Schedules:
             raise ValueError(f"members {list(members)} must be a non-empty subset of 0..n-1")
         self.members = tuple(sorted(set(members)))
 
-    def topology_name(self, phase: Phase) -> str:
-        return phase.topology or self.cfg.topology
+    def set_topologies(self, topologies: Mapping[int, str | None]) -> None:
+        """Override the topology of phases (1-based index → name; None drops the override)."""
+        for index, name in topologies.items():
+            if isinstance(index, bool) or not isinstance(index, int) or index < 1:
+                raise ValueError(f"phase index {index!r} must be an integer >= 1")
+            if name is None:
+                self.topologies.pop(index, None)
+            elif not isinstance(name, str) or not name:
+                raise ValueError(f"phase {index}: topology {name!r} must be a non-empty name")
+            else:
+                self.topologies[index] = name
 
-    def get(self, phase: Phase, members: Sequence[int] | None = None) -> MemberSchedule:
-        """The schedule of ``phase``'s topology over ``members`` (default: the current ones)."""
-        name = self.topology_name(phase)
+    def topology_name(self, phase: Phase) -> str:
+        return self.topologies.get(phase.index) or phase.topology or self.cfg.topology
+
+    def get(
+        self, phase: Phase, members: Sequence[int] | None = None, topology: str | None = None
+    ) -> MemberSchedule:
+        """The schedule of ``phase``'s topology (or ``topology``) over ``members`` (default: the
+        current ones). Over m < n live members ``exponential:K`` is capped at ⌈log2 m⌉."""
+        name = topology or self.topology_name(phase)
         group = self.members if members is None else tuple(sorted(set(members)))
+        k = exponential_k(name)
+        if k is not None and name != "ring" and len(group) > 1:
+            name = exponential_name(min(k, max_exponential_k(len(group))))
         key = (name, group)
         if key not in self._by_name:
             inner = None  # a lone survivor keeps its own model (identity)

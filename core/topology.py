@@ -12,6 +12,10 @@ Node ids are 0…n−1, n ≥ 2. Definitions (ALGORITHMS.md §2.2):
 * ``hypercube`` i ↔ i XOR 2^k, n a power of 2 (relaysgd ``HyperCubeTopology``).
 * ``exponential`` static undirected i ↔ i ± 2^k mod n, k = 0…⌊log2(n−1)⌋ (degree 7/9/11 for
   n = 16/32/64).
+* ``exponential:K`` the k-peer undirected exponential graph: hops 1, 2, 4, …, 2^(K−1) in both
+  directions, 1 ≤ K ≤ ⌈log2 n⌉ (= ⌊log2(n−1)⌋ + 1). K = 1 is the ring, K = ⌈log2 n⌉ the full
+  ``exponential``; the family is nested (each K's edges contain K − 1's), so its spectral gap
+  grows with K. The graph family the Ada interpretations move along (`core.adagraph`).
 * ``exponential-one-peer`` time-varying, period T = ⌊log2(n−1)⌋ + 1. For n = 2^τ round k pairs
   i with i XOR 2^(k mod τ) (hypercube dimension exchange: the symmetric one-peer exponential
   graph, each node talks to the node 2^k away), pairwise weights ½/½. The τ factors commute and
@@ -65,6 +69,7 @@ from core.graph import (
     exponential_graph,
     hypercube_graph,
     is_power_of_two,
+    k_peer_exponential_graph,
     log2_floor,
     ring_graph,
     star_graph,
@@ -93,11 +98,51 @@ __all__ = [
     "check_connected_over_period",
     "describe",
     "double_binary_trees",
+    "exponential_k",
+    "exponential_name",
     "make_schedule",
+    "max_exponential_k",
     "validate_mixing",
 ]
 
 FILE_PREFIX = "file:"
+EXPONENTIAL_PREFIX = "exponential:"
+
+
+def max_exponential_k(n: int) -> int:
+    """⌈log2 n⌉ (= ⌊log2(n−1)⌋ + 1 for n ≥ 2): the K of the densest ``exponential:K``."""
+    return log2_floor(n - 1) + 1 if n >= 2 else 1
+
+
+def exponential_name(k: int) -> str:
+    """The topology name of the k-peer exponential graph, ``exponential:K``."""
+    return f"{EXPONENTIAL_PREFIX}{k}"
+
+
+def exponential_k(name: str, n: int | None = None) -> int | None:
+    """K of an ``exponential:K`` name (also ``ring`` = 1 and, given n, ``exponential`` =
+    ⌈log2 n⌉); None for other topologies. A malformed K raises `TopologyError`; with ``n`` the
+    range 1 ≤ K ≤ ⌈log2 n⌉ is checked too."""
+    if name == "ring":
+        return 1
+    if name == "exponential":
+        return max_exponential_k(n) if n is not None else None
+    if not name.startswith(EXPONENTIAL_PREFIX):
+        return None
+    text = name[len(EXPONENTIAL_PREFIX) :]
+    if not (text.isascii() and text.isdigit()) or int(text) < 1 or text != str(int(text)):
+        raise TopologyError(
+            f"topology {name!r}: K in 'exponential:K' must be an integer >= 1 (hops 1, 2, …, "
+            "2^(K-1)); e.g. 'exponential:2'"
+        )
+    k = int(text)
+    if n is not None and k > max_exponential_k(n):
+        raise TopologyError(
+            f"topology {name!r} needs K <= ceil(log2 n) = {max_exponential_k(n)} for n={n} "
+            f"(hop 2^(K-1) = {1 << (k - 1)} must stay below n); 'exponential:"
+            f"{max_exponential_k(n)}' is the densest (= 'exponential')"
+        )
+    return k
 
 
 @dataclass(frozen=True)
@@ -281,11 +326,14 @@ def _family(name: str, n: int, seed: int) -> Family:
             raise TopologyError("topology 'file:' needs a path, e.g. 'file:graphs/office.txt'")
         graph, W = read_edge_list(path, n)
         return Family(lambda _k: graph, 1, "file" if W is not None else "metropolis", None, W)
+    if name.startswith(EXPONENTIAL_PREFIX):
+        return _static(k_peer_exponential_graph(n, exponential_k(name, n) or 1))
     try:
         builder = TOPOLOGIES.get(name)
     except KeyError:
         raise UnknownTopologyError(
-            f"unknown topology {name!r}; valid: {', '.join(TOPOLOGY_NAMES)}, or file:PATH"
+            f"unknown topology {name!r}; valid: {', '.join(TOPOLOGY_NAMES)}, exponential:K, "
+            "or file:PATH"
         ) from None
     return builder(n, seed)
 
@@ -329,12 +377,13 @@ def make_schedule(
 ) -> TopologySchedule:
     """Build the gossip schedule of topology ``name`` for ``n`` peers.
 
-    Parameters: ``name`` ∈ `TOPOLOGY_NAMES` or ``"file:PATH"``; ``n`` ≥ 2 (some topologies need
-    more, see the module docstring); ``weights`` ∈ `WEIGHT_RULES` (or "file" for a weighted edge
-    list), None = the topology's default; ``kappa`` ∈ (0, 1] lazy factor; ``seed`` ≥ 0 (random
-    schedules only). Every matrix is validated (symmetric, doubly stochastic, supported on the
-    graph; column stochastic for `DIRECTED_TOPOLOGIES`) and the union over one period must be
-    connected (strongly, for directed ones); violations raise `TopologyError`.
+    Parameters: ``name`` ∈ `TOPOLOGY_NAMES`, ``"exponential:K"`` or ``"file:PATH"``; ``n`` ≥ 2
+    (some topologies need more, see the module docstring); ``weights`` ∈ `WEIGHT_RULES` (or
+    "file" for a weighted edge list), None = the topology's default; ``kappa`` ∈ (0, 1] lazy
+    factor; ``seed`` ≥ 0 (random schedules only). Every matrix is validated (symmetric, doubly
+    stochastic, supported on the graph; column stochastic for `DIRECTED_TOPOLOGIES`) and the
+    union over one period must be connected (strongly, for directed ones); violations raise
+    `TopologyError`.
     """
     nn = _check_n(n)
     k = check_kappa(kappa)

@@ -12,7 +12,10 @@ The run, as seen from here:
    max Θ per phase becomes the calibration (``calibration.json``);
 4. the ``train`` stage: statistics in, decisions out (`orchestrator.rounds.RoundBook`), barrier
    or lagged; per-step metrics aggregated into ``metrics.jsonl``, every decided round into
-   ``control.jsonl``;
+   ``control.jsonl``. Adaptive graphs (`core.adagraph`): the schedule's per-phase topologies are
+   ada-schedule's graphs, or ada-feedback's ``exponential:K``; in an ada-feedback run the
+   statistics of uncontrolled steps go to `orchestrator.graphs.GraphBook` instead, and every
+   decision point publishes a schedule version effective at its step + lag (``graphs.jsonl``);
 5. liveness: a peer whose Last-Will ("offline") arrives, that reports "failed", or that is
    silent for ``orchestrator.liveness_timeout`` is dropped: pending rounds stop waiting for it
    and a repaired schedule (version + 1, the live peers, effective a couple of steps ahead) is
@@ -38,12 +41,14 @@ from typing import IO, Any, TextIO
 
 import structlog
 
+from core.adagraph import FeedbackDecision, GraphFeedback, feedback_config, initial_topologies
 from core.config import RunConfig, to_toml
 from core.control import CalibrationRecorder, ConsensusController
 from core.plan import PhasePlan
 from core.runplan import calibration_steps, control_config, make_lr_schedule, make_plan
-from core.topology import describe
+from core.topology import describe, exponential_name, max_exponential_k
 from orchestrator.broker import EmbeddedBroker
+from orchestrator.graphs import GraphBook
 from orchestrator.metrics import MetricsTable
 from orchestrator.rounds import RoundBook
 from protos.control_plane import (
@@ -113,6 +118,9 @@ class Orchestrator:
         self.n = cfg.peers
         self.peers = {i: PeerInfo() for i in range(self.n)}
         self.book: RoundBook | None = None
+        self.graphs: GraphBook | None = None  # ada-feedback: per-step statistics → graphs
+        self.topologies: dict[int, str] = {}  # phase index → topology published (adaptive)
+        self.decided_at: int | None = None  # ada-feedback: the decision they reflect
         self.stage = ""
         self.plan: PhasePlan | None = None
         self.schedule_version = 0
@@ -124,6 +132,9 @@ class Orchestrator:
         self._metrics_file: IO[str] = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self._control_file: IO[str] = open(out / "control.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self._schedules_file: IO[str] = open(out / "schedules.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        self._graphs_file: IO[str] | None = None  # ada-feedback: every decision point
+        if cfg.algorithm == "ada-feedback":
+            self._graphs_file = open(out / "graphs.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self.metrics = MetricsTable(self._write_metric)
         self.bus: Bus | None = None
 
@@ -163,7 +174,9 @@ class Orchestrator:
             if message.peer != peer:
                 log.warning("control.rejected", topic=kind, peer=peer, problem="peer mismatch")
                 return
-            if self.book is not None:
+            if self.graphs is not None and self._graph_statistic(message):
+                self._publish_graphs(self.graphs.add(message, self.expected(), now))
+            elif self.book is not None:
                 self._publish_all(self.book.add(message, self.expected(), now))
         elif isinstance(message, Metrics) and peer is not None:
             self.peers[peer].last_seen = now
@@ -237,6 +250,8 @@ class Orchestrator:
                         self._drop(i, f"silent for {silent:.1f} s")
             if self.book is not None and self.book.pending:
                 self._publish_all(self.book.expire(self.expected(), now))
+            if self.graphs is not None and self.graphs.pending:
+                self._publish_graphs(self.graphs.expire(self.expected(), now))
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -254,11 +269,17 @@ class Orchestrator:
                 self._control_file.write(json.dumps(rec.to_json()) + "\n")
             self.book.records.clear()
 
-    def _schedule(self, reason: str) -> Schedule:
+    def _schedule(self, reason: str, effective_step: int | None = None) -> Schedule:
         live = sorted(self.live())
         ahead = max((self.peers[i].step for i in live), default=0) + 2
         assert self.plan is not None
         self.schedule_version += 1
+        if effective_step is None:
+            effective_step = ahead if self.schedule_version > 1 else 0
+        phases = [
+            {"index": p.index, "topology": self.topologies.get(p.index, p.topology)}
+            for p in self.plan.phases
+        ]
         return Schedule(
             version=self.schedule_version,
             peers=live,
@@ -266,14 +287,15 @@ class Orchestrator:
             weights=self.cfg.weights,
             kappa=self.cfg.kappa,
             seed=self.cfg.seed,
-            phases=[{"index": p.index, "topology": p.topology} for p in self.plan.phases],
+            phases=phases,
             reason=reason,
             addresses=[self.peers[i].address or "" for i in live],
-            effective_step=ahead if self.schedule_version > 1 else 0,
+            effective_step=effective_step,
+            decided_at=self.decided_at,
         )
 
-    async def _publish_schedule(self, reason: str) -> None:
-        schedule = self._schedule(reason)
+    async def _publish_schedule(self, reason: str, effective_step: int | None = None) -> None:
+        schedule = self._schedule(reason, effective_step)
         assert self.bus is not None
         await self.bus.publish("schedule", schedule)
         log.info(
@@ -281,8 +303,31 @@ class Orchestrator:
         )
         row = {"version": schedule.version, "peers": schedule.peers, "reason": reason}
         row["effective_step"] = schedule.effective_step
+        row["topologies"] = [p["topology"] for p in schedule.phases]
+        row["decided_at"] = schedule.decided_at
         self._schedules_file.write(json.dumps(row) + "\n")
         self._schedules_file.flush()
+
+    def _graph_statistic(self, stats: Stats) -> bool:
+        """An ada-feedback statistic: a train-stage step that consensus control does not run
+        (those go to the graph book, never to the round book)."""
+        assert self.plan is not None
+        if stats.stage != "train" or not 0 <= stats.step < self.plan.total_steps:
+            return False
+        return not self.plan.phase_at(stats.step).controlled
+
+    def _publish_graphs(self, decisions: list[FeedbackDecision]) -> None:
+        """Every decision point becomes a schedule version effective at its step + lag (the
+        graph may be unchanged: peers wait for the decision, not for a change)."""
+        assert self.plan is not None
+        for d in decisions:
+            self.topologies = {p.index: exponential_name(d.k_to) for p in self.plan.phases}
+            self.decided_at = d.step
+            if self._graphs_file is not None:
+                self._graphs_file.write(json.dumps(d.to_json()) + "\n")
+                self._graphs_file.flush()
+            reason = f"ada-feedback step {d.step}: K {d.k_from} -> {d.k_to} ({d.reason})"
+            self._spawn(self._publish_schedule(reason, effective_step=d.effective))
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -372,12 +417,16 @@ class Orchestrator:
                 self._metrics_file.close()
                 self._control_file.close()
                 self._schedules_file.close()
+                if self._graphs_file is not None:
+                    self._graphs_file.close()
 
     async def _run_inner(self) -> int:
         cfg = self.cfg
         spe = await self._gather_peers()
         schedule = make_lr_schedule(cfg, spe)
         self.plan = plan = make_plan(cfg, schedule)
+        # adaptive graphs: the schedule carries each phase's topology (peers take it from there)
+        self.topologies = initial_topologies(cfg.algorithm, cfg.hyper, cfg.peers, len(plan.phases))
         assert self.bus is not None
         c = cfg.control
         await self.bus.publish(
@@ -411,7 +460,12 @@ class Orchestrator:
             step_base = steps
         controller = ConsensusController(control_config(cfg), plan, calibration)
         book = RoundBook("train", plan, controller=controller, timeout=timeout)
+        if cfg.algorithm == "ada-feedback":
+            feedback = GraphFeedback(feedback_config(cfg.hyper), cfg.peers)
+            self.graphs = GraphBook(plan, feedback, timeout=timeout)
         await self._run_stage("train", plan.total_steps, step_base, book)
+        if self.graphs is not None:
+            self._publish_graphs(self.graphs.expire(set(), time.monotonic()))
         done = [i for i, p in self.peers.items() if p.stage_done == "train"]
         self._write_json(
             "orchestrator-summary.json",
@@ -421,7 +475,9 @@ class Orchestrator:
                 "peers_dropped": sorted(i for i, p in self.peers.items() if p.gone),
                 "schedule_versions": self.schedule_version,
                 "rejected_payloads": self.bus.rejected,
-                "stats_ignored": book.ignored,
+                "stats_ignored": book.ignored + (self.graphs.ignored if self.graphs else 0),
+                "graph_decisions": len(self.graphs.feedback.decisions) if self.graphs else None,
+                "graph_steps_partial": self.graphs.partial if self.graphs else None,
                 "wall_seconds": time.monotonic() - self.started,
             },
         )
@@ -429,7 +485,13 @@ class Orchestrator:
 
     def _manifest(self, plan: PhasePlan, steps_per_epoch: int) -> dict[str, Any]:
         cfg = self.cfg
-        names = {p.topology or cfg.topology for p in plan.phases if p.mode == "gossip"}
+        names = {
+            self.topologies.get(p.index) or p.topology or cfg.topology
+            for p in plan.phases
+            if p.mode == "gossip"
+        }
+        if cfg.algorithm == "ada-feedback":  # every graph K may move to
+            names |= {exponential_name(k) for k in range(1, max_exponential_k(cfg.peers) + 1)}
         topologies = {
             name: describe(name, cfg.peers, weights=cfg.weights, kappa=cfg.kappa, seed=cfg.seed)
             for name in sorted(names)

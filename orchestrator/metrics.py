@@ -5,7 +5,8 @@ record is written once every expected peer reported that step (or, for straggler
 messages, once the run is ``lag`` steps further, and at the end): the same keys as the vectorized
 engine's ``metrics.jsonl`` where they mean the same thing — loss and training accuracy averaged
 over peers, rounds, Θ = sqrt(mean θ_i) over peers, the target, bytes summed over peers — plus
-``peers`` (how many reported). Evaluation records carry the mean, worst and best peer accuracy.
+``peers`` (how many reported), and for adaptive graphs the K peers gossiped on (``graph_k``).
+Evaluation records carry the mean, worst and best peer accuracy.
 """
 
 from __future__ import annotations
@@ -45,7 +46,19 @@ def step_record(step: int, per_peer: dict[int, dict[str, float]]) -> dict[str, A
         "bytes_sent": int(math.fsum(col("bytes_sent"))),
         "rounds_total": int(max(col("rounds_total"), default=0)),
         "peers": len(rows),
+        **_graph(col("graph_k")),
     }
+
+
+def _graph(ks: list[float]) -> dict[str, Any]:
+    """Adaptive graphs (ada-*): the K of ``exponential:K`` the peers gossiped on, when all agree
+    (else the K of each, ``graph_k_peers``: a peer that fell back kept its old graph)."""
+    if not ks:
+        return {}
+    distinct = sorted({int(k) for k in ks})
+    if len(distinct) == 1:
+        return {"graph_k": distinct[0]}
+    return {"graph_k": None, "graph_k_peers": distinct}
 
 
 def eval_record(step: int, per_peer: dict[int, dict[str, float]]) -> dict[str, Any]:

@@ -27,9 +27,11 @@ from typing import IO, Any
 import structlog
 import torch
 
+from core.adagraph import initial_topologies
 from core.config import RunConfig, to_toml
 from core.loop import StepRunner
 from core.task import ClassificationTask
+from core.topology import exponential_name, max_exponential_k
 from peer.certs import CertError
 from peer.comm import PeerComm
 from peer.memory import tune_malloc
@@ -75,6 +77,11 @@ def check_static(cfg: RunConfig, peer_id: int) -> list[str]:
             f"consensus control (control.mode = {cfg.control.mode!r}, phases "
             f"{cfg.controlled_phases()}) needs the orchestrator; set control.mode = 'none' "
             "for static peers"
+        )
+    if cfg.algorithm == "ada-feedback":
+        raise PeerConfigError(
+            "algorithm 'ada-feedback' moves its graph by the orchestrator's decisions; static "
+            "peers have none (run with --broker, or use ada-schedule)"
         )
     if cfg.dataset.augment:
         raise PeerConfigError("dataset.augment is not supported by static peers yet")
@@ -188,12 +195,16 @@ class PeerProcess:
         if self.cfg.algorithm == "allreduce" or any(p.mode == "exact" for p in runner.plan.phases):
             return [j for j in range(n) if j != i]
         found: set[int] = set()
+        names: list[str | None] = [None]  # each phase's topology
+        if self.cfg.algorithm == "ada-feedback":  # and the densest K it may move to
+            names.append(exponential_name(max_exponential_k(n)))
         for phase in runner.plan.phases:
-            sched = runner.schedules.get(phase)
-            period = sched.period or 64  # random schedules: the first 64 rounds
-            for k in range(period):
-                W = sched.matrix(k)
-                found.update(j for j in range(n) if j != i and (W[i, j] > 0 or W[j, i] > 0))
+            for name in names:
+                sched = runner.schedules.get(phase, topology=name)
+                period = sched.period or 64  # random schedules: the first 64 rounds
+                for k in range(period):
+                    W = sched.matrix(k)
+                    found.update(j for j in range(n) if j != i and (W[i, j] > 0 or W[j, i] > 0))
         return sorted(found)
 
     async def main(self) -> int:
@@ -230,6 +241,11 @@ class PeerProcess:
         )
         comm = PeerComm(i, cfg.peers, transport, loop)
         runner = StepRunner(cfg, task, comm)
+        # ada-schedule's per-phase graphs: from the config here (no orchestrator publishes them)
+        phases = len(runner.plan.phases)
+        runner.schedules.set_topologies(
+            initial_topologies(cfg.algorithm, cfg.hyper, cfg.peers, phases)
+        )
         port = await transport.start(self.listen)
         self.log.info("peer.listening", address=self.listen, port=port)
         missing = await transport.connect(

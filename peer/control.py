@@ -15,6 +15,11 @@ the peer keeps going on what it knows: barrier mode stops after the round (one r
 plain gossip), lagged mode keeps the last planned number of rounds; control resumes as soon as
 decisions arrive again. Each step records how its rounds were decided ("orchestrator",
 "lagged-plan", "fallback").
+
+`GraphStats` is the `core.loop.GraphHook` of an ``ada-feedback`` run (`core.adagraph`): after
+every gossip step it publishes θ_i of the step's last round and ‖g_i‖, which the orchestrator's
+graph controller turns into schedules; `OrchestratedControl.wait_for_schedule` is how the peer
+waits for such a schedule at a decision's effective step (same timeout, same fallback count).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 import structlog
 import torch
 
-from core.algorithms import RoundControl
+from core.algorithms import RoundControl, StepReport
 from core.plan import Phase
 from protos.control_plane import (
     Decision,
@@ -254,6 +259,16 @@ class OrchestratedControl:
     def end(self, step: int) -> float | None:
         return self.target
 
+    def wait_for_schedule(self, predicate: Callable[[], bool]) -> bool:
+        """Block the training thread until ``predicate`` holds (checked on the event loop at
+        every control-plane message), at most the decision timeout; False (a fallback, counted)
+        when it does not."""
+        ok = bool(self._call(self.client.wait_for(predicate, self.timeout)))
+        if not ok:
+            self.fallbacks += 1
+            log.warning("graph.schedule_timeout", step=self.step, waited=self.timeout)
+        return ok
+
     def publish_metrics(self, step: int, event: str, values: dict[str, Any]) -> None:
         clean = {
             k: float(v)
@@ -262,3 +277,35 @@ class OrchestratedControl:
         }
         message = Metrics(peer=self.client.peer_id, step=step, values=clean, event=event)
         self.loop.call_soon_threadsafe(self.client.send, "metrics", message)
+
+
+class GraphStats:
+    """`core.loop.GraphHook` of a peer in an ada-feedback run (module docstring). Called from the
+    training thread; publishing happens on the event loop without waiting."""
+
+    def __init__(
+        self,
+        client: ControlClient,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        bytes_sent: Callable[[], int],
+    ) -> None:
+        self.client = client
+        self.loop = loop
+        self.bytes_sent = bytes_sent
+
+    def observe(
+        self, step: int, phase: Phase, grad_norms: torch.Tensor, report: StepReport
+    ) -> None:
+        if report.theta_local is None or phase.controlled:
+            return  # no gossip, or consensus control already reports every round
+        stats = Stats(
+            peer=self.client.peer_id,
+            step=step,
+            round=report.rounds,
+            theta=float(report.theta_local[0]),
+            grad_norm=float(grad_norms[0]),
+            bytes_sent=self.bytes_sent(),
+            stage="train",
+        )
+        self.loop.call_soon_threadsafe(self.client.send, "stats", stats)

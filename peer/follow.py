@@ -10,7 +10,12 @@ The same training loop as a static peer (`peer.app.PeerProcess`), driven by the 
    reporting θ_i) and ``train`` (rounds decided by the orchestrator, `peer.control`); data-plane
    step numbers of a stage start at its ``step_base`` so stages never share a frame key;
 4. apply a repaired schedule (a peer left) at its ``effective_step``; frames for a step are checked
-   against the schedule in force at that step;
+   against the schedule in force at that step. Each phase's topology is taken from the published
+   schedule (adaptive graphs, `core.adagraph`), not from this peer's config. In an ada-feedback
+   run the peer publishes θ_i and ‖g_i‖ after every step (`peer.control.GraphStats`) and, at a
+   decision's effective step, waits (at most ``orchestrator.decision_timeout``) until it holds
+   that decision's schedule, so every peer switches graphs at the same step as the vectorized
+   engine; on a timeout it keeps its graph and records a fallback;
 5. report "done", wait for the run's "stop", close streams and server, write the summary.
 
 Per-step metrics go to ``metrics.jsonl`` (with ``control``: how the step's rounds were decided)
@@ -27,11 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from core.adagraph import FeedbackConfig, feedback_config
 from core.loop import StepRunner
+from core.plan import Phase
 from core.task import ClassificationTask
+from core.topology import exponential_name, max_exponential_k
 from peer.app import StepHooks
 from peer.comm import PeerComm
-from peer.control import ControlClient, OrchestratedControl
+from peer.control import ControlClient, GraphStats, OrchestratedControl
 from peer.memory import tune_malloc
 from peer.serde import TENSOR_ALLREDUCE
 from peer.tls import load_credentials
@@ -44,28 +52,66 @@ if TYPE_CHECKING:
 _STOP_WAIT = 60.0  # seconds a finished peer keeps serving until the run's "stop"
 
 
-class Membership:
-    """Which peers gossip at which step: the applied schedule and a pending repaired one."""
+def phase_topologies(schedule: Schedule) -> dict[int, str | None]:
+    """Phase index → the topology the schedule gives it (None: the run's topology)."""
+    return {int(p["index"]): p["topology"] for p in schedule.phases}
 
-    def __init__(self, peer_id: int) -> None:
+
+class Membership:
+    """Which peers gossip at which step, over which graph: the applied schedule and a pending
+    newer one (a repaired schedule, or an ada-feedback decision)."""
+
+    def __init__(self, peer_id: int, feedback: FeedbackConfig | None = None, n: int = 2) -> None:
         self.peer_id = peer_id
         self.client: ControlClient | None = None
         self.runner: StepRunner | None = None
         self.step_base = 0
         self.applied = 0  # version of the schedule in force
+        self.feedback = feedback  # ada-feedback: when decisions take effect
+        self.densest = exponential_name(max_exponential_k(n))  # contains every exponential:K
 
     def _pending(self) -> Schedule | None:
         s = self.client.schedule if self.client is not None else None
         return s if s is not None and s.version > self.applied else None
+
+    def apply(self, s: Schedule) -> None:
+        """Put ``s`` in force: its members and each phase's topology."""
+        if self.runner is not None:
+            self.runner.schedules.set_members(s.peers)
+            self.runner.schedules.set_topologies(phase_topologies(s))
+        self.applied = s.version
 
     def before_step(self, step: int) -> Schedule | None:
         """Apply a newer schedule whose effective step has come; returns it if applied."""
         s = self._pending()
         if s is None or step < s.effective_step or self.runner is None:
             return None
-        self.runner.schedules.set_members(s.peers)
-        self.applied = s.version
+        self.apply(s)
         return s
+
+    def holds(self, decision: int) -> bool:
+        """This peer holds a schedule reflecting ada-feedback decision point ``decision``."""
+        s = self.client.schedule if self.client is not None else None
+        return s is not None and s.decided_at is not None and s.decided_at >= decision
+
+    def awaited(self, step: int) -> int | None:
+        """ada-feedback: the decision point taking effect at ``step`` whose schedule this peer
+        does not hold yet (None: nothing to wait for)."""
+        if self.feedback is None:
+            return None
+        s = self.feedback.decided_for(step)
+        return s if s is not None and not self.holds(s) else None
+
+    def _topology_at(self, step: int, phase: Phase, in_force: Schedule | None) -> str | None:
+        """The topology of ``phase`` at ``step`` (None: the applied one)."""
+        if self.feedback is not None:
+            s = self.feedback.in_force(step)
+            if s is not None and not self.holds(s):
+                return self.densest  # a decision not received yet: any K it may pick
+        if in_force is None or self.runner is None:
+            return None
+        name = phase_topologies(in_force).get(phase.index)
+        return name or phase.topology or self.runner.cfg.topology
 
     def is_neighbour(self, sender: int, wire_step: int, round: int, tensor_id: int) -> bool:
         if tensor_id == TENSOR_ALLREDUCE:
@@ -78,8 +124,10 @@ class Membership:
         if phase.mode != "gossip":
             return False
         pending = self._pending()
-        members = pending.peers if pending is not None and step >= pending.effective_step else None
-        W = runner.schedules.get(phase, members).matrix(round)
+        in_force = pending if pending is not None and step >= pending.effective_step else None
+        members = in_force.peers if in_force is not None else None
+        topology = self._topology_at(step, phase, in_force)
+        W = runner.schedules.get(phase, members, topology).matrix(round)
         return bool(W[self.peer_id, sender] > 0 or W[sender, self.peer_id] > 0)
 
 
@@ -89,13 +137,29 @@ class FollowHooks(StepHooks):
         self.control = control
         self.membership = membership
         self.evaluate = control.stage == "train"
+        self.graph_fallback = False  # this step ran on its old graph (decision not received)
 
     def before(self, step: int) -> None:
+        self.graph_fallback = False
+        decision = self.membership.awaited(step)
+        if decision is not None and not self.control.wait_for_schedule(
+            lambda: self.membership.holds(decision)
+        ):
+            self.graph_fallback = True  # keep the current graph (peer.control docstring)
+            self.p.log.warning("graph.fallback", step=step, decision=decision)
         s = self.membership.before_step(step)
         if s is not None:
-            self.p.log.info("schedule.applied", version=s.version, peers=s.peers, step=step)
+            self.p.log.info(
+                "schedule.applied",
+                version=s.version,
+                peers=s.peers,
+                step=step,
+                topologies=[ph["topology"] for ph in s.phases],
+            )
 
     def after(self, step: int, record: dict[str, Any]) -> None:
+        if self.graph_fallback:
+            record["graph_fallback"] = True
         record["stage"] = self.control.stage
         record["control"] = self.control.how or None
         record["control_wait_ms"] = 1000.0 * self.control.wait_s
@@ -120,7 +184,8 @@ async def follow(p: PeerProcess) -> int:
         t = cfg.network.tls
         server_creds, channel_creds = load_credentials(t.ca, t.cert, t.key, i)
     task = await asyncio.to_thread(ClassificationTask, cfg, [i], device=p._device())
-    membership = Membership(i)
+    feedback = feedback_config(cfg.hyper) if cfg.algorithm == "ada-feedback" else None
+    membership = Membership(i, feedback, cfg.peers)
     transport = Transport(
         run_id=p.run_id,
         peer_id=i,
@@ -231,11 +296,13 @@ async def _stages(
             timeout=cfg.orchestrator.decision_timeout,
             bytes_sent=_bytes_of(comm),
         )
-        runner = StepRunner(cfg, task, comm, control=hook)
+        graphs = None
+        if cfg.algorithm == "ada-feedback" and control.stage == "train":
+            graphs = GraphStats(ctl, loop, bytes_sent=_bytes_of(comm))
+        runner = StepRunner(cfg, task, comm, control=hook, graphs=graphs)
         membership.runner, membership.step_base = runner, control.step_base
         if ctl.schedule is not None:  # a stage starts everyone at once: the newest schedule
-            runner.schedules.set_members(ctl.schedule.peers)
-            membership.applied = ctl.schedule.version
+            membership.apply(ctl.schedule)
         if not connected:
             missing = await transport.connect(
                 p._neighbours_ever(runner), cfg.network.startup_timeout

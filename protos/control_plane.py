@@ -14,6 +14,8 @@ cross the broker.
 | ``status/<peer>``               | Status     | 1   | yes      | peer; broker (Last-Will)       |
 | ``heartbeat/<peer>``            | Heartbeat  | 0   | no       | peer                           |
 | ``stats/<peer>``                | Stats      | 1   | no       | peer, after every gossip round |
+|                                 |            |     |          | of a controlled step, and once |
+|                                 |            |     |          | per step in ada-feedback runs  |
 | ``decision``                    | Decision   | 1   | no       | orchestrator                   |
 | ``metrics/<peer>``              | Metrics    | 0   | no       | peer                           |
 
@@ -71,7 +73,12 @@ class Message:
 @dataclass(frozen=True)
 class Schedule(Message):
     """Which peers gossip, over which topology, per phase. ``version`` grows with every change
-    (a repaired schedule after a peer left has a higher version)."""
+    (a repaired schedule after a peer left has a higher version). Peers take each phase's
+    topology from ``phases`` (None: the run's ``topology``). Adaptive graphs (``ada-feedback``,
+    `core.adagraph`) publish a new version at every decision point, even when the graph stays:
+    ``decided_at`` is the step whose statistics the phases' topologies reflect, and a peer
+    reaching that decision's effective step waits until it holds a schedule with
+    ``decided_at`` ≥ that step."""
 
     KIND: ClassVar[str] = "schedule"
     version: int
@@ -84,10 +91,13 @@ class Schedule(Message):
     reason: str = ""
     addresses: list[str] = field(default_factory=list)  # gRPC host:port of peers[i]
     effective_step: int = 0  # peers switch to this schedule at the start of this step
+    decided_at: int | None = None  # ada-feedback: the latest decision point it reflects
 
     def validate(self) -> None:
         _nonneg("version", self.version)
         _nonneg("effective_step", self.effective_step)
+        if self.decided_at is not None:
+            _nonneg("decided_at", self.decided_at)
         if len(set(self.peers)) != len(self.peers) or any(p < 0 for p in self.peers):
             raise ValueError(f"peers must be distinct ids ≥ 0; got {self.peers}")
         if not self.peers:
@@ -175,7 +185,9 @@ class Heartbeat(Message):
 
 @dataclass(frozen=True)
 class Stats(Message):
-    """A peer's scalars after gossip round ``round`` (1-based) of ``step``."""
+    """A peer's scalars after gossip round ``round`` (1-based) of ``step``: every round of a
+    controlled step (consensus control), the step's last round of every step of an
+    ``ada-feedback`` run (graph feedback; the orchestrator routes it by the step's phase)."""
 
     KIND: ClassVar[str] = "stats"
     peer: int

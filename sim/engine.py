@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from core.algorithms import Algorithm, RoundControl
+from core.adagraph import GraphFeedback, feedback_config, initial_topologies
+from core.algorithms import Algorithm, RoundControl, StepReport
 from core.config import RunConfig, apply_overrides
 from core.consensus import consensus_distance, theta
 from core.control import Calibration, CalibrationRecorder, ConsensusController
@@ -29,6 +30,7 @@ from core.loop import StepRunner
 from core.plan import Phase
 from core.runplan import Schedules, control_config, make_lr_schedule, make_plan
 from core.task import ClassificationTask
+from core.topology import exponential_name
 from sim.rundir import RunWriter
 from sim.vectorized import VectorizedComm
 
@@ -76,6 +78,22 @@ class VectorizedControl:
         return self.controller.after_round(self.step, round_index, value).repeat
 
 
+class VectorizedGraphs:
+    """`GraphHook` of ``ada-feedback`` in the vectorized engine: every replica is local, so the
+    graph controller is fed the θ_i and ‖g_i‖ of all n at once (as Python floats: the same
+    math.fsum means the orchestrator computes from the peers' scalars)."""
+
+    def __init__(self, feedback: GraphFeedback) -> None:
+        self.feedback = feedback
+
+    def observe(
+        self, step: int, phase: Phase, grad_norms: torch.Tensor, report: StepReport
+    ) -> None:
+        assert report.theta_local is not None  # StepRunner only calls this after gossip
+        thetas = [float(v) for v in report.theta_local.cpu()]
+        self.feedback.observe(step, phase.index, thetas, [float(g) for g in grad_norms.cpu()])
+
+
 class Trainer:
     """One vectorized training run (also used, truncated, for the calibration pass)."""
 
@@ -94,7 +112,22 @@ class Trainer:
         self.plan = make_plan(cfg, self.schedule)
         self.controller = ConsensusController(control_config(cfg), self.plan, calibration)
         self.control = VectorizedControl(self.controller, cfg.control.statistic, cfg.control.lagged)
-        self.runner = StepRunner(cfg, self.task, self.comm, control=self.control)
+        # adaptive graphs (core.adagraph): ada-schedule's per-phase graphs from the config,
+        # ada-feedback's exponential:K from its controller (a peer takes both from the
+        # orchestrator's published schedule instead)
+        self.feedback: GraphFeedback | None = None
+        graphs = None
+        if cfg.algorithm == "ada-feedback":
+            self.feedback = GraphFeedback(feedback_config(cfg.hyper), cfg.peers)
+            graphs = VectorizedGraphs(self.feedback)
+        self.runner = StepRunner(cfg, self.task, self.comm, control=self.control, graphs=graphs)
+        phases = len(self.plan.phases)
+        self.runner.schedules.set_topologies(
+            initial_topologies(cfg.algorithm, cfg.hyper, cfg.peers, phases)
+        )
+        if self.feedback is not None:  # every graph it may move to (and the manifest's spectra)
+            for k in range(1, self.feedback.k_max + 1):
+                self.runner.schedules.get(self.plan.phases[0], topology=exponential_name(k))
 
     @property
     def total_steps(self) -> int:
@@ -117,6 +150,9 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One step of every replica; returns its metrics record (with the exact Ξ)."""
+        if self.feedback is not None:  # the K decided at s is in force from s + lag on
+            name = self.feedback.topology(step)
+            self.runner.schedules.set_topologies({p.index: name for p in self.plan.phases})
         record, _ = self.runner.step(step)
         record["xi"] = consensus_distance(self.task.x)
         return record
@@ -219,6 +255,9 @@ def run(
                 on_progress(rec)
     writer.save_checkpoint(task, trainer.algorithm, trainer.total_steps)
     writer.write_json("edges.json", trainer.comm.counters.edge_table())
+    if trainer.feedback is not None:  # ada-feedback: every decision point, like the orchestrator
+        lines = [json.dumps(d.to_json()) + "\n" for d in trainer.feedback.decisions]
+        (writer.dir / "graphs.jsonl").write_text("".join(lines), encoding="utf-8")
     summary = {
         "engine": "vectorized",
         "algorithm": cfg.algorithm,

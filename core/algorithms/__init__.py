@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from core.algorithms import allreduce, choco, dsgd, relaysgd, sgp  # noqa: F401  (register)
+from core.algorithms import ada, allreduce, choco, dsgd, relaysgd, sgp  # noqa: F401  (register)
 from core.algorithms.base import (
     ALGORITHMS,
     Algorithm,

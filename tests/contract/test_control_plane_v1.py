@@ -64,6 +64,12 @@ NEW_FIELDS = [
         effective_step=120,
         reason="peer 3 left (silent for 6.2 s)",
     ),
+    schedule(  # an ada-feedback decision point: the graph per phase and the decision's step
+        phases=[{"index": 1, "topology": "exponential:3"}, {"index": 2, "topology": "ring"}],
+        effective_step=21,
+        decided_at=19,
+        reason="ada-feedback step 19: K 2 -> 3 (denser)",
+    ),
     RunControl(action="start", stage="calibrate", steps=40, step_base=0, ts=1.0),
     RunControl(action="start", stage="train", steps=0, step_base=40),
     RunControl(action="stop", reason="run finished"),
@@ -105,7 +111,7 @@ def test_payloads_without_the_new_fields_get_their_defaults() -> None:
         ),
     )
     assert isinstance(s, Schedule)
-    assert (s.addresses, s.effective_step) == ([], 0)
+    assert (s.addresses, s.effective_step, s.decided_at) == ([], 0, None)
     c = decode(TOPICS_.topic("control"), raw("control", action="start"))
     assert isinstance(c, RunControl)
     assert (c.stage, c.steps, c.step_base) == ("train", 0, 0)
@@ -133,6 +139,7 @@ INVALID: list[tuple[str, Message, str]] = [
     ("address-no-host", schedule(peers=[0], addresses=[":5000"]), r"addresses\[0\]"),
     ("address-bad-port", schedule(peers=[0, 1], addresses=["h:1", "h:x1"]), r"addresses\[1\]"),
     ("negative-effective-step", schedule(effective_step=-1), r"effective_step"),
+    ("negative-decided-at", schedule(decided_at=-1), r"decided_at"),
     ("empty-peers", schedule(peers=[]), r"peers must list at least one"),
     ("control-stage", RunControl(action="start", stage="warmup"), r"stage.*'warmup'"),
     ("control-step-base", RunControl(action="start", step_base=-5), r"step_base"),
@@ -170,6 +177,7 @@ def test_invalid_new_fields_are_rejected_with_the_field_name(message: Message, f
         (schedule(), {"addresses": "127.0.0.1:1"}, "schedule.addresses"),
         (schedule(), {"addresses": [5000]}, "schedule.addresses"),
         (schedule(), {"effective_step": 1.5}, "schedule.effective_step"),
+        (schedule(), {"decided_at": "19"}, "schedule.decided_at"),
         (RunControl(action="start"), {"stage": 1}, "control.stage"),
         (RunControl(action="start"), {"step_base": "0"}, "control.step_base"),
         (RunControl(action="start"), {"steps": True}, "control.steps"),

@@ -255,3 +255,37 @@ def test_runplan_does_not_import_torch() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+# -- per-phase topology overrides (adaptive graphs) ---------------------------------------------
+
+
+def test_topology_overrides_replace_the_phase_topology() -> None:
+    cfg = config("topology=ring", "optim.milestones=[0.5]")
+    plan = make_plan(cfg, make_lr_schedule(cfg, 10))
+    one, two = plan.phases
+    schedules = Schedules(cfg)
+    assert schedules.topology_name(one) == "ring"
+    schedules.set_topologies({1: "exponential:3", 2: "complete"})
+    assert (schedules.topology_name(one), schedules.topology_name(two)) == (
+        "exponential:3",
+        "complete",
+    )
+    W = schedules.get(one).matrix(0)
+    assert np.array_equal(W, reference(cfg, "exponential:3", N).matrix(0))
+    # an explicit topology wins over the override (a peer checking a frame of a later step)
+    assert np.array_equal(
+        schedules.get(one, topology="ring").matrix(0), reference(cfg, "ring", N).matrix(0)
+    )
+    schedules.set_topologies({1: None})  # drops the override: the plan's topology again
+    assert schedules.topology_name(one) == "ring"
+    assert schedules.topology_name(two) == "complete"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [({0: "ring"}, "phase index 0"), ({True: "ring"}, "phase index True"), ({1: ""}, "non-empty")],
+)
+def test_topology_overrides_are_checked(overrides: dict[int, str], pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        Schedules(config()).set_topologies(overrides)

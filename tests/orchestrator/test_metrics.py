@@ -262,3 +262,13 @@ def test_small_lag_writes_at_once(lag: int) -> None:
     want = [(0, 1), (1, 1)] if lag == 0 else [(0, 1)]
     assert sink.steps() == want
     assert math.isfinite(sink.records[0]["theta"])
+
+
+def test_step_record_carries_the_adaptive_graph_k() -> None:
+    assert "graph_k" not in step_record(0, {0: {"loss": 1.0}})  # other algorithms: no key
+    rec = step_record(5, {0: {"graph_k": 3.0}, 1: {"graph_k": 3.0}})
+    assert rec["graph_k"] == 3
+    assert "graph_k_peers" not in rec
+    rec = step_record(5, {0: {"graph_k": 3.0}, 1: {"graph_k": 2.0}})  # a peer fell back
+    assert rec["graph_k"] is None
+    assert rec["graph_k_peers"] == [2, 3]
