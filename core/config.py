@@ -29,6 +29,11 @@ ALGORITHM_NAMES: tuple[str, ...] = (
     "allreduce",
     "dsgd",
     "choco",
+    "gradient-tracking",
+    "d2",
+    "exact-diffusion",
+    "qgm",
+    "local-sgd",
     "relaysgd",
     "relaysgd-grad",
     "sgp",
@@ -147,8 +152,8 @@ class OptimConfig(_Section):
 
 class ControlSection(_Section):
     """Consensus control. The default (adaptive control of phase 1, Kong et al.'s practical
-    guideline) applies to gossip algorithms only; it is silently inert for all-reduce and for
-    exact-averaging phases. A ``mode`` set explicitly is checked against the plan."""
+    guideline) applies to gossip algorithms only; it is silently inert for all-reduce, local SGD
+    and exact-averaging phases. A ``mode`` set explicitly is checked against the plan."""
 
     mode: Literal["none", "constant", "adaptive"] = "adaptive"
     factor: float = Field(default=0.25, gt=0)
@@ -364,6 +369,11 @@ class RunConfig(_Section):
                     )
             if self.algorithm == "allreduce":
                 problems.append("control.mode: all-reduce has no consensus distance to control")
+            if self.algorithm == "local-sgd":
+                problems.append(
+                    "control.mode: local-sgd communicates once every hyper.local_steps steps; "
+                    "consensus control (repeated gossip rounds) does not apply"
+                )
             if self.algorithm == "ada-feedback":
                 problems.append(
                     "control.mode: ada-feedback moves its graph from the same Θ that consensus "
@@ -435,7 +445,8 @@ class RunConfig(_Section):
 
     def controlled_phases(self) -> list[int]:
         """Phases under consensus control: listed in control.phases, gossip, gossip algorithm."""
-        if self.control.mode == "none" or self.algorithm in ("allreduce", "ada-feedback"):
+        uncontrolled = ("allreduce", "local-sgd", "ada-feedback")
+        if self.control.mode == "none" or self.algorithm in uncontrolled:
             return []
         modes = self.phase_modes()
         return [k for k in self.control.phases if 1 <= k <= len(modes) and modes[k - 1] == "gossip"]

@@ -5,7 +5,19 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from core.algorithms import ada, allreduce, choco, dsgd, relaysgd, sgp  # noqa: F401  (register)
+from core.algorithms import (  # noqa: F401  (register)
+    ada,
+    allreduce,
+    choco,
+    d2,
+    dsgd,
+    exact_diffusion,
+    gradient_tracking,
+    local_sgd,
+    qgm,
+    relaysgd,
+    sgp,
+)
 from core.algorithms.base import (
     ALGORITHMS,
     Algorithm,

@@ -27,6 +27,12 @@ CASES: dict[str, list[str]] = {
     "dsgd": [],
     "allreduce": [],
     "choco": ["compression.codec=topk", "compression.ratio=0.1", "compression.gamma=0.5"],
+    "gradient-tracking": [],
+    "d2": ["kappa=0.9"],  # the ring's λ_min = −1/3 exactly (n even): D² needs a lazy matrix
+    "exact-diffusion": [],
+    "qgm": [],
+    # H ≤ 2: see test_local_sgd_beyond_the_peer_step_window
+    "local-sgd": ["hyper.local_steps=2", "hyper.average=gossip"],
     # both trees of the double binary tree: coordinates split by parity, one message per edge
     "relaysgd": ["topology=double-binary-tree"],
     "relaysgd-grad": ["topology=ring", "hyper.tree=chain"],  # the chain spanning the ring
@@ -72,3 +78,19 @@ def test_processes_end_with_the_vectorized_parameters(tmp_path: Path, name: str)
 def _graphs(run: Path) -> list[tuple[str, int | None]]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     return [(r["graph"], r["graph_k"]) for r in rows if r["kind"] == "step" and "graph" in r]
+
+
+@pytest.mark.xfail(  # not strict: a run where no peer lags would pass (a timing race)
+    reason="peer/: a peer's mailbox step advances only when it communicates, and frames more "
+    "than STEP_WINDOW = 2 steps ahead of it are refused (FAILED_PRECONDITION), so with H ≥ 3 "
+    "local steps a faster peer's next all-reduce message is refused and the average misses it",
+)
+def test_local_sgd_beyond_the_peer_step_window(tmp_path: Path) -> None:
+    extra = ["algorithm=local-sgd", "hyper.local_steps=3"]
+    cfg = load_config(None, [*BASE, *extra], environ={})
+    run_vectorized(cfg, tmp_path / "vectorized", progress=False)
+    run_processes(cfg, tmp_path / "processes", progress=False)
+    expected = load_checkpoint(tmp_path / "vectorized" / "checkpoint.pt")["params"]
+    for i in range(cfg.peers):
+        state = load_checkpoint(tmp_path / "processes" / "peers" / f"peer-{i}" / "checkpoint.pt")
+        torch.testing.assert_close(state["params"][0], expected[i], rtol=0, atol=1e-5)

@@ -1,0 +1,96 @@
+"""Local SGD, a.k.a. periodic averaging / federated averaging with full participation (Stich,
+"Local SGD Converges Fast and Communicates Little", ICLR 2019; Lin, Stich, Patel & Jaggi, "Don't
+Use Large Mini-Batches, Use Local SGD", ICLR 2020; decentralized, gossip variant: Koloskova,
+Loizou, Boreiri, Jaggi & Stich, "A Unified Theory of Decentralized SGD with Changing Topology and
+Local Updates", ICML 2020).
+
+Every replica takes H local optimizer steps, then the replicas communicate once:
+
+    x_i ← x_i − η d_i                                   every step (local optimizer)
+    x_i ← (1/n) Σ_j x_j        if (t + 1) mod H = 0     average = "exact" (the default)
+    x_i ← Σ_j w_ij x_j         if (t + 1) mod H = 0     average = "gossip" (one round, W)
+
+The step index t is the run's global step, so the communication steps are a pure function of t
+(a resumed run communicates on the same steps) and the last steps of a run may be local ones
+(evaluate the averaged model, or pick H dividing the number of steps). H = 1 with exact
+averaging is the all-reduce baseline; H = 1 with gossip is D-SGD.
+
+Accounting: a local-only step makes no `Comm` call at all and reports ``StepReport()`` (0
+rounds, no exact average); a communication step reports ``exact_average=True`` (0 gossip rounds)
+or 1 gossip round. So bytes and rounds shrink by the factor H.
+
+Hyperparameters: ``hyper.local_steps`` H, an integer ≥ 1 (default 4); ``hyper.average``,
+"exact" (default) or "gossip"; the local optimizer's (lr η > 0, momentum μ ∈ [0, 1) with a
+local buffer that is never averaged, weight decay ≥ 0).
+
+Shapes: ``x`` and ``grad`` are [k, d] (rows = local replicas); no state beyond the optimizer's.
+Invariants: exact averaging leaves all rows equal; gossip (W symmetric, doubly stochastic)
+preserves the mean x̄.
+
+Phases and control: with average = "exact" the plan's phase modes and topologies do not apply.
+With "gossip", an exact phase of the plan averages exactly on the communication steps (local
+steps stay local). Consensus control does not apply to local SGD (H local steps between single
+communications, nothing to repeat): the config keeps it inert, as for all-reduce, and this
+algorithm never calls the round controller.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from core.algorithms.correction import gossip_once
+from core.algorithms.optim import LocalSGD
+from core.consensus import local_theta
+
+AVERAGES = ("exact", "gossip")
+
+
+@ALGORITHMS.register("local-sgd")
+class LocalSGDAlgorithm(Algorithm):
+    name: ClassVar[str] = "local-sgd"
+    uses_gossip: ClassVar[bool] = False  # the default average = "exact" (see the docstring)
+
+    def __init__(
+        self, optimizer: LocalSGD, *, local_steps: int = 4, average: str = "exact"
+    ) -> None:
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int):
+            raise ValueError(
+                f"local-sgd: hyper.local_steps must be an integer ≥ 1; got {local_steps!r}"
+            )
+        if local_steps < 1:
+            raise ValueError(f"local-sgd: hyper.local_steps must be ≥ 1; got {local_steps}")
+        if average not in AVERAGES:
+            raise ValueError(
+                f"local-sgd: hyper.average must be one of {', '.join(map(repr, AVERAGES))}; "
+                f"got {average!r}"
+            )
+        self.optimizer = optimizer
+        self.local_steps = local_steps
+        self.average = average
+
+    def communicates(self, step: int) -> bool:
+        """Whether global step ``step`` ends with a communication."""
+        return (step + 1) % self.local_steps == 0
+
+    def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
+        self.optimizer.step(x, grad, ctx.lr)
+        if not self.communicates(ctx.step):
+            return StepReport()
+        if self.average == "exact" or ctx.phase.mode == "exact":
+            x.copy_(ctx.comm.allreduce_mean(x, step=ctx.step))
+            return StepReport(exact_average=True)
+        mixed, outcome = gossip_once(x, ctx.matrix(ctx.round_offset), ctx)
+        theta_local = local_theta(x, mixed)
+        x.copy_(mixed)
+        return StepReport(
+            rounds=1, theta_local=theta_local, statistics=[theta_local], outcomes=[outcome]
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.optimizer.load_state_dict(state)
