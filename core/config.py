@@ -37,6 +37,8 @@ ALGORITHM_NAMES: tuple[str, ...] = (
     "relaysgd",
     "relaysgd-grad",
     "sgp",
+    "detag",
+    "dsgt",
     "ada-schedule",
     "ada-feedback",
 )
@@ -152,8 +154,9 @@ class OptimConfig(_Section):
 
 class ControlSection(_Section):
     """Consensus control. The default (adaptive control of phase 1, Kong et al.'s practical
-    guideline) applies to gossip algorithms only; it is silently inert for all-reduce, local SGD
-    and exact-averaging phases. A ``mode`` set explicitly is checked against the plan."""
+    guideline) applies to gossip algorithms only; it is silently inert for all-reduce, local SGD,
+    DeTAG/DSGT (their own rounds) and exact-averaging phases. A ``mode`` set explicitly is checked
+    against the plan."""
 
     mode: Literal["none", "constant", "adaptive"] = "adaptive"
     factor: float = Field(default=0.25, gt=0)
@@ -374,6 +377,11 @@ class RunConfig(_Section):
                     "control.mode: local-sgd communicates once every hyper.local_steps steps; "
                     "consensus control (repeated gossip rounds) does not apply"
                 )
+            if self.algorithm in DETAG_ALGORITHMS:
+                problems.append(
+                    f"control.mode: {self.algorithm} runs its own number of accelerated gossip "
+                    "rounds per step (hyper.rounds); consensus control does not apply"
+                )
             if self.algorithm == "ada-feedback":
                 problems.append(
                     "control.mode: ada-feedback moves its graph from the same Θ that consensus "
@@ -403,6 +411,14 @@ class RunConfig(_Section):
                 problems.append(
                     f"topology {varying[0]!r} is time-varying; algorithm 'choco' needs a static "
                     "topology (its public-copy sums assume fixed neighbours)"
+                )
+        if self.algorithm in DETAG_ALGORITHMS:
+            used = [self.topology, *(t for t in self.phase_topologies or () if t)]
+            varying = [t for t in used if t in TIME_VARYING]
+            if varying:
+                problems.append(
+                    f"topology {varying[0]!r} is time-varying; algorithm {self.algorithm!r} "
+                    "needs a static topology (its accelerated gossip and λ assume one fixed W)"
                 )
         problems.extend(_relay_and_push_problems(self))
         problems.extend(_exponential_problems(self))
@@ -445,7 +461,7 @@ class RunConfig(_Section):
 
     def controlled_phases(self) -> list[int]:
         """Phases under consensus control: listed in control.phases, gossip, gossip algorithm."""
-        uncontrolled = ("allreduce", "local-sgd", "ada-feedback")
+        uncontrolled = ("allreduce", "local-sgd", *DETAG_ALGORITHMS, "ada-feedback")
         if self.control.mode == "none" or self.algorithm in uncontrolled:
             return []
         modes = self.phase_modes()

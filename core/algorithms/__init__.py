@@ -10,6 +10,7 @@ from core.algorithms import (  # noqa: F401  (register)
     allreduce,
     choco,
     d2,
+    detag,
     dsgd,
     exact_diffusion,
     gradient_tracking,

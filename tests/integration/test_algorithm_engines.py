@@ -37,6 +37,9 @@ CASES: dict[str, list[str]] = {
     "relaysgd": ["topology=double-binary-tree"],
     "relaysgd-grad": ["topology=ring", "hyper.tree=chain"],  # the chain spanning the ring
     "sgp": ["topology=exponential-one-peer-directed"],
+    # 3 accelerated rounds per step, η from λ of the ring of 4 (λ = 1/3: η = 0.03)
+    "detag": ["hyper.rounds=3"],
+    "dsgt": [],
     # dense → sparse by phase (default for n = 4): exponential:2, exponential:1, ring
     "ada-schedule": [],
     # a decision every 2 steps starting from the ring: K 1 → 2 in phase 1, 2 → 1 after the decay
