@@ -138,6 +138,11 @@ class Comm(ABC):
         Edges whose message did not arrive are absent from the result.
         """
 
+    def begin_step(self, step: int) -> None:  # noqa: B027 - optional hook
+        """The local replicas enter training step ``step`` (called by `core.loop.StepRunner`
+        before every step, whether or not it communicates; a network backend uses it to accept
+        neighbours' messages for the steps ahead, e.g. after local-only steps)."""
+
     def mean_scalar(self, values: torch.Tensor) -> float:
         """Mean over all n replicas of one scalar per local replica ([k] → float)."""
         v = values.detach().reshape(-1, 1).to(torch.float64)

@@ -152,6 +152,7 @@ class StepRunner:
 
         Record values are over the local replicas (all n in the vectorized engine)."""
         task, x = self.task, self.task.x
+        self.comm.begin_step(step)
         lr = self.schedule.lr(step)
         phase = self.plan.phase_at(step)
         out = task.loss_and_grad(step, self.algorithm.grad_point(x))

@@ -38,6 +38,7 @@ from peer.memory import tune_malloc
 from peer.serde import TENSOR_ALLREDUCE
 from peer.tls import load_credentials
 from peer.transport import Transport
+from peer.validate import STEP_WINDOW
 
 
 class PeerConfigError(ValueError):
@@ -241,6 +242,7 @@ class PeerProcess:
         )
         comm = PeerComm(i, cfg.peers, transport, loop)
         runner = StepRunner(cfg, task, comm)
+        transport.step_window = STEP_WINDOW + runner.algorithm.silent_steps
         # ada-schedule's per-phase graphs: from the config here (no orchestrator publishes them)
         phases = len(runner.plan.phases)
         runner.schedules.set_topologies(

@@ -35,6 +35,12 @@ class PeerComm(Comm):
         self.last_outcome: MixOutcome | None = None
         self.step_base = 0  # added to data-plane step numbers (a run's stages never share one)
 
+    def begin_step(self, step: int) -> None:
+        """Move the mailbox (owned by the loop) to this step: neighbours' frames are accepted up
+        to STEP_WINDOW steps ahead of it even when the algorithm did not communicate for a while
+        (local SGD's local-only steps)."""
+        self.loop.call_soon_threadsafe(self.transport.mailbox.advance, self.step_base + step)
+
     @property
     def world_size(self) -> int:
         return self.n

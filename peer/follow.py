@@ -44,6 +44,7 @@ from peer.memory import tune_malloc
 from peer.serde import TENSOR_ALLREDUCE
 from peer.tls import load_credentials
 from peer.transport import Transport
+from peer.validate import STEP_WINDOW
 from protos.control_plane import Schedule
 
 if TYPE_CHECKING:
@@ -300,6 +301,7 @@ async def _stages(
         if cfg.algorithm == "ada-feedback" and control.stage == "train":
             graphs = GraphStats(ctl, loop, bytes_sent=_bytes_of(comm))
         runner = StepRunner(cfg, task, comm, control=hook, graphs=graphs)
+        transport.step_window = STEP_WINDOW + runner.algorithm.silent_steps
         membership.runner, membership.step_base = runner, control.step_base
         if ctl.schedule is not None:  # a stage starts everyone at once: the newest schedule
             membership.apply(ctl.schedule)

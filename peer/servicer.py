@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from peer import serde
 from peer.mailbox import Arrival
-from peer.validate import STEP_WINDOW, FiniteScan, RejectedError, check_frame, check_hello
+from peer.validate import FiniteScan, RejectedError, check_frame, check_hello
 from protos import data_plane_pb2 as pb
 from protos import data_plane_pb2_grpc as pb_grpc
 
@@ -244,6 +244,6 @@ class GossipServicer(pb_grpc.GossipServicer):
             self.t.mailbox.reject(
                 (sender, info.step, info.round, info.tensor_id),
                 f"{STATUS_OF[r.reason].name}: {r.detail}",
-                horizon=self.t.mailbox.step + STEP_WINDOW,
+                horizon=self.t.mailbox.step + self.t.step_window,
             )
         await context.abort(STATUS_OF[r.reason], r.detail)

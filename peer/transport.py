@@ -32,7 +32,7 @@ from core.comm import MixOutcome
 from peer import serde
 from peer.mailbox import Arrival, Counters, Mailbox, Rejection
 from peer.servicer import REJECTION_CODES, GossipServicer
-from peer.validate import ReceiverView
+from peer.validate import STEP_WINDOW, ReceiverView
 from protos import data_plane_pb2 as pb
 from protos import data_plane_pb2_grpc as pb_grpc
 
@@ -265,6 +265,7 @@ class Transport:
         self.fingerprint, self.dim, self.codec, self.ratio = fingerprint, dim, codec, ratio
         self.chunk_bytes, self.max_tensor_bytes = chunk_bytes, max_tensor_bytes
         self.deadline = deadline
+        self.step_window = STEP_WINDOW  # how far ahead a neighbour's frame may be (steps)
         self.is_neighbour = is_neighbour
         self.server_credentials = server_credentials
         self.channel_credentials = channel_credentials
@@ -306,6 +307,7 @@ class Transport:
             current_step=self.mailbox.step,
             is_neighbour=self.is_neighbour,
             world_size=self.world_size,
+            step_window=self.step_window,
         )
 
     async def start(self, listen: str) -> int:

@@ -54,6 +54,7 @@ class ReceiverView:
     current_step: int  # the step this peer is in (or about to enter)
     is_neighbour: Callable[[int, int, int, int], bool]  # (sender, step, round, tensor id)
     world_size: int
+    step_window: int = STEP_WINDOW  # + the algorithm's longest run of local-only steps
 
 
 def check_hello(h: Hello, view: ReceiverView) -> None:
@@ -105,7 +106,7 @@ def check_frame(f: FrameInfo, body_len: int, view: ReceiverView, *, expected_sen
             "invalid",
             f"chunk at {f.chunk_offset}+{body_len} exceeds the tensor's {f.byte_length} bytes",
         )
-    if f.step > view.current_step + STEP_WINDOW:
+    if f.step > view.current_step + view.step_window:
         raise RejectedError(
             "precondition", f"step {f.step} is too far ahead of this peer's {view.current_step}"
         )

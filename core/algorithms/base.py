@@ -132,6 +132,12 @@ class Algorithm(ABC):
     def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
         """One training step: update ``x`` ([k, d]) in place from ``grad`` ([k, d])."""
 
+    @property
+    def silent_steps(self) -> int:
+        """The longest run of consecutive steps without communication (local SGD: H − 1). A
+        network backend lets neighbours run that much further ahead."""
+        return 0
+
     def grad_point(self, x: torch.Tensor) -> torch.Tensor:
         """Parameters at which the next stochastic gradient is taken (default: ``x``)."""
         return x

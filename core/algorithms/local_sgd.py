@@ -71,6 +71,10 @@ class LocalSGDAlgorithm(Algorithm):
         self.local_steps = local_steps
         self.average = average
 
+    @property
+    def silent_steps(self) -> int:
+        return self.local_steps - 1
+
     def communicates(self, step: int) -> bool:
         """Whether global step ``step`` ends with a communication."""
         return (step + 1) % self.local_steps == 0
