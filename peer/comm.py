@@ -115,7 +115,7 @@ class PeerComm(Comm):
             receive_from=receive_from,
             encoded=encoded,
         )
-        acc = sent[0] * float(W[i, i])
+        acc = sent[0] * float(W[i, i])  # a fresh tensor: the neighbours are added in place
         total = float(W[i, i])
         for j in receive_from:
             got = arrived.get(j)
@@ -131,10 +131,10 @@ class PeerComm(Comm):
                     continue
             else:
                 value = got.tensors()["values"]
-            acc = acc + value.to(x.dtype) * float(W[i, j])
+            acc.add_(value.to(x.dtype), alpha=float(W[i, j]))  # one pass, no temporaries
             total += float(W[i, j])
         if abs(total - 1.0) > 1e-12:  # renormalise over what arrived
-            acc = acc / total
+            acc.div_(total)
         self.counters.rounds += 1
         return MixResult(x=acc.unsqueeze(0), outcome=outcome, sent=sent)
 
