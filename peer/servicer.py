@@ -1,8 +1,12 @@
 """The gRPC servicer of the data plane: receives tensor frames, assembles, validates, files them.
 
-Thin: decode with `peer.serde`, check with the pure functions of `peer.validate`, file into the
-`peer.mailbox.Mailbox`, encode an Ack. `STATUS_OF` is the one place where a domain rejection
-becomes a gRPC status code; a rejected frame ends its stream with that code and the reason, is
+Two methods, one receiving loop (`GossipServicer._serve`): ``Exchange`` (protobuf TensorFrames)
+and ``ExchangeRaw`` (varint + FrameHeader + raw body, identity serializers; the framing is in
+protos/data_plane.proto). Thin: decode with `peer.serde`, check with the pure functions of
+`peer.validate` (the finiteness of each chunk as it lands, `peer.validate.FiniteScan`), copy each
+body once into the tensor's buffer, file into the `peer.mailbox.Mailbox`, encode an Ack.
+`STATUS_OF` is the one place where a domain rejection becomes a gRPC status code; a rejected
+frame (or a message that is no frame at all) ends its stream with that code and the reason, is
 logged with sender and reason, counted, and — when it belongs to a round this peer is in or about
 to enter — recorded in that round's outcome as *rejected*. Everyone else keeps being served.
 """

@@ -81,7 +81,8 @@ class Fanout:
 
 
 class Link:
-    """Our sending side towards one neighbour: channel, handshake, one Exchange stream."""
+    """Our sending side towards one neighbour: channel, handshake, one ExchangeRaw (or Exchange)
+    stream."""
 
     def __init__(self, transport: Transport, peer_id: int, address: str) -> None:
         self.t = transport
