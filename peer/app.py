@@ -20,7 +20,7 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -208,27 +208,35 @@ class PeerProcess:
                     found.update(j for j in range(n) if j != i and (W[i, j] > 0 or W[j, i] > 0))
         return sorted(found)
 
-    async def main(self) -> int:
-        if self.broker is not None:
-            from peer.follow import follow
-
-            return await follow(self)
-        cfg, i = self.cfg, self.peer_id
-        torch.set_num_threads(cfg.threads or 1)
+    async def prepare(self) -> ClassificationTask:
+        """Process set-up shared by static and orchestrated peers: torch threads, malloc tuning,
+        SIGTERM/SIGINT → stop at the next step, and this peer's task (data, replica)."""
+        torch.set_num_threads(self.cfg.threads or 1)
         tune_malloc()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
+        return await asyncio.to_thread(
+            ClassificationTask, self.cfg, [self.peer_id], device=self._device()
+        )
+
+    def make_transport(
+        self,
+        task: ClassificationTask,
+        addresses: list[str],
+        is_neighbour: Callable[[int, int, int, int], bool],
+    ) -> Transport:
+        """The gRPC data plane of this peer (mTLS credentials when ``network.tls`` is set)."""
+        cfg, i = self.cfg, self.peer_id
         server_creds = channel_creds = None
         if cfg.network.tls is not None:
             t = cfg.network.tls
             server_creds, channel_creds = load_credentials(t.ca, t.cert, t.key, i)
-        task = await asyncio.to_thread(ClassificationTask, cfg, [i], device=self._device())
-        transport = Transport(
-            run_id=cfg.name or "static",
+        return Transport(
+            run_id=self.run_id,
             peer_id=i,
             world_size=cfg.peers,
-            addresses=self.addresses,
+            addresses=addresses,
             fingerprint=task.flat.fingerprint(),
             dim=int(task.x.shape[1]),
             codec=cfg.compression.codec,
@@ -236,10 +244,24 @@ class PeerProcess:
             chunk_bytes=cfg.network.chunk_bytes,
             max_tensor_bytes=cfg.network.max_tensor_bytes,
             deadline=cfg.network.deadline,
-            is_neighbour=lambda s, st, r, t: self._is_neighbour(runner, s, st, r, t),
+            is_neighbour=is_neighbour,
             server_credentials=server_creds,
             channel_credentials=channel_creds,
         )
+
+    async def main(self) -> int:
+        if self.broker is not None:
+            from peer.follow import follow
+
+            return await follow(self)
+        cfg, i = self.cfg, self.peer_id
+        task = await self.prepare()
+        transport = self.make_transport(
+            task,
+            self.addresses,
+            lambda s, st, r, t: self._is_neighbour(runner, s, st, r, t),
+        )
+        loop = asyncio.get_running_loop()
         comm = PeerComm(i, cfg.peers, transport, loop)
         runner = StepRunner(cfg, task, comm)
         transport.step_window = STEP_WINDOW + runner.algorithm.silent_steps

@@ -25,12 +25,9 @@ and, as `Metrics` messages, to the orchestrator.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from core.adagraph import FeedbackConfig, feedback_config
 from core.loop import StepRunner
@@ -40,9 +37,7 @@ from core.topology import exponential_name, max_exponential_k
 from peer.app import StepHooks
 from peer.comm import PeerComm
 from peer.control import ControlClient, GraphStats, OrchestratedControl
-from peer.memory import tune_malloc
 from peer.serde import TENSOR_ALLREDUCE
-from peer.tls import load_credentials
 from peer.transport import Transport
 from peer.validate import STEP_WINDOW
 from protos.control_plane import Schedule
@@ -175,34 +170,10 @@ class FollowHooks(StepHooks):
 async def follow(p: PeerProcess) -> int:
     cfg, i = p.cfg, p.peer_id
     assert p.broker is not None
-    torch.set_num_threads(cfg.threads or 1)
-    tune_malloc()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, p._request_stop, sig)
-    server_creds = channel_creds = None
-    if cfg.network.tls is not None:
-        t = cfg.network.tls
-        server_creds, channel_creds = load_credentials(t.ca, t.cert, t.key, i)
-    task = await asyncio.to_thread(ClassificationTask, cfg, [i], device=p._device())
+    task = await p.prepare()
     feedback = feedback_config(cfg.hyper) if cfg.algorithm == "ada-feedback" else None
     membership = Membership(i, feedback, cfg.peers)
-    transport = Transport(
-        run_id=p.run_id,
-        peer_id=i,
-        world_size=cfg.peers,
-        addresses=[""] * cfg.peers,
-        fingerprint=task.flat.fingerprint(),
-        dim=int(task.x.shape[1]),
-        codec=cfg.compression.codec,
-        ratio=cfg.compression.ratio,
-        chunk_bytes=cfg.network.chunk_bytes,
-        max_tensor_bytes=cfg.network.max_tensor_bytes,
-        deadline=cfg.network.deadline,
-        is_neighbour=membership.is_neighbour,
-        server_credentials=server_creds,
-        channel_credentials=channel_creds,
-    )
+    transport = p.make_transport(task, [""] * cfg.peers, membership.is_neighbour)
     port = await transport.start(p.listen)
     host = p.listen.rpartition(":")[0]
     advertise = p.advertise or f"{host}:{port}"
