@@ -23,7 +23,10 @@ measured in one run on this machine.
    ``control.mode = "none"``: one gossip round per step, still orchestrated (metrics over MQTT);
    (b) adaptive, ``lagged = true``, factor 1e6: the lagged rule keeps exactly one round per step,
    so communication is identical and the difference is the control plane (stats per round, and
-   each step waiting for the previous step's decision). Per-step time = median over peers of
+   each step t waiting for the decision that closed step t − lag), once per ``control.lag`` in
+   ``--lags`` (default 1 and 2; the headline ``lagged_overhead_fraction`` is the largest lag's).
+   With lag 1 every step is a global barrier on the slowest peer; with lag 2 the decision a peer
+   needs is normally published before it asks (`core.control`). Per-step time = median over peers of
    ``train_seconds / steps`` (peer summary.json); evaluation only at the final step. (a) and (b)
    alternate, ``--repeats`` each, median; overhead fraction = (t_b − t_a) / t_a. Also the mean
    ``control_wait_ms`` per step of (b) (time peers blocked on the orchestrator), and, from a
@@ -38,7 +41,7 @@ Targets (printed, never asserted): barrier RTT ≤ 5 ms median with Mosquitto; l
 (the Mosquitto one), the same for the embedded broker and the baselines.
 
     python bench/control.py [--peers 8] [--steps 50] [--max-rounds 20] [--lagged-peers 4]
-                            [--lagged-steps 150] [--repeats 2] [--quick] [--keep DIR]
+                            [--lagged-steps 150] [--repeats 2] [--lags 1,2] [--quick] [--keep DIR]
                             [--run-timeout 600]
 
 The numbers are only comparable within one run: on a shared 2-vCPU machine they move by ±20 %.
@@ -408,16 +411,17 @@ async def _one_round(
 # 2. Lagged control against no control: real peer processes
 
 
-def _lagged_config(n: int, steps: int, lagged: bool, hidden: list[int], samples: int) -> Any:
+def _lagged_config(n: int, steps: int, lag: int | None, hidden: list[int], samples: int) -> Any:
+    """lag None: no control; else lagged control with that ``control.lag``."""
     from core.config import build_config
 
     per_epoch = max(1, round(samples * 0.8 / n / 16))
     control: dict[str, Any] = {"mode": "none"}
-    if lagged:
-        control = {"mode": "adaptive", "lagged": True, "factor": 1e6, "phases": [1]}
+    if lag is not None:
+        control = {"mode": "adaptive", "lagged": True, "lag": lag, "factor": 1e6, "phases": [1]}
     return build_config(
         {
-            "name": "bench-control-" + ("lagged" if lagged else "none"),
+            "name": "bench-control-" + ("none" if lag is None else f"lag{lag}"),
             "peers": n,
             "topology": "ring",
             "algorithm": "dsgd",
@@ -510,17 +514,18 @@ class RunObserver:
         ]
 
     def split_waits(
-        self, waits: dict[tuple[int, int], float], n: int, warmup: int = 5
+        self, waits: dict[tuple[int, int], float], n: int, lag: int, warmup: int = 5
     ) -> tuple[list[float], list[float]]:
-        """Split each peer's wait at the start of step t (for the decision of step t − 1) into
-        the part before the last peer's stats of t − 1 arrived (waiting for the slowest peer)
+        """Split each peer's wait at the start of step t (for the decision of step t − lag) into
+        the part before the last peer's stats of t − lag arrived (waiting for the slowest peer)
         and the part after (waiting for the orchestrator's decision); seconds, per (peer, step).
-        The wait ended with the decision, so it began at decision − wait."""
+        The wait ended with the decision (or the peer found it there), so it began at
+        decision − wait; a wait that ended before the decision was published is all "peers"."""
         peers: list[float] = []
         orchestrator: list[float] = []
         for (_, t), wait in waits.items():
-            seen, decided = self.stats.get(t - 1, []), self.decisions.get(t - 1)
-            if t - 1 < warmup or len(seen) != n or decided is None:
+            seen, decided = self.stats.get(t - lag, []), self.decisions.get(t - lag)
+            if t - lag < warmup or len(seen) != n or decided is None:
                 continue
             after = min(wait, max(0.0, decided - max(seen)))
             peers.append(wait - after)
@@ -578,7 +583,7 @@ def lagged_run(cfg: Any, run_dir: Path, broker: str | None, timeout: float) -> S
                 rec = json.loads(line)
                 if rec.get("kind") == "step":
                     waits[(i, rec["step"])] = float(rec.get("control_wait_ms") or 0.0) / 1e3
-    wait_peers, wait_orchestrator = observer.split_waits(waits, cfg.peers)
+    wait_peers, wait_orchestrator = observer.split_waits(waits, cfg.peers, cfg.control.lag)
     return StepRun(
         step_s=statistics.median(per_step),
         wait_ms=statistics.fmean(waits.values()) * 1e3,
@@ -605,6 +610,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lagged-peers", type=int, default=4, help="peer processes (overhead)")
     parser.add_argument("--lagged-steps", type=int, default=150, help="steps per overhead run")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each overhead config")
+    parser.add_argument(
+        "--lags",
+        default="1,2",
+        help="control.lag values measured (comma-separated); the headline is the largest",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--keep", type=Path, default=None, help="keep run directories under DIR")
     parser.add_argument(
@@ -620,6 +630,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--peers, --max-rounds, --pings, --repeats must be ≥ 1 and --steps ≥ 2")
     if args.lagged_peers < 2 or args.lagged_steps < 2:
         parser.error("--lagged-peers and --lagged-steps must be ≥ 2")
+    try:
+        args.lag_list = sorted({int(x) for x in args.lags.split(",") if x.strip()})
+    except ValueError:
+        parser.error(f"--lags must be comma-separated integers; got {args.lags!r}")
+    if not args.lag_list or args.lag_list[0] < 1:
+        parser.error(f"--lags must name at least one lag ≥ 1; got {args.lags!r}")
     barrier: dict[str, BarrierResult] = {}
     steps: dict[str, dict[str, list[StepRun]]] = {}
     args.load_before = os.getloadavg()[0]  # other work on the host shows here
@@ -645,21 +661,24 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
             configs = {
-                lagged: _lagged_config(
-                    args.lagged_peers, args.lagged_steps, lagged, hidden, samples
+                _label(lag): _lagged_config(
+                    args.lagged_peers, args.lagged_steps, lag, hidden, samples
                 )
-                for lagged in (False, True)
+                for lag in (None, *args.lag_list)
             }
-            steps[name] = {"none": [], "lagged": []}
+            steps[name] = {label: [] for label in configs}
             for rep in range(args.repeats):
-                for lagged, cfg in configs.items():
-                    label = "lagged" if lagged else "none"
+                for label, cfg in configs.items():
                     run = lagged_run(
                         cfg, work / f"steps-{name}-{label}-{rep}", url, args.run_timeout
                     )
                     steps[name][label].append(run)
                     _say_run(name, label, rep, run)
     _report(args, barrier, steps)
+
+
+def _label(lag: int | None) -> str:
+    return "none" if lag is None else f"lag{lag}"
 
 
 def _say_run(name: str, label: str, rep: int, run: StepRun) -> None:
@@ -689,21 +708,27 @@ def _report(
 ) -> None:
     names = list(barrier)
     b = barrier
+    lagged = [_label(lag) for lag in args.lag_list]
+    head = lagged[-1]  # the headline: the largest lag measured
     med = {
         n: {k: statistics.median(r.step_s for r in v) for k, v in steps[n].items()} for n in names
     }
-    wait = {n: statistics.median(r.wait_ms for r in steps[n]["lagged"]) for n in names}
-    overhead = {n: (med[n]["lagged"] - med[n]["none"]) / med[n]["none"] for n in names}
+    wait = {
+        n: {k: statistics.median(r.wait_ms for r in steps[n][k]) for k in lagged} for n in names
+    }
+    overhead = {
+        n: {k: (med[n][k] - med[n]["none"]) / med[n]["none"] for k in lagged} for n in names
+    }
 
     def pooled(n: str, label: str, what: str) -> list[float]:
         return [x for r in steps[n][label] for x in getattr(r, what)]
 
-    def mean(n: str, what: str) -> str:
-        values = pooled(n, "lagged", what)
+    def mean(n: str, label: str, what: str) -> str:
+        values = pooled(n, label, what)
         return f"{statistics.fmean(values) * 1e3:.2f}" if values else "-"
 
     def row(label: str, cells: list[str]) -> None:
-        print(f"  {label:<46}" + "".join(f"{c:>12}" for c in cells))
+        print(f"  {label:<50}" + "".join(f"{c:>12}" for c in cells))
 
     def ms(values: list[float], q: float = 0.5) -> str:
         return f"{_ms(values, q):.2f}" if values else "-"
@@ -722,29 +747,27 @@ def _report(
     row("MQTT ping-pong QoS 1, median ms (baseline)", [ms(b[n].pingpong) for n in names])
     row("barrier RTT ÷ ping-pong", [f"{_ms(b[n].rtt) / _ms(b[n].pingpong):.2f}" for n in names])
     row("step, no control, ms", [f"{med[n]['none'] * 1e3:.2f}" for n in names])
-    row("step, lagged control, ms", [f"{med[n]['lagged'] * 1e3:.2f}" for n in names])
-    row("lagged overhead fraction (target ≤ 0.03)", [f"{overhead[n]:+.4f}" for n in names])
-    row("lagged control_wait_ms per step, mean", [f"{wait[n]:.2f}" for n in names])
-    row("  … for the slowest peer's stats, mean ms", [mean(n, "wait_peers") for n in names])
-    row("  … for the decision after them, mean ms", [mean(n, "wait_orchestrator") for n in names])
     row("peers finish a step … ms apart, none", [ms(pooled(n, "none", "spread")) for n in names])
-    row("  … lagged", [ms(pooled(n, "lagged", "spread")) for n in names])
-    row(
-        "lagged: last stats → decision, median ms",
-        [ms(pooled(n, "lagged", "decide")) for n in names],
-    )
-    row("  … p90 ms", [ms(pooled(n, "lagged", "decide"), 0.9) for n in names])
-    rounds = [
-        "/".join(
-            f"{statistics.median(r.rounds_per_step for r in steps[n][k]):.2f}" for k in steps[n]
+    for k in lagged:
+        target = " (target ≤ 0.03)" if k == head else ""
+        row(f"[{k}] step, lagged control, ms", [f"{med[n][k] * 1e3:.2f}" for n in names])
+        row(f"[{k}] lagged overhead fraction{target}", [f"{overhead[n][k]:+.4f}" for n in names])
+        row(f"[{k}] control_wait_ms per step, median", [f"{wait[n][k]:.2f}" for n in names])
+        row(
+            f"[{k}]   … for the slowest peer's stats, mean ms",
+            [mean(n, k, "wait_peers") for n in names],
         )
-        for n in names
-    ]
-    row("gossip rounds per step (none/lagged)", rounds)
-    row(
-        "control fallbacks (lagged)",
-        [str(sum(r.fallbacks for r in steps[n]["lagged"])) for n in names],
-    )
+        row(
+            f"[{k}]   … for the decision after them, mean ms",
+            [mean(n, k, "wait_orchestrator") for n in names],
+        )
+        row(f"[{k}] peers finish a step … ms apart", [ms(pooled(n, k, "spread")) for n in names])
+        row(f"[{k}] last stats → decision, median ms", [ms(pooled(n, k, "decide")) for n in names])
+        row(
+            f"[{k}] gossip rounds per step",
+            [f"{statistics.median(r.rounds_per_step for r in steps[n][k]):.2f}" for n in names],
+        )
+        row(f"[{k}] control fallbacks", [str(sum(r.fallbacks for r in steps[n][k])) for n in names])
     result: dict[str, Any] = {"benchmark": "control", "peers_barrier": args.peers}
     for n in names:
         result[f"barrier_rtt_ms_{n}"] = round(_ms(b[n].rtt), 3)
@@ -753,17 +776,21 @@ def _report(
         result[f"mqtt_pingpong_ms_{n}"] = round(_ms(b[n].pingpong), 3)
     for n in names:
         result[f"step_ms_none_{n}"] = round(med[n]["none"] * 1e3, 3)
-        result[f"step_ms_lagged_{n}"] = round(med[n]["lagged"] * 1e3, 3)
-        result[f"lagged_overhead_fraction_{n}"] = round(overhead[n], 4)
-        result[f"control_wait_ms_lagged_{n}"] = round(wait[n], 3)
-        for key, what in (("peers", "wait_peers"), ("decision", "wait_orchestrator")):
-            values = pooled(n, "lagged", what)
-            mean_ms = round(statistics.fmean(values) * 1e3, 3) if values else None
-            result[f"control_wait_{key}_ms_lagged_{n}"] = mean_ms
-        decide = pooled(n, "lagged", "decide")
-        result[f"lagged_decision_ms_{n}"] = round(_ms(decide), 3) if decide else None
+        for k in lagged:
+            result[f"step_ms_{k}_{n}"] = round(med[n][k] * 1e3, 3)
+            result[f"lagged_overhead_fraction_{k}_{n}"] = round(overhead[n][k], 4)
+            result[f"control_wait_ms_{k}_{n}"] = round(wait[n][k], 3)
+            for key, what in (("peers", "wait_peers"), ("decision", "wait_orchestrator")):
+                values = pooled(n, k, what)
+                mean_ms = round(statistics.fmean(values) * 1e3, 3) if values else None
+                result[f"control_wait_{key}_ms_{k}_{n}"] = mean_ms
+            decide = pooled(n, k, "decide")
+            result[f"lagged_decision_ms_{k}_{n}"] = round(_ms(decide), 3) if decide else None
+        result[f"lagged_overhead_fraction_{n}"] = result[f"lagged_overhead_fraction_{head}_{n}"]
     result["lagged_overhead_fraction"] = result["lagged_overhead_fraction_mosquitto"]
     result.update(
+        lagged_overhead_lag=args.lag_list[-1],
+        lags=args.lag_list,
         steps_barrier=args.steps,
         max_rounds=args.max_rounds,
         peers_lagged=args.lagged_peers,

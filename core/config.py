@@ -163,8 +163,22 @@ class ControlSection(_Section):
     phases: list[int] = Field(default_factory=lambda: [1], description="controlled phases, 1-based")
     max_rounds: int = Field(default=20, ge=1)
     lagged: bool = False
+    lag: int = Field(
+        default=1,
+        ge=1,
+        description="lagged mode: rounds of step t from the statistics of step t − lag",
+    )
     ema: float = Field(default=0.9, ge=0, lt=1)
     statistic: Literal["theta", "xi"] = "theta"
+
+    @model_validator(mode="after")
+    def _lag_needs_lagged(self) -> ControlSection:
+        if self.lag != 1 and not self.lagged:
+            raise ValueError(
+                f"lag = {self.lag} only applies to lagged control; set lagged = true (the barrier "
+                "protocol decides every round of the current step)"
+            )
+        return self
 
 
 CODEC_NAMES: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "topk", "randomk", "sign")

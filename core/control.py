@@ -23,12 +23,20 @@ Two protocols (``ControlConfig.lagged``):
 
 * **barrier** (default): after every round the orchestrator feeds the round's statistic to
   `ConsensusController.after_round`, which answers repeat/stop; at most ``max_rounds`` rounds.
-* **lagged** (no per-round barrier): the number of rounds R of a step is fixed when the step
-  begins, decided from the statistics of the previous step of the same controlled phase by
-  `lagged_rounds`: with s_r the statistic after round r of that step (R rounds done),
-  R + 1 if s_R > target; R − 1 if R ≥ 2 and s_{R−1} ≤ target (one round fewer would already
-  have sufficed); R otherwise; clamped to [1, max_rounds]. The first step of every controlled
-  phase uses R = 1. The target used is that of the step whose statistics are judged.
+* **lagged** (no per-round barrier): the number of rounds R of step t is fixed when the step
+  begins, decided from the statistics of step t − L of the same controlled phase (L =
+  ``ControlConfig.lag``, default 1: the previous step) by `lagged_rounds`: with s_r the
+  statistic after round r of that step (R rounds done), R + 1 if s_R > target; R − 1 if R ≥ 2
+  and s_{R−1} ≤ target (one round fewer would already have sufficed); R otherwise; clamped to
+  [1, max_rounds]. The first L steps of every controlled phase use R = 1; if step t − L was never
+  closed (an orchestrator that lost its statistics), the newest plan due is used. The target
+  used is that of the step whose statistics are judged.
+  With L = 1 every peer must wait, before its step t, for the slowest peer to finish step t − 1
+  — a global per-step barrier that plain gossip does not have (a peer only waits for its
+  neighbours); with L ≥ 2 the statistics a decision needs are normally in before anyone asks
+  (a peer can run at most about diam(G) steps ahead of the slowest one), at the price of a
+  feedback delay of L steps: with L = 2 steps of even and odd index form two interleaved
+  sequences, each adjusted as with L = 1.
 
 The orchestrator imports this module, so it must never import torch.
 """
@@ -63,7 +71,8 @@ ControlMode = Literal["none", "constant", "adaptive"]
 CONTROL_MODES: tuple[str, ...] = get_args(ControlMode)
 Statistic = Literal["theta", "xi"]
 STATISTICS: tuple[str, ...] = get_args(Statistic)
-_VERSION = 1
+_VERSION = 1  # calibration files
+_STATE_VERSION = 2  # controller state (2: lagged plans keyed by step, for any lag)
 
 
 def _is_int(v: object) -> TypeGuard[int]:
@@ -83,7 +92,8 @@ class ControlConfig:
     mode: "none" | "constant" | "adaptive" (see module docstring).
     factor: > 0; multiplies Ξ_max (constant) or the gradient-norm EMA (adaptive).
     max_rounds: ≥ 1; hard bound on gossip rounds per step.
-    lagged: False = per-round barrier; True = rounds of step t+1 from statistics of step t.
+    lagged: False = per-round barrier; True = rounds of step t from statistics of step t − lag.
+    lag: ≥ 1; lagged mode only (must be 1 otherwise): the feedback delay L in steps.
     ema: EMA coefficient in [0, 1) of the adaptive target (0 = no smoothing).
     statistic: "theta" (estimator Θ) or "xi" (exact Ξ, simulation only): what is fed to the
         controller; a constant-target calibration must be of the same kind.
@@ -95,6 +105,7 @@ class ControlConfig:
     lagged: bool = False
     ema: float = 0.9
     statistic: Statistic = "theta"
+    lag: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in CONTROL_MODES:
@@ -107,6 +118,13 @@ class ControlConfig:
             raise ValueError(f"max_rounds = {self.max_rounds!r}; must be an integer ≥ 1")
         if not isinstance(self.lagged, bool):
             raise ValueError(f"lagged = {self.lagged!r}; must be a bool")
+        if not _is_int(self.lag) or self.lag < 1:
+            raise ValueError(f"lag = {self.lag!r}; must be an integer ≥ 1")
+        if self.lag != 1 and not self.lagged:
+            raise ValueError(
+                f"lag = {self.lag} only applies to lagged control (lagged = true); the barrier "
+                "protocol decides every round of the current step"
+            )
         if not isinstance(self.ema, int | float) or not 0.0 <= self.ema < 1.0:
             raise ValueError(f"ema = {self.ema!r}; the EMA coefficient must be in [0, 1)")
         if self.statistic not in STATISTICS:
@@ -185,7 +203,7 @@ class Decision:
 
     repeat: do another round in this step. target: the target compared against (None when the
     phase is uncontrolled). rounds_next: lagged mode only, on the step's last round — the
-    rounds planned for the next step. reason: "above-target", "at-target", "max-rounds",
+    rounds planned for step ``step + lag``. reason: "above-target", "at-target", "max-rounds",
     "uncontrolled" or "lagged-plan".
     """
 
@@ -324,8 +342,8 @@ class ConsensusController:
         self._planned = 1  # rounds planned for the current step (lagged)
         self._stats: list[float] = []  # statistics reported by after_round in this step
         self._stopped = False  # after_round already answered stop in this step
-        self._rounds_next = 1  # lagged: rounds for the next step of phase `_lag_phase`
-        self._lag_phase: int | None = None
+        # lagged: step → (rounds planned for it, phase index of the step it was judged on)
+        self._next: dict[int, tuple[int, int]] = {}
 
     def begin_step(self, step: int, mean_grad_norm: float) -> int:
         """Start ``step``; feed the mean local gradient norm (pass 0.0 if unused).
@@ -338,10 +356,19 @@ class ConsensusController:
         planned = 1
         if self._policy is not None and phase.controlled:
             self._policy.observe(phase.index, g)
-            if self.config.lagged and self._lag_phase == phase.index:
-                planned = self._rounds_next
+            due = [k for k in self._next if k <= step]
+            if self.config.lagged and due:  # the newest plan due (a skipped step's, if any)
+                rounds, judged = self._next[max(due)]
+                planned = rounds if judged == phase.index else 1
+        for old in [k for k in self._next if k <= step]:
+            del self._next[old]
         self._step, self._planned, self._stats, self._stopped = step, planned, [], False
         return planned
+
+    def planned(self, step: int) -> int | None:
+        """Lagged mode: the rounds already planned for a future ``step`` (None if none yet)."""
+        entry = self._next.get(step)
+        return None if entry is None else entry[0]
 
     def target(self, step: int) -> float | None:
         """Target of ``step`` (None when its phase is uncontrolled)."""
@@ -405,45 +432,56 @@ class ConsensusController:
                     f"1 … max_rounds = {self.config.max_rounds} rounds"
                 )
             tgt = self._policy.target(phase.index)
-            self._rounds_next = lagged_rounds(stats, tgt, self.config.max_rounds)
-            self._lag_phase = phase.index
+            self._next[step + self.config.lag] = (
+                lagged_rounds(stats, tgt, self.config.max_rounds),
+                phase.index,
+            )
         self._step, self._stats, self._stopped = None, [], False
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for checkpoints (config, plan and calibration are not included)."""
         return {
-            "version": _VERSION,
+            "version": _STATE_VERSION,
             "mode": self.config.mode,
             "lagged": self.config.lagged,
+            "lag": self.config.lag,
             "policy": self._policy.state_dict() if self._policy is not None else {},
             "step": self._step,
             "planned": self._planned,
             "stats": list(self._stats),
             "stopped": self._stopped,
-            "rounds_next": self._rounds_next,
-            "lag_phase": self._lag_phase,
+            "next": [[k, r, p] for k, (r, p) in sorted(self._next.items())],
         }
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
-        if not isinstance(d, Mapping) or d.get("version") != _VERSION:
-            raise ValueError(f"controller state must be a mapping with version {_VERSION}")
-        if d.get("mode") != self.config.mode or d.get("lagged") != self.config.lagged:
+        if not isinstance(d, Mapping) or d.get("version") != _STATE_VERSION:
+            raise ValueError(f"controller state must be a mapping with version {_STATE_VERSION}")
+        c = self.config
+        if (d.get("mode"), d.get("lagged"), d.get("lag")) != (c.mode, c.lagged, c.lag):
             raise ValueError(
-                f"controller state is for mode={d.get('mode')!r}, lagged={d.get('lagged')!r}; "
-                f"this controller has mode={self.config.mode!r}, lagged={self.config.lagged!r}"
+                f"controller state is for mode={d.get('mode')!r}, lagged={d.get('lagged')!r}, "
+                f"lag={d.get('lag')!r}; this controller has mode={c.mode!r}, "
+                f"lagged={c.lagged!r}, lag={c.lag!r}"
             )
-        step, lag_phase = d.get("step"), d.get("lag_phase")
-        for name, v, lo in (("step", step, 0), ("lag_phase", lag_phase, 1)):
-            if v is not None and (not _is_int(v) or v < lo):
-                raise ValueError(f"controller state {name!r} = {v!r}; must be ≥ {lo} or None")
+        step = d.get("step")
+        if step is not None and (not _is_int(step) or step < 0):
+            raise ValueError(f"controller state 'step' = {step!r}; must be ≥ 0 or None")
         planned = self._rounds_field(d, "planned")
-        rounds_next = self._rounds_field(d, "rounds_next")
+        nxt: dict[int, tuple[int, int]] = {}
+        for entry in d.get("next", []):
+            ok = isinstance(entry, list | tuple) and len(entry) == 3 and all(map(_is_int, entry))
+            if not ok or entry[0] < 0 or not 1 <= entry[1] <= c.max_rounds or entry[2] < 1:
+                raise ValueError(
+                    f"controller state 'next' entry {entry!r}; must be [step ≥ 0, rounds in "
+                    f"1 … {c.max_rounds}, phase ≥ 1]"
+                )
+            nxt[entry[0]] = (entry[1], entry[2])
         stats = [_check_stat("controller state 'stats'", v) for v in d.get("stats", [])]
         if self._policy is not None:
             self._policy.load_state_dict(d.get("policy", {}))
         self._step, self._planned, self._stats = step, planned, stats
         self._stopped = bool(d.get("stopped", False))
-        self._rounds_next, self._lag_phase = rounds_next, lag_phase
+        self._next = nxt
 
     def _rounds_field(self, d: Mapping[str, Any], name: str) -> int:
         v = d.get(name)

@@ -56,6 +56,7 @@ def control_config(cfg: RunConfig) -> ControlConfig:
         factor=c.factor,
         max_rounds=c.max_rounds,
         lagged=c.lagged,
+        lag=c.lag,
         ema=c.ema,
         statistic=c.statistic,
     )

@@ -8,8 +8,8 @@ complete, i.e. every *expected* peer (live and still training) reported it. Then
 * stage ``train``, barrier mode: `core.control.ConsensusController` answers repeat/stop after
   every round and the decision is published for that (step, round);
 * stage ``train``, lagged mode: peers run the rounds planned for the step without waiting; after
-  the planned last round the controller's ``rounds_next`` is published and peers use it for the
-  next step.
+  the planned last round the controller's ``rounds_next`` is published and peers use it for step
+  + ``control.lag`` (also when the step is closed incomplete because the next one began).
 
 Θ of a round is ``sqrt(mean_i θ_i)`` over the peers that reported (`core.consensus.theta`, the
 same float arithmetic as the vectorized engine), the adaptive target's gradient norm the mean of
@@ -135,14 +135,12 @@ class RoundBook:
                 continue
             del self.pending[key]
             self.decided.add(key)
-            decision = self._decide(p, partial=not done)
-            if decision is not None:
-                out.append(decision)
+            out.extend(self._decide(p, partial=not done))
         return out
 
     # -- decisions -----------------------------------------------------------------------------
 
-    def _decide(self, p: PendingRound, *, partial: bool) -> Decision | None:
+    def _decide(self, p: PendingRound, *, partial: bool) -> list[Decision]:
         stats = [p.stats[k] for k in sorted(p.stats)]
         theta = estimator(s.theta for s in stats)
         phase = self.plan.phase_at(p.step)
@@ -150,22 +148,23 @@ class RoundBook:
             assert self.recorder is not None
             self.recorder.observe(p.step, phase.index, theta)
             self._record(p, len(stats), theta, None, False, None, "calibration", partial)
-            return None
+            return []
         ctl = self.controller
         assert ctl is not None
         if self._latest is not None and p.step < self._latest:  # went stale behind a newer step
             self._record(p, len(stats), theta, None, False, None, "resync", partial)
-            return Decision(step=p.step, round=p.round, repeat=False, reason="resync")
+            return [Decision(step=p.step, round=p.round, repeat=False, reason="resync")]
+        out = []
         if self._step != p.step:
-            self._close_step()
+            out = self._close_step()
             if p.round != 1:  # the step's first rounds were lost (broker outage): move on
                 self._record(p, len(stats), theta, None, False, None, "resync", partial)
-                return Decision(step=p.step, round=p.round, repeat=False, reason="resync")
+                return [*out, Decision(step=p.step, round=p.round, repeat=False, reason="resync")]
             ctl.begin_step(p.step, mean(s.grad_norm for s in stats))
             self._step, self._round, self._stats, self._latest = p.step, 0, [], p.step
         if p.round != self._round + 1:
             self._record(p, len(stats), theta, None, False, None, "resync", partial)
-            return Decision(step=p.step, round=p.round, repeat=False, reason="resync")
+            return [*out, Decision(step=p.step, round=p.round, repeat=False, reason="resync")]
         d = ctl.after_round(p.step, p.round, theta)
         self._round = p.round
         self._stats.append(theta)
@@ -174,8 +173,8 @@ class RoundBook:
             self._step, self._stats = None, []
         self._record(p, len(stats), theta, d.target, d.repeat, d.rounds_next, d.reason, partial)
         if self.lagged and d.repeat:
-            return None  # peers follow the plan within a step; only its end is published
-        return Decision(
+            return out  # peers follow the plan within a step; only its end is published
+        decision = Decision(
             step=p.step,
             round=p.round,
             repeat=d.repeat,
@@ -184,13 +183,32 @@ class RoundBook:
             rounds_next=d.rounds_next,
             reason=d.reason,
         )
+        return [*out, decision]
 
-    def _close_step(self) -> None:
-        """Abandon a step whose last rounds never completed (peers moved on without us)."""
-        if self._step is not None and self.controller is not None:
-            step, stats = self._step, self._stats
-            self._step, self._stats = None, []
-            self.controller.end_step(step, stats)  # never empty: begun with round 1
+    def _close_step(self) -> list[Decision]:
+        """Abandon a step whose last rounds never completed (peers moved on without us). In
+        lagged mode the plan it yields for step + lag is published all the same, so peers that
+        wait for it are not left to their decision timeout."""
+        if self._step is None or self.controller is None:
+            return []
+        step, stats = self._step, self._stats
+        self._step, self._stats = None, []
+        ctl = self.controller
+        ctl.end_step(step, stats)  # never empty: begun with round 1
+        rounds = ctl.planned(step + ctl.config.lag)
+        if not self.lagged or rounds is None:
+            return []
+        return [
+            Decision(
+                step=step,
+                round=len(stats),
+                repeat=False,
+                target=ctl.target(step),
+                statistic=stats[-1],
+                rounds_next=rounds,
+                reason="closed-incomplete",
+            )
+        ]
 
     def _record(
         self,

@@ -8,7 +8,8 @@ Last-Will (retained status "offline"), a heartbeat task, the latest schedule / p
 `OrchestratedControl` is the `core.loop.ControlHook` (and `core.algorithms.RoundControl`) the
 training thread uses in a controlled step: after each gossip round it publishes θ_i and ‖g_i‖
 and, in barrier mode, waits for the orchestrator's repeat/stop; in lagged mode it runs the rounds
-the previous step's decision planned without waiting between rounds.
+planned by the decision that closed step t − lag (``control.lag``) without waiting between rounds
+— with lag ≥ 2 that decision is normally in before the peer asks (`core.control`).
 
 When the broker is away (or a decision does not come within ``orchestrator.decision_timeout``)
 the peer keeps going on what it knows: barrier mode stops after the round (one round per step,
@@ -193,6 +194,7 @@ class OrchestratedControl:
         *,
         stage: str,
         lagged: bool,
+        lag: int = 1,
         timeout: float,
         bytes_sent: Callable[[], int],
     ) -> None:
@@ -200,6 +202,7 @@ class OrchestratedControl:
         self.loop = loop
         self.stage = stage
         self.lagged = lagged and stage == "train"
+        self.lag = lag
         self.timeout = timeout
         self.bytes_sent = bytes_sent
         self.step = 0
@@ -221,10 +224,14 @@ class OrchestratedControl:
         self.step, self.grad_norm = step, float(grad_norms[0])
         self.how = "orchestrator" if self.stage == "train" else "calibration"
         if self.lagged:
-            if step == phase.start:
-                self.planned = 1  # first step of a controlled phase: one round (core.control)
+            if step - self.lag < phase.start:
+                self.planned = 1  # first `lag` steps of a controlled phase: one round
             else:
-                d = self._call(self.client.decision(step - 1, self.timeout))
+                # usually already here (lag ≥ 2): read it without a hop to the event loop (a
+                # dict read is atomic; the loop thread only adds and prunes entries)
+                d = self.client.last_of_step.get(step - self.lag)
+                if d is None:
+                    d = self._call(self.client.decision(step - self.lag, self.timeout))
                 if d is not None and d.rounds_next is not None:
                     self.planned, self.target, self.how = d.rounds_next, d.target, "lagged-plan"
                 else:

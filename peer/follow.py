@@ -265,6 +265,7 @@ async def _stages(
             loop,
             stage=control.stage,
             lagged=cfg.control.lagged,
+            lag=cfg.control.lag,
             timeout=cfg.orchestrator.decision_timeout,
             bytes_sent=_bytes_of(comm),
         )

@@ -211,7 +211,9 @@ class Stats(Message):
 
 @dataclass(frozen=True)
 class Decision(Message):
-    """Barrier mode: repeat/stop after ``round`` of ``step``; lagged mode: ``rounds_next``."""
+    """Barrier mode: repeat/stop after ``round`` of ``step``. Lagged mode: only the decision closing
+    ``step`` is published, its ``rounds_next`` = the rounds of step ``step + control.lag`` (the
+    lag is part of the run's config, which every peer has)."""
 
     KIND: ClassVar[str] = "decision"
     step: int

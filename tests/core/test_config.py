@@ -74,6 +74,9 @@ def test_cross_field_problems() -> None:
         load_config(None, ["plan=dec-phase-x"], environ={})
     with pytest.raises(ConfigError, match="all-reduce has no consensus distance"):
         load_config(None, ["algorithm=allreduce", "control.mode=adaptive"], environ={})
+    with pytest.raises(ConfigError, match="lag = 2 only applies to lagged control"):
+        load_config(None, ["control.lag=2"], environ={})
+    assert load_config(None, ["control.lagged=true", "control.lag=2"], environ={}).control.lag == 2
 
 
 def test_default_control_is_inert_where_it_cannot_apply() -> None:

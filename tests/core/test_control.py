@@ -164,6 +164,51 @@ def test_lagged_controller_scripted_sequence() -> None:
         ctrl.end_step(15, [3.0])
 
 
+def test_lag_two_plans_each_step_from_the_one_two_back() -> None:
+    ctrl = ConsensusController(
+        ControlConfig(mode="constant", max_rounds=4, lagged=True, lag=2),
+        plan_3(controlled=(1, 3)),
+        Calibration({1: 1.0, 3: 1.0}, "theta"),
+    )
+    script = [  # (step, stats after each round, rounds planned): even and odd steps interleave
+        (0, [2.0], 1),  # the first `lag` steps of the phase: one round
+        (1, [0.5], 1),
+        (2, [2.0, 1.5], 2),  # from step 0: above target → 2
+        (3, [0.5], 1),  # from step 1: at target with one round → stays 1
+        (4, [2.0, 0.9, 0.8], 3),  # from step 2
+        (5, [0.5], 1),
+        (6, [0.8, 0.5], 2),  # from step 4: two rounds would have sufficed
+        (7, [0.5], 1),
+        (8, [0.5], 1),  # from step 6: one round would have sufficed there too
+    ]
+    for step, stats, planned in script:
+        assert ctrl.begin_step(step, 0.0) == planned, step
+        assert len(stats) == planned
+        if step == 6:  # per-round reports: the last round announces the plan for step 8
+            assert ctrl.after_round(6, 1, 0.8).repeat
+            assert ctrl.after_round(6, 2, 0.5).rounds_next == 1
+        assert ctrl.planned(step + 2) is None  # not decided before the step closes
+        ctrl.end_step(step, stats)
+        assert ctrl.planned(step + 2) == lagged_rounds(stats, 1.0, 4)
+    # phase 3 (steps 15…) starts from one round for two steps, whatever phase 1 ended with
+    ctrl.begin_step(9, 0.0)
+    ctrl.end_step(9, [5.0])
+    assert ctrl.begin_step(15, 0.0) == 1
+    ctrl.end_step(15, [5.0])
+    assert ctrl.begin_step(16, 0.0) == 1
+    ctrl.end_step(16, [5.0])
+    assert ctrl.begin_step(17, 0.0) == 2
+
+
+def test_lag_is_validated() -> None:
+    with pytest.raises(ValueError, match="lag = 0"):
+        ControlConfig(mode="constant", lagged=True, lag=0)
+    with pytest.raises(ValueError, match="only applies to lagged control"):
+        ControlConfig(mode="constant", lag=2)
+    with pytest.raises(ValueError, match="lag = True"):
+        ControlConfig(mode="constant", lagged=True, lag=True)  # type: ignore[arg-type]
+
+
 def test_adaptive_ema_resets_at_phase_start() -> None:
     cfg = ControlConfig(mode="adaptive", factor=2.0, ema=0.5)
     ctrl = ConsensusController(cfg, plan_3(controlled=(1, 2), mode="adaptive"))
@@ -183,17 +228,20 @@ def test_adaptive_ema_resets_at_phase_start() -> None:
         fresh.target(0)
 
 
-def test_state_dict_round_trip() -> None:
+@pytest.mark.parametrize("lag", [1, 2])
+def test_state_dict_round_trip(lag: int) -> None:
     def make() -> ConsensusController:
-        cfg = ControlConfig(mode="adaptive", factor=0.5, ema=0.9, lagged=True, max_rounds=6)
+        cfg = ControlConfig(
+            mode="adaptive", factor=0.5, ema=0.9, lagged=True, max_rounds=6, lag=lag
+        )
         return ConsensusController(cfg, plan_3(controlled=(1, 3), mode="adaptive"))
 
     rng = np.random.default_rng(5)
     a = make()
     for step in range(4):
         a.begin_step(step, float(rng.uniform(1, 2)))
-        a.end_step(step, list(rng.uniform(0.5, 2.0, size=2)))
-    a.begin_step(4, 1.5)
+        a.end_step(step, list(rng.uniform(1.5, 2.0, size=2)))  # above any target (≤ 1)
+    assert a.begin_step(4, 1.5) == 3
     a.after_round(4, 1, 2.0)  # mid-step checkpoint
     b = make()
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
@@ -212,6 +260,12 @@ def test_state_dict_round_trip() -> None:
     other = ConsensusController(ControlConfig(mode="adaptive"), plan_3(mode="adaptive"))
     with pytest.raises(ValueError, match="lagged=True"):
         other.load_state_dict(a.state_dict())
+    lag_other = ControlConfig(mode="adaptive", lagged=True, max_rounds=6, lag=lag + 1)
+    with pytest.raises(ValueError, match=f"lag={lag + 1}"):
+        ConsensusController(lag_other, plan_3(mode="adaptive")).load_state_dict(a.state_dict())
+    bad = {**a.state_dict(), "next": [[9, 7, 1]]}  # 7 rounds > max_rounds = 6
+    with pytest.raises(ValueError, match="'next' entry"):
+        make().load_state_dict(bad)
 
 
 def test_calibration_recorder_and_json() -> None:

@@ -79,9 +79,22 @@ def test_barrier_control_over_the_embedded_broker_matches_the_vectorized_engine(
     assert not any(d["partial"] for d in decided)
 
 
-def test_lagged_control_matches_the_vectorized_engine(tmp_path: Path) -> None:
-    summary = _compare(_cfg("epochs=0.5", "control.lagged=true"), tmp_path)
+@pytest.mark.parametrize("lag", [1, 2])
+def test_lagged_control_matches_the_vectorized_engine(tmp_path: Path, lag: int) -> None:
+    summary = _compare(_cfg("epochs=0.5", "control.lagged=true", f"control.lag={lag}"), tmp_path)
     assert summary["gossip_rounds_total"] > summary["steps"]
+    # each published plan closes step t and is for step t + lag: the rounds of step t + lag are
+    # that plan (the first `lag` steps of the phase run one round)
+    decided = [json.loads(x) for x in (tmp_path / "processes" / "control.jsonl").open()]
+    plans = {d["step"] + lag: d["rounds_next"] for d in decided if d["rounds_next"] is not None}
+    steps = _steps(tmp_path / "processes" / "metrics.jsonl")
+    assert [r["rounds"] for r in steps[:lag]] == [1] * lag
+    checked = 0
+    for step, planned in plans.items():  # a plan does not cross into another phase
+        if step < len(steps) and steps[step]["phase"] == steps[step - lag]["phase"]:
+            assert steps[step]["rounds"] == planned, step
+            checked += 1
+    assert checked >= 6
 
 
 def test_constant_target_calibration_pass_matches_the_vectorized_engine(tmp_path: Path) -> None:

@@ -457,8 +457,16 @@ def test_lagged_abandoned_step_still_feeds_the_lagged_rule() -> None:
     (d0,) = feed_round(book, round_stats(0, 1, 4.0))  # Θ = 2 → 2 rounds next
     assert d0.rounds_next == 2
     assert feed_round(book, round_stats(1, 1, 9.0)) == []  # round 1 of 2; round 2 is lost
-    (resync,) = feed_round(book, round_stats(2, 2, 1.0))  # step 2's round 1 lost too
+    closed, resync = feed_round(book, round_stats(2, 2, 1.0))  # step 2's round 1 lost too
     assert resync.reason == "resync"
+    # step 1 is closed without its round 2, and its plan for step 2 is published all the same
+    assert (closed.step, closed.round, closed.repeat, closed.reason) == (
+        1,
+        1,
+        False,
+        "closed-incomplete",
+    )
+    assert (closed.rounds_next, closed.statistic, closed.target) == (2, 3.0, 1.0)
     # step 1 was closed with its one statistic Θ = 3 > 1: step 3 plans 2 rounds
     assert feed_round(book, round_stats(3, 1, 0.25)) == []
     (d,) = feed_round(book, round_stats(3, 2, 0.25))
