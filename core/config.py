@@ -181,7 +181,16 @@ class ControlSection(_Section):
         return self
 
 
-CODEC_NAMES: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "topk", "randomk", "sign")
+CODEC_NAMES: tuple[str, ...] = (
+    "none",
+    "fp16",
+    "bf16",
+    "int8",
+    "topk",
+    "randomk",
+    "sign",
+    "qsgd",
+)
 
 
 class CompressionConfig(_Section):
@@ -191,6 +200,18 @@ class CompressionConfig(_Section):
     codec: str = "none"
     ratio: float = Field(default=0.01, gt=0, le=1, description="fraction kept by topk/randomk")
     gamma: float = Field(default=1.0, gt=0, le=1, description="CHOCO consensus step size γ")
+    levels: int = Field(
+        default=16,
+        ge=1,
+        le=32767,
+        description="qsgd quantisation levels s (16 = the CHOCO '4-bit'; int8 on the wire up to "
+        "127, int16 above)",
+    )
+    unbiased: bool = Field(
+        default=False,
+        description="qsgd: drop CHOCO's variance-reducing factor 1/(1 + min(d/s², √d/s)) "
+        "(unbiased, E Q(x) = x)",
+    )
 
     @field_validator("codec")
     @classmethod

@@ -64,7 +64,9 @@ class GraphHook(Protocol):
 def make_run_codec(cfg: RunConfig) -> Codec | None:
     """The codec of ``compression`` (None for raw float32), seeded by the run seed."""
     c = cfg.compression
-    return None if c.codec == "none" else make_codec(c.codec, ratio=c.ratio, seed=cfg.seed)
+    if c.codec == "none":
+        return None
+    return make_codec(c.codec, ratio=c.ratio, seed=cfg.seed, levels=c.levels, unbiased=c.unbiased)
 
 
 def algorithm_hyperparameters(cfg: RunConfig, codec: Codec | None) -> dict[str, Any]:

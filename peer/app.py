@@ -241,6 +241,7 @@ class PeerProcess:
             dim=int(task.x.shape[1]),
             codec=cfg.compression.codec,
             ratio=cfg.compression.ratio,
+            levels=cfg.compression.levels,
             chunk_bytes=cfg.network.chunk_bytes,
             max_tensor_bytes=cfg.network.max_tensor_bytes,
             deadline=cfg.network.deadline,

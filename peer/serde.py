@@ -32,6 +32,7 @@ CODEC_TO_WIRE: dict[str, int] = {
     "topk": pb.CODEC_TOPK,
     "randomk": pb.CODEC_RANDOMK,
     "sign": pb.CODEC_SIGN,
+    "qsgd": pb.CODEC_QSGD,
 }
 WIRE_TO_CODEC = {v: k for k, v in CODEC_TO_WIRE.items()}
 
@@ -42,6 +43,7 @@ DTYPE_TO_WIRE: dict[torch.dtype, int] = {
     torch.int8: pb.DTYPE_INT8,
     torch.int32: pb.DTYPE_INT32,
     torch.uint8: pb.DTYPE_UINT8,
+    torch.int16: pb.DTYPE_INT16,
 }
 WIRE_TO_DTYPE = {v: k for k, v in DTYPE_TO_WIRE.items()}
 

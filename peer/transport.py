@@ -251,6 +251,7 @@ class Transport:
         dim: int,
         codec: str,
         ratio: float = 0.01,
+        levels: int = 16,
         chunk_bytes: int,
         max_tensor_bytes: int,
         deadline: float,
@@ -264,6 +265,7 @@ class Transport:
         self.run_id, self.peer_id, self.world_size = run_id, peer_id, world_size
         self.addresses = list(addresses)
         self.fingerprint, self.dim, self.codec, self.ratio = fingerprint, dim, codec, ratio
+        self.levels = levels  # qsgd's s: the dtype of its incoming level parts
         self.chunk_bytes, self.max_tensor_bytes = chunk_bytes, max_tensor_bytes
         self.deadline = deadline
         self.step_window = STEP_WINDOW  # how far ahead a neighbour's frame may be (steps)
@@ -303,6 +305,7 @@ class Transport:
             dim=self.dim,
             codecs=frozenset({"none", self.codec}),
             ratio=self.ratio,
+            levels=self.levels,
             chunk_bytes=self.chunk_bytes,
             max_tensor_bytes=self.max_tensor_bytes,
             current_step=self.mailbox.step,

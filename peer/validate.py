@@ -26,6 +26,7 @@ ALLOWED_DTYPES = (
     torch.int8,
     torch.int32,
     torch.uint8,
+    torch.int16,
 )
 STEP_WINDOW = 2  # a neighbour may be this many steps ahead of us
 
@@ -55,6 +56,7 @@ class ReceiverView:
     is_neighbour: Callable[[int, int, int, int], bool]  # (sender, step, round, tensor id)
     world_size: int
     step_window: int = STEP_WINDOW  # + the algorithm's longest run of local-only steps
+    levels: int = 16  # compression.levels (qsgd parts: int8 levels up to 127, int16 above)
 
 
 def check_hello(h: Hello, view: ReceiverView) -> None:
@@ -133,7 +135,7 @@ def check_parts(f: FrameInfo, view: ReceiverView) -> None:
     if end != f.byte_length:
         raise RejectedError("invalid", f"parts cover {end} bytes, tensor has {f.byte_length}")
     got = {p.name: (p.dtype, p.numel) for p in f.parts}
-    want = make_codec(f.codec or "none", ratio=view.ratio).part_specs(view.dim)
+    want = make_codec(f.codec or "none", ratio=view.ratio, levels=view.levels).part_specs(view.dim)
     if got != want or len(got) != len(f.parts):
         raise RejectedError(
             "invalid", f"codec {f.codec!r} of a {view.dim}-vector expects parts {want}; got {got}"

@@ -17,6 +17,7 @@ class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CODEC_TOPK: _ClassVar[Codec]
     CODEC_RANDOMK: _ClassVar[Codec]
     CODEC_SIGN: _ClassVar[Codec]
+    CODEC_QSGD: _ClassVar[Codec]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -27,6 +28,7 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_INT8: _ClassVar[DType]
     DTYPE_INT32: _ClassVar[DType]
     DTYPE_UINT8: _ClassVar[DType]
+    DTYPE_INT16: _ClassVar[DType]
 
 class AckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,6 +43,7 @@ CODEC_INT8: Codec
 CODEC_TOPK: Codec
 CODEC_RANDOMK: Codec
 CODEC_SIGN: Codec
+CODEC_QSGD: Codec
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT16: DType
@@ -48,6 +51,7 @@ DTYPE_BFLOAT16: DType
 DTYPE_INT8: DType
 DTYPE_INT32: DType
 DTYPE_UINT8: DType
+DTYPE_INT16: DType
 ACK_STATUS_UNSPECIFIED: AckStatus
 ACK_OK: AckStatus
 ACK_LATE: AckStatus

@@ -15,17 +15,23 @@ identical to the per-row path. That is what lets the vectorized engine predict r
 | topk    | values fp32 [m], indices int32 [m] (sorted)| x on the m largest |x_j|, 0 elsewhere|
 | randomk | values fp32 [m] (indices from the key)     | x on m seeded random coords, 0 else  |
 | sign    | scale fp32 [1], bits uint8 [⌈d/8⌉]         | (‖x‖₁/d)·sign(x), sign(0) = +1       |
+| qsgd    | scale fp32 [1], levels int8 [d] (s ≤ 127)  | τ‖x‖₂·sign(x)·ℓ/s, ℓ = |x|/‖x‖₂·s    |
+|         | or int16 [d] (127 < s ≤ 32767)             | rounded stochastically to 0 … s      |
 
 Hyperparameters: ``ratio`` ∈ (0, 1] — topk/randomk keep m = max(1, round(ratio·d)) coordinates;
-``seed`` (any int) — with the message key it seeds random codecs. topk/randomk are the biased
-(unscaled, no d/m factor) versions of the CHOCO code; sign is its ℓ₁-scaled variant
-(ALGORITHMS.md §3.7). int8 is per-tensor symmetric absmax quantisation written with plain tensor
-ops (``torch.quantize_per_tensor`` is deprecated, TRANSPORT.md §3e); `Int8` optionally rounds
+``seed`` (any int) — with the message key it seeds random codecs; ``levels`` s ∈ [1, 32767] —
+qsgd's grid (default 16, the CHOCO convex code's "4-bit"). topk/randomk are the biased (unscaled,
+no d/m factor) versions of the CHOCO code; sign is its ℓ₁-scaled variant (ALGORITHMS.md §3.7).
+qsgd by default is CHOCO's biased, variance-reduced version, τ = 1/(1 + min(d/s², √d/s)) and
+E Q(x) = τx; with ``unbiased`` (config ``compression.unbiased``) τ = 1 and E Q(x) = x. int8 is
+per-tensor symmetric absmax quantisation written with plain tensor ops
+(``torch.quantize_per_tensor`` is deprecated, TRANSPORT.md §3e); `Int8` optionally rounds
 stochastically (unbiased), drawing from the message's generator.
 
-Randomness: random codecs draw from a `torch.Generator` seeded by mixing (seed, key), where
-key = `codec_key(sender, round)`. Sender and receivers derive the same generator, so random-k
-indices are regenerated rather than sent; peers must run the same torch version.
+Randomness: random codecs (randomk, qsgd, stochastic int8) draw from a `torch.Generator` seeded
+by mixing (seed, key), where key = `codec_key(sender, round)`. Sender and receivers derive the
+same generator, so random-k indices are regenerated rather than sent; peers must run the same
+torch version.
 
 Sign bits are little-endian within a byte: coordinate 8b + i is bit i of byte b (1 = x ≥ 0);
 padding bits are 0. Scalar parts come first so every part of a payload stays 4-byte aligned.
@@ -44,7 +50,7 @@ from core.compress.base import (
     make_codec,
     message_generator,
 )
-from core.compress.quantize import BF16, FP16, Int8, NoCodec, Sign
+from core.compress.quantize import BF16, FP16, QSGD, Int8, NoCodec, Sign
 from core.compress.sparse import RandomK, TopK
 
 __all__ = [
@@ -54,6 +60,7 @@ __all__ = [
     "FP16",
     "MAX_SENDERS",
     "PLAIN_GOSSIP_CODECS",
+    "QSGD",
     "Codec",
     "CodecError",
     "Encoded",

@@ -12,7 +12,16 @@ import torch
 
 from core.registry import Registry
 
-CODEC_NAMES: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "topk", "randomk", "sign")
+CODEC_NAMES: tuple[str, ...] = (
+    "none",
+    "fp16",
+    "bf16",
+    "int8",
+    "topk",
+    "randomk",
+    "sign",
+    "qsgd",
+)
 PLAIN_GOSSIP_CODECS: tuple[str, ...] = ("none", "fp16", "bf16")  # usable without error feedback
 MAX_SENDERS = 1 << 16  # codec_key packs sender ids below this (config allows ≤ 4096 peers)
 _MASK64 = (1 << 64) - 1
@@ -67,6 +76,7 @@ class Codec(ABC):
 
     name: ClassVar[str]
     lossy: ClassVar[bool] = True
+    takes_levels: ClassVar[bool] = False  # the constructor takes ``levels`` and ``unbiased``
 
     def __init__(self, *, ratio: float = 0.01, seed: int = 0) -> None:
         if isinstance(ratio, bool) or not isinstance(ratio, int | float):
@@ -171,6 +181,12 @@ def check_scale(name: str, parts: Parts) -> None:
 CODECS: Registry[type[Codec]] = Registry("codec")
 
 
-def make_codec(name: str, *, ratio: float = 0.01, seed: int = 0) -> Codec:
-    """The codec registered as ``name`` (see `CODEC_NAMES`)."""
-    return CODECS.get(name)(ratio=ratio, seed=seed)
+def make_codec(
+    name: str, *, ratio: float = 0.01, seed: int = 0, levels: int = 16, unbiased: bool = False
+) -> Codec:
+    """The codec registered as ``name`` (see `CODEC_NAMES`). ``levels`` and ``unbiased`` are
+    qsgd's (`core.compress.quantize.QSGD`); the other codecs ignore them."""
+    cls = CODECS.get(name)
+    if cls.takes_levels:
+        return cls(ratio=ratio, seed=seed, levels=levels, unbiased=unbiased)  # type: ignore[call-arg]
+    return cls(ratio=ratio, seed=seed)

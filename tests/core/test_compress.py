@@ -47,6 +47,8 @@ CODECS_UNDER_TEST: list[tuple[str, Codec]] = [
     *((n, make_codec(n, ratio=0.05, seed=4)) for n in CODEC_NAMES),
     ("randomk-dense", make_codec("randomk", ratio=0.5, seed=4)),
     ("int8-stochastic", Int8(seed=4, stochastic=True)),
+    ("qsgd-int16-levels", make_codec("qsgd", levels=1000, seed=4)),
+    ("qsgd-unbiased", make_codec("qsgd", levels=3, unbiased=True, seed=4)),
 ]
 
 
@@ -78,6 +80,8 @@ def test_wire_bytes() -> None:
     assert make_codec("int8").wire_bytes(D) == D + 4
     assert make_codec("sign").wire_bytes(D) == 125 + 4
     assert make_codec("sign").wire_bytes(D + 1) == 126 + 4
+    assert make_codec("qsgd").wire_bytes(D) == D + 4  # s = 16: int8 levels
+    assert make_codec("qsgd", levels=128).wire_bytes(D) == 2 * D + 4  # int16 levels
     assert make_codec("topk", ratio=0.01).wire_bytes(D) == 10 * 8
     assert make_codec("randomk", ratio=0.01).wire_bytes(D) == 10 * 4
     assert make_codec("topk", ratio=1e-6).part_specs(D)["values"] == (torch.float32, 1)  # m ≥ 1
@@ -224,7 +228,7 @@ def test_malformed_input_is_rejected() -> None:
     for enc, message in cases:
         with pytest.raises(CodecError, match=message):
             topk.decode(enc, key=0)
-    for name in ("int8", "sign"):
+    for name in ("int8", "sign", "qsgd"):
         codec = make_codec(name)
         enc = codec.encode(_x(1)[0], key=0)
         for bad, message in (

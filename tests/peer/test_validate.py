@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.compress import Encoded, codec_key, make_codec
 from peer.serde import (
     PROTOCOL_VERSION,
     FrameInfo,
@@ -177,3 +178,35 @@ def test_check_values_accepts_finite_values_whose_sum_overflows() -> None:
     check_values({"values": torch.tensor([3.0e38, 3.0e38])}, parts)
     with pytest.raises(RejectedError, match="1 non-finite"):
         check_values({"values": torch.tensor([3.0e38, float("inf")])}, parts)
+
+
+@pytest.mark.parametrize("levels", [16, 1000])
+def test_qsgd_frames_are_checked_against_the_receivers_levels(levels: int) -> None:
+    """qsgd parts (scale fp32 [1], levels int8 for s ≤ 127 else int16 [d]) survive protobuf
+    framing and the checks, and decode to the sender's Q(x); a payload laid out for the other
+    level width, or of the wrong length, is refused with the expected parts named."""
+    codec = make_codec("qsgd", levels=levels, seed=3)
+    x = torch.randn(10, generator=torch.Generator().manual_seed(0))
+    key = codec_key(1, 7)
+    enc = codec.encode(x, key=key)
+    view = dataclasses.replace(
+        VIEW, codecs=frozenset({"none", "qsgd"}), levels=levels, chunk_bytes=1 << 10
+    )
+    got = _frames(codec="qsgd", parts=enc.parts, chunk_bytes=1 << 10)
+    assert len(got) == 1
+    f, body = got[0]
+    check_frame(f, len(body), view, expected_sender=1)
+    assert f.parts is not None
+    tensors = tensors_from_payload(bytearray(body), f.parts)
+    check_values(tensors, f.parts)
+    assert torch.equal(
+        codec.decode(Encoded("qsgd", tensors, 10), key=key), codec.roundtrip(x[None], keys=[key])[0]
+    )
+    other = torch.int16 if levels <= 127 else torch.int8
+    bad_dtype = {"scale": enc.parts["scale"], "levels": enc.parts["levels"].to(other)}
+    bad_length = {"scale": enc.parts["scale"], "levels": enc.parts["levels"][:-1]}
+    for parts in (bad_dtype, bad_length):
+        g, chunk = _frames(codec="qsgd", parts=parts, chunk_bytes=1 << 10)[0]
+        with pytest.raises(RejectedError, match="codec 'qsgd' of a 10-vector expects") as info:
+            check_frame(g, len(chunk), view, expected_sender=1)
+        assert info.value.reason == "invalid"
