@@ -182,7 +182,7 @@ def sim(
     help="comma-separated target factors (columns); 'none' = uncontrolled",
 )
 @click.option("--topologies", default=None, help="comma-separated topologies (default: config's)")
-@click.option("--seeds", default="0", show_default=True, help="comma-separated seeds")
+@click.option("--seeds", default=None, help="comma-separated seeds (default: 0; a preset's own)")
 @click.option("--baseline", "baselines", multiple=True, help="baseline rows, e.g. allreduce")
 @click.option(
     "--control-mode",
@@ -201,23 +201,45 @@ def sim(
 )
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option(
+    "--preset",
+    default=None,
+    metavar="NAME",
+    help="a named reproduction grid with its own report (see --list-presets); --jobs default 1",
+)
+@click.option("--list-presets", is_flag=True, help="list the presets and exit")
+@click.option("--tune", is_flag=True, help="preset: run each row's lr grid at the tune seed")
+@click.option(
+    "--report-only", is_flag=True, help="preset: rewrite the report of a finished --out sweep"
+)
 def sweep(
     config: Path | None,
     plans: str,
     factors: str,
     topologies: str | None,
-    seeds: str,
+    seeds: str | None,
     baselines: Sequence[str],
     control_mode: str,
     jobs: int | None,
     metric: str,
     overrides: Sequence[str],
     out: Path | None,
+    preset: str | None,
+    list_presets: bool,
+    tune: bool,
+    report_only: bool,
 ) -> None:
-    """Run a grid (plans × factors × topologies × seeds) and print a Table-2-shaped summary."""
+    """Run a grid (plans × factors × topologies × seeds) and print a Table-2-shaped summary.
+
+    With --preset NAME: run a named grid of algorithm setups × data settings × seeds and write
+    report.md, table.csv and PNG plots into --out."""
     from core.config import load_config
     from sim.sweep import sweep_main
 
+    if list_presets or preset is not None:
+        _sweep_preset(preset, list_presets, config, seeds, jobs, overrides, out, tune, report_only)
+        return
+    seeds = "0" if seeds is None else seeds
     try:
         cfg = load_config(config, list(overrides))
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
@@ -239,6 +261,45 @@ def sweep(
             out_dir=out,
             metric=metric,
             control_mode=control_mode,
+        )
+    except (ConfigError, ValueError) as exc:
+        _fail(str(exc))
+
+
+def _sweep_preset(
+    name: str | None,
+    list_only: bool,
+    config: Path | None,
+    seeds: str | None,
+    jobs: int | None,
+    overrides: Sequence[str],
+    out: Path | None,
+    tune: bool,
+    report_only: bool,
+) -> None:
+    from sim.presets import list_presets, preset_main
+
+    if list_only or name is None:
+        for preset_name, title in list_presets():
+            click.echo(f"{preset_name:<20}  {title}")
+        return
+    if config is not None:
+        _fail("--preset defines its own configuration; use --set KEY=VALUE instead of a CONFIG")
+    if report_only and out is None:
+        _fail("--report-only needs --out, the directory of the finished sweep")
+    try:
+        seed_list = None if seeds is None else [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        _fail(f"--seeds must be comma-separated integers; got {seeds!r}")
+    try:
+        preset_main(
+            name,
+            seeds=seed_list,
+            jobs=jobs,
+            out_dir=out,
+            overrides=list(overrides),
+            tune=tune,
+            report_only=report_only,
         )
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))

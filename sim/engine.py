@@ -207,8 +207,12 @@ def run(
     progress: bool = True,
     calibration_cache: Path | None = None,
     on_progress: ProgressFn | None = None,
+    plots: bool = True,
 ) -> dict[str, Any]:
-    """Train one run with the vectorized engine and write its run directory; returns the summary."""
+    """Train one run with the vectorized engine and write its run directory; returns the summary.
+
+    ``plots``: also draw the run's PNGs (`sim.plots`); preset sweeps plot in their report instead.
+    """
     if cfg.engine != "vectorized":  # this *is* the vectorized engine; the run dir says so
         cfg = apply_overrides(cfg, {"engine": "vectorized"})
     if cfg.threads is not None:
@@ -279,5 +283,5 @@ def run(
         "wall_seconds": time.perf_counter() - started,
         "run_dir": str(writer.dir),
     }
-    writer.finish(summary)
+    writer.finish(summary, plots=plots)
     return summary

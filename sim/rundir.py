@@ -139,17 +139,19 @@ class RunWriter:
     def progress(self, total: int, *, enabled: bool) -> _Bar:
         return _Bar(total, enabled=enabled)
 
-    def finish(self, summary: dict[str, Any]) -> None:
+    def finish(self, summary: dict[str, Any], *, plots: bool = True) -> None:
+        """Write summary.json and (``plots``) the run's PNGs (`sim.plots.write_plots`)."""
         self.flush()
         self._metrics.close()
         self.write_json("summary.json", summary)
-        try:
-            from sim.plots import write_plots
+        if plots:
+            try:
+                from sim.plots import write_plots
 
-            plots = write_plots(self.dir)
-            self.log.info("run.plots", files=[p.name for p in plots])
-        except Exception as exc:  # plots must never lose a finished run's numbers
-            self.log.error("run.plots_failed", error=repr(exc))
+                files = write_plots(self.dir)
+                self.log.info("run.plots", files=[p.name for p in files])
+            except Exception as exc:  # plots must never lose a finished run's numbers
+                self.log.error("run.plots_failed", error=repr(exc))
         self.log.info("run.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
         self._log_file.close()
 

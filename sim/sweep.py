@@ -27,6 +27,9 @@ status "pending"), ``table.md`` and the printed Table 2 at the end.
 
 Output layout: ``out_dir/runs/<name>/`` (one run directory each), ``out_dir/calibration/``,
 ``out_dir/sweep.json`` (the grid), ``out_dir/table.csv``, ``out_dir/table.md``.
+
+:func:`run_sweep` executes any :class:`Grid`: besides :class:`Sweep`, the presets of
+`sim.presets` (rows = algorithm setups × columns = data settings × seeds, with their own report).
 """
 
 from __future__ import annotations
@@ -85,9 +88,11 @@ CSV_COLUMNS = (
     "name", "kind", "row", "plan", "topology", "factor", "control_mode", "seed", "status",
     "accuracy_avg_model", "accuracy_worst_peer", "accuracy_mean_peer", "gossip_rounds_total",
     "bytes_sent_total", "final_consensus_distance", "wall_seconds", "error", "run_dir",
+    "column", "lr",
 )
 # fmt: on
-"""Columns of table.csv (one row per run; factor "none" = uncontrolled, empty = not measured)."""
+"""Columns of table.csv (one row per run; factor "none" = uncontrolled, empty = not measured;
+``column``: the setting of a preset grid's column, ``lr``: the run's ``optim.lr`` override)."""
 
 
 class RunFn(Protocol):
@@ -103,6 +108,8 @@ class SweepRun:
     """One grid point. ``overrides`` are dotted config keys (see ``core.config.apply_overrides``).
 
     ``calibration_group`` is (plan, topology, seed) for constant-mode runs, else None.
+    ``column`` labels the column of a preset grid (`sim.presets`: rows = algorithm setups,
+    columns = data settings); None in a plans × factors grid.
     """
 
     name: str
@@ -115,6 +122,16 @@ class SweepRun:
     seed: int
     overrides: Mapping[str, object] = field(hash=False)
     calibration_group: tuple[str, str, int] | None = None
+    column: str | None = None
+
+
+class Grid(Protocol):
+    """What :func:`run_sweep` executes: a :class:`Sweep`, or a preset's rows × columns × seeds
+    (`sim.presets.PresetGrid`)."""
+
+    def runs(self) -> list[SweepRun]: ...
+
+    def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]: ...
 
 
 def parse_factor(value: str | float | None) -> float | None:
@@ -304,6 +321,8 @@ def _csv_row(run: SweepRun, outcome: Mapping[str, Any] | None, run_dir: Path) ->
         "status": outcome["status"] if outcome else "pending",
         "error": str(outcome.get("error", ""))[:500].replace("\n", " ") if outcome else "",
         "run_dir": str(run_dir),
+        "column": run.column,
+        "lr": run.overrides.get("optim.lr"),
     }
     for key in CSV_COLUMNS[9:16]:
         row[key] = summary.get(key)
@@ -336,7 +355,7 @@ def _run_isolated(args: tuple[Any, ...], threads: int) -> dict[str, Any]:
 
 
 def run_sweep(
-    sweep: Sweep,
+    sweep: Grid,
     out_dir: Path,
     configure: Callable[[Mapping[str, object]], Any],
     run_fn: RunFn,

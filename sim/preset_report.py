@@ -1,0 +1,419 @@
+"""The report of a preset sweep (`sim.presets`): ``report.md`` and PNG plots in the sweep's
+output directory, next to its ``table.csv``.
+
+- ``report.md``: title, setup, the exact command, the rows (algorithm, topology, hyperparameters,
+  lr per column), tables of mean ± std over seeds (the preset's metric first, then the other
+  accuracy, the final training loss, gossip rounds and bytes), the expected orderings checked
+  against the measured means, failed runs, and wall time. A tuning sweep (``--tune``) instead
+  tables the metric per lr and names the best lr per (row, column).
+- ``metric.png``: the metric and the averaged model's accuracy against the column setting, one
+  line per row (mean ± std over seeds);
+- ``curves-<column>.png``: per column, the averaged model's test accuracy and the training loss
+  (mean over peers of the local mini-batch loss, averaged over each epoch) against the step, one
+  line per row, mean over seeds;
+- ``lr.png`` (tuning only): the metric against the lr, a panel per column, a line per row.
+
+Plots use matplotlib's object API with the Agg canvas (as `sim.plots`), never pyplot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from sim.presets import Preset, PresetGrid, Setting, Setup
+from sim.report import CellStats, format_duration, markdown_grid, read_metrics
+from sim.sweep import METRICS
+
+_DPI = 110
+
+
+def _value(row: Mapping[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    if row.get("status") != "ok" or value in (None, ""):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def final_train_loss(run_dir: str | Path) -> float | None:
+    """Mean of the step records' ``loss`` over the last 10 % of the steps (None if none)."""
+    try:
+        records = read_metrics(run_dir)
+    except (FileNotFoundError, ValueError):
+        return None
+    losses = [r["loss"] for r in records if r.get("kind") == "step" and _finite(r.get("loss"))]
+    if not losses:
+        return None
+    tail = losses[-max(1, len(losses) // 10) :]
+    return statistics.fmean(tail)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class _Cells:
+    """Table rows grouped by (row key, column key, lr) with per-seed values."""
+
+    def __init__(self, grid: PresetGrid, rows: Sequence[Mapping[str, Any]]) -> None:
+        by_name = {r["name"]: dict(r) for r in rows}
+        self.grid = grid
+        self.rows: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+        for run in grid.runs():
+            row_key, col_key, lr = grid.cell_of[run.name]
+            record = by_name.get(run.name, {"status": "pending"})
+            record.setdefault("train_loss", None)
+            if record.get("status") == "ok" and record.get("train_loss") is None:
+                record["train_loss"] = final_train_loss(record.get("run_dir", ""))
+            self.rows.setdefault((row_key, col_key, lr), []).append(record)
+
+    def stats(self, row: str, col: str, key: str, lr: float | None = None) -> CellStats:
+        lr = self.lr(row, col) if lr is None else lr
+        cell = self.rows.get((row, col, lr), [])
+        values = tuple(v for r in cell if (v := _value(r, key)) is not None)
+        return CellStats(values, len(cell), sum(r.get("status") != "ok" for r in cell))
+
+    def lr(self, row: str, col: str) -> float:
+        return float(self.grid.preset.row(row).lrs[col])
+
+
+def _table(
+    preset: Preset, cells: _Cells, key: str, *, scale: float, digits: int, lr: bool = False
+) -> str:
+    header = ["row", *(c.label for c in preset.columns)]
+    body = []
+    for row in preset.rows:
+        line = [row.label]
+        for col in preset.columns:
+            text = cells.stats(row.key, col.key, key).format(scale=scale, digits=digits) or "—"
+            line.append(f"{text} (lr {cells.lr(row.key, col.key):g})" if lr else text)
+        body.append(line)
+    return markdown_grid(header, body)
+
+
+def _rows_table(preset: Preset) -> str:
+    header = ["row", "overrides", *(f"lr, {c.label}" for c in preset.columns)]
+    body = [
+        [
+            r.label,
+            ", ".join(f"{k}={v}" for k, v in r.overrides.items()),
+            *(f"{r.lrs[c.key]:g}" for c in preset.columns),
+        ]
+        for r in preset.rows
+    ]
+    return markdown_grid(header, body)
+
+
+def _checks(preset: Preset, cells: _Cells, key: str) -> str:
+    lines = []
+    for rel in preset.expected:
+        hi = cells.stats(rel.higher, rel.column, key)
+        lo = cells.stats(rel.lower, rel.column, key)
+        col = next(c for c in preset.columns if c.key == rel.column).label
+        want = (
+            f"> {preset.row(rel.lower).label} + {100 * rel.margin:g} pt"
+            if rel.margin >= 0
+            else f"≥ {preset.row(rel.lower).label} − {100 * -rel.margin:g} pt"
+        )
+        if not hi.values or not lo.values:
+            verdict = "not measured"
+        else:
+            holds = hi.mean - lo.mean > rel.margin
+            verdict = "**holds**" if holds else "**does not hold**"
+            verdict += f" ({100 * hi.mean:.2f} vs {100 * lo.mean:.2f} %)"
+        lines.append(f"- {col}: {preset.row(rel.higher).label} {want}: {verdict}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def _figure(panels: int, width: float = 5.2) -> tuple[Figure, list[Axes]]:
+    fig = Figure(figsize=(width * panels, 4.0), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _legend(fig: Figure, ax: Axes) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside right center", fontsize=8)
+
+
+def _plot_metric(preset: Preset, cells: _Cells, path: Path) -> Path:
+    keys = [METRICS[preset.metric]] + ([METRICS["avg"]] if preset.metric != "avg" else [])
+    keys.append(METRICS["worst"] if preset.metric == "avg" else METRICS["mean"])
+    fig, axes = _figure(len(keys))
+    xs = np.arange(len(preset.columns), dtype=float)
+    for ax, (key, description) in zip(axes, keys, strict=True):
+        for i, row in enumerate(preset.rows):
+            stats = [cells.stats(row.key, c.key, key) for c in preset.columns]
+            mean = np.array([100 * s.mean for s in stats])
+            std = np.array([100 * s.std for s in stats])
+            ax.errorbar(xs, mean, yerr=std, marker="o", ms=4, capsize=3, lw=1.3,
+                        label=row.label, color=f"C{i}")  # fmt: skip
+        ax.set_xticks(xs, [c.label for c in preset.columns])
+        ax.set_xlabel(preset.column_name)
+        ax.set_ylabel(f"test accuracy (%), {description}")
+        ax.grid(alpha=0.3)
+        ax.set_title(f"{description}, mean ± std over seeds", fontsize=10)
+    _legend(fig, axes[0])
+    fig.suptitle(preset.title, fontsize=10)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def _curves(records: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, ...]:
+    evals = [r for r in records if r.get("kind") == "eval" and _finite(r.get("acc_avg_model"))]
+    steps = [r for r in records if r.get("kind") == "step" and _finite(r.get("loss"))]
+    e_x = np.array([float(r["step"]) for r in evals])
+    e_y = np.array([100 * float(r["acc_avg_model"]) for r in evals])
+    s_x = np.array([float(r["step"]) for r in steps])
+    s_y = np.array([float(r["loss"]) for r in steps])
+    return e_x, e_y, s_x, s_y
+
+
+def _bucket_mean(x: np.ndarray, y: np.ndarray, buckets: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    if x.size == 0:
+        return x, y
+    edges = np.linspace(0, x.size, min(buckets, x.size) + 1).astype(int)
+    pairs = [(a, b) for a, b in itertools.pairwise(edges) if b > a]
+    bx = np.array([x[a:b].mean() for a, b in pairs])
+    by = np.array([y[a:b].mean() for a, b in pairs])
+    return bx, by
+
+
+def _seed_mean(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over seeds on the common prefix of x (runs of one cell share their x grid)."""
+    series = [s for s in series if s[0].size]
+    if not series:
+        return np.array([]), np.array([])
+    n = min(s[0].size for s in series)
+    return series[0][0][:n], np.mean([s[1][:n] for s in series], axis=0)
+
+
+def _plot_curves(preset: Preset, cells: _Cells, col: Setting, path: Path) -> Path:
+    fig, (acc_ax, loss_ax) = _figure(2)
+    for i, row in enumerate(preset.rows):
+        acc: list[tuple[np.ndarray, np.ndarray]] = []
+        loss: list[tuple[np.ndarray, np.ndarray]] = []
+        for record in cells.rows.get((row.key, col.key, cells.lr(row.key, col.key)), []):
+            if record.get("status") != "ok":
+                continue
+            try:
+                e_x, e_y, s_x, s_y = _curves(read_metrics(record["run_dir"]))
+            except (FileNotFoundError, ValueError):
+                continue
+            acc.append((e_x, e_y))
+            loss.append(_bucket_mean(s_x, s_y))
+        for ax, series in ((acc_ax, acc), (loss_ax, loss)):
+            x, y = _seed_mean(series)
+            if x.size:
+                ax.plot(x, y, lw=1.3, color=f"C{i}", label=row.label)
+    acc_ax.set_ylabel("test accuracy (%), averaged model")
+    loss_ax.set_ylabel("training loss (mean over peers)")
+    loss_ax.set_yscale("log")
+    for ax in (acc_ax, loss_ax):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3, which="both")
+    _legend(fig, acc_ax)
+    fig.suptitle(f"{preset.title} — {col.label} (mean over seeds)", fontsize=10)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def _plot_lr(preset: Preset, cells: _Cells, key: str, path: Path) -> Path:
+    fig, axes = _figure(len(preset.columns), width=4.2)
+    for ax, col in zip(axes, preset.columns, strict=True):
+        for i, row in enumerate(preset.rows):
+            pts = [(lr, cells.stats(row.key, col.key, key, lr)) for lr in row.lr_grid]
+            xs = [lr for lr, s in pts if s.values]
+            ys = [100 * s.mean for _, s in pts if s.values]
+            ax.plot(xs, ys, marker="o", ms=4, lw=1.2, color=f"C{i}", label=row.label)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_title(col.label, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel(f"test accuracy (%), {METRICS[preset.metric][1]}")
+    _legend(fig, axes[0])
+    fig.suptitle(f"{preset.title} — lr tuning", fontsize=10)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def best_lrs(preset: Preset, cells: _Cells, key: str) -> dict[str, dict[str, float | None]]:
+    """row key → column key → the lr of ``lr_grid`` with the highest mean ``key`` (None: none
+    succeeded). Ties go to the smaller lr."""
+    out: dict[str, dict[str, float | None]] = {}
+    for row in preset.rows:
+        out[row.key] = {}
+        for col in preset.columns:
+            scored = [
+                (s.mean, -lr, lr)
+                for lr in row.lr_grid
+                if (s := cells.stats(row.key, col.key, key, lr)).values
+            ]
+            out[row.key][col.key] = max(scored)[2] if scored else None
+    return out
+
+
+def _tuning_section(preset: Preset, cells: _Cells, key: str) -> tuple[str, dict[str, Any]]:
+    chosen = best_lrs(preset, cells, key)
+    parts = []
+    for row in preset.rows:
+        header = ["lr", *(c.label for c in preset.columns)]
+        body = []
+        for lr in row.lr_grid:
+            line = [f"{lr:g}"]
+            for col in preset.columns:
+                text = cells.stats(row.key, col.key, key, lr).format(scale=100.0) or "—"
+                line.append(f"**{text}**" if chosen[row.key][col.key] == lr else text)
+            body.append(line)
+        parts.append(f"### {row.label}\n\n{markdown_grid(header, body)}")
+    header = ["row", *(c.label for c in preset.columns)]
+    body = [
+        [row.label, *(_fmt_lr(chosen[row.key][c.key], row) for c in preset.columns)]
+        for row in preset.rows
+    ]
+    summary = "## Chosen lr (best of the grid)\n\n" + markdown_grid(header, body)
+    return summary + "\n" + "\n".join(parts), chosen
+
+
+def _fmt_lr(lr: float | None, row: Setup) -> str:
+    if lr is None:
+        return "none succeeded"
+    edge = " (grid edge)" if lr in (min(row.lr_grid), max(row.lr_grid)) else ""
+    return f"{lr:g}{edge}"
+
+
+def write_report(
+    preset: Preset,
+    grid: PresetGrid,
+    rows: Sequence[Mapping[str, Any]],
+    out: Path,
+    *,
+    command: str,
+    overrides: Sequence[str] = (),
+    base: Any,
+    wall_seconds: float,
+    cores: int | None,
+) -> Path:
+    """Write report.md and the PNGs into ``out``; returns the report's path."""
+    cells = _Cells(grid, rows)
+    key, description = METRICS[preset.metric]
+    seeds = ", ".join(str(s) for s in grid.seeds)
+    runs = len(grid.runs())
+    steps = _steps(rows)
+    lines = [
+        f"# {preset.title}" + (" — lr tuning" if grid.tune else ""),
+        "",
+        preset.setup,
+        "",
+        f"Seeds: {seeds}. Runs: {runs}. Steps per run: {steps}. Engine: vectorized (one process "
+        f"trains all {base.peers} replicas batched). Generated {time.strftime('%Y-%m-%d')}, sweep "
+        f"wall time {format_duration(wall_seconds)} on {cores} core(s) "
+        f"({len({r['name'] for r in rows if r.get('status') == 'ok'})} runs ok).",
+        "",
+        *(
+            [
+                f"**Sizes changed from the preset's with** `{' '.join(overrides)}` (the setup "
+                "paragraph above describes the preset's own).",
+                "",
+            ]
+            if overrides
+            else []
+        ),
+        "Regenerate (then copy `report.md`, `table.csv` and `*.png` from the output directory):",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+    ]
+    written: list[Path] = []
+    if grid.tune:
+        text, chosen = _tuning_section(preset, cells, key)
+        lines += [f"Metric: test accuracy (%), {description}, at seed(s) {seeds}.", "", text]
+        (out / "tuning.json").write_text(json.dumps(chosen, indent=2) + "\n", encoding="utf-8")
+        written.append(_plot_lr(preset, cells, key, out / "lr.png"))
+        lines += ["", "![lr](lr.png)", ""]
+    else:
+        lines += [
+            "## Rows",
+            "",
+            preset.lr_note,
+            "",
+            _rows_table(preset),
+            f"## Test accuracy (%), {description} — mean ± std over seeds",
+            "",
+            _table(preset, cells, key, scale=100.0, digits=2),
+        ]
+        for other in ("avg", "worst"):
+            if other != preset.metric:
+                okey, odesc = METRICS[other]
+                lines += [f"## Test accuracy (%), {odesc}", "", _table(preset, cells, okey,
+                          scale=100.0, digits=2)]  # fmt: skip
+        lines += [
+            "## Final training loss (mean over peers, last 10 % of the steps)",
+            "",
+            _table(preset, cells, "train_loss", scale=1.0, digits=3),
+            "## Gossip rounds and bytes sent (all peers), per run",
+            "",
+            _table(preset, cells, "gossip_rounds_total", scale=1.0, digits=0),
+            _table(preset, cells, "bytes_sent_total", scale=2.0**-20, digits=1).replace(
+                "| row |", "| MiB sent |", 1
+            ),
+            "## Expected orderings, checked",
+            "",
+            preset.expected_text,
+            "",
+            _checks(preset, cells, key),
+            "",
+            "## Plots",
+            "",
+            "![metric vs setting](metric.png)",
+            "",
+        ]
+        written.append(_plot_metric(preset, cells, out / "metric.png"))
+        for col in preset.columns:
+            name = f"curves-{col.key}.png"
+            written.append(_plot_curves(preset, cells, col, out / name))
+            lines += [f"![{col.label}]({name})", ""]
+    failed = [r for r in rows if r.get("status") != "ok"]
+    if failed:
+        lines += ["## Failed runs", ""]
+        lines += [f"- `{r['name']}`: {r.get('error') or r.get('status')}" for r in failed]
+        lines.append("")
+    path = out / "report.md"
+    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return path
+
+
+def _steps(rows: Sequence[Mapping[str, Any]]) -> str:
+    for row in rows:
+        if row.get("status") == "ok" and row.get("run_dir"):
+            summary = Path(str(row["run_dir"])) / "summary.json"
+            if summary.is_file():
+                return str(json.loads(summary.read_text(encoding="utf-8")).get("steps", "—"))
+    return "—"

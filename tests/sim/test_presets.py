@@ -1,0 +1,147 @@
+"""`concord sweep --preset`: grid construction of every preset, unknown names, and a tiny real run
+(vectorized engine, 4 peers, a few steps) whose report, table and plots are checked."""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from core.config import apply_overrides, load_config
+from sim.cli import main
+from sim.preset_defs import PRESETS
+from sim.presets import PresetGrid, get_preset, preset_main, select
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_row_column_and_seed_with_its_overrides(name: str) -> None:
+    preset = PRESETS[name]
+    grid = PresetGrid(preset, (0, 1, 2))
+    runs = {r.name: r for r in grid.runs()}
+    assert len(runs) == len(preset.rows) * len(preset.columns) * 3  # names are unique
+    seen = set()
+    for run in grid.runs():
+        row_key, col_key, lr = grid.cell_of[run.name]
+        row, col = preset.row(row_key), next(c for c in preset.columns if c.key == col_key)
+        assert dict(run.overrides) == {
+            **row.overrides, **col.overrides, "optim.lr": row.lrs[col_key], "seed": run.seed,
+        }  # fmt: skip
+        assert lr == row.lrs[col_key]
+        assert run.row == row.label
+        assert run.column == col.label
+        seen.add((row_key, col_key, run.seed))
+    keys = itertools.product(
+        [r.key for r in preset.rows], [c.key for c in preset.columns], [0, 1, 2]
+    )
+    assert seen == set(keys)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_run_of_the_preset_is_a_valid_config(name: str) -> None:
+    preset = PRESETS[name]
+    base = load_config(None, ["engine=vectorized", *preset.base], environ={})
+    for run in PresetGrid(preset, (0,)).runs():
+        cfg = apply_overrides(base, run.overrides)
+        assert cfg.algorithm == run.overrides["algorithm"]
+        assert cfg.optim.lr == run.overrides["optim.lr"]
+        assert cfg.control.mode == "none"
+        assert cfg.threads == 1  # sweeps run with --jobs 1 next to other work: one core
+
+
+def test_tuning_grid_runs_every_lr_of_every_row() -> None:
+    preset = PRESETS["relaysgd-dirichlet"]
+    grid = PresetGrid(preset, (100,), tune=True)
+    expected = sum(len(r.lr_grid) for r in preset.rows) * len(preset.columns)
+    assert len(grid.runs()) == expected
+    trees = [r for r in grid.runs() if grid.cell_of[r.name][0] == "relaysgd-trees"]
+    assert sorted({r.overrides["optim.lr"] for r in trees}) == sorted(  # type: ignore[type-var]
+        preset.row("relaysgd-trees").lr_grid
+    )
+    assert {r.seed for r in grid.runs()} == {100}
+    assert "relaysgd-trees-lr0.3_a0.01_s100" in grid.cell_of
+
+
+def test_unknown_preset_row_column_and_seeds_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="unknown preset 'nope'; valid: relaysgd-dirichlet, detag"):
+        get_preset("nope")
+    with pytest.raises(ValueError, match=r"no row \['sgd'\]; valid: \['dsgd'"):
+        select(PRESETS["detag-unshuffled"], ["sgd"], None)
+    with pytest.raises(ValueError, match="seeds has duplicates"):
+        PresetGrid(PRESETS["detag-unshuffled"], (1, 1))
+    result = CliRunner().invoke(main, ["sweep", "--preset", "nope"])
+    assert result.exit_code == 2
+    assert "valid: relaysgd-dirichlet, detag-unshuffled" in result.output
+    listed = CliRunner().invoke(main, ["sweep", "--list-presets"])
+    assert listed.exit_code == 0
+    assert [line.split()[0] for line in listed.output.splitlines()] == list(PRESETS)
+
+
+def test_tiny_preset_run_writes_report_table_and_plots(tmp_path: Path) -> None:
+    """3 rows × 2 columns × 2 seeds of relaysgd-dirichlet, 4 peers, 8 steps, real engine."""
+    out = preset_main(
+        "relaysgd-dirichlet",
+        seeds=[0, 1],
+        jobs=1,
+        out_dir=tmp_path / "tiny",
+        overrides=["peers=4", "dataset.samples=600", "epochs=1", "eval.every=0.5"],
+        rows=["allreduce", "dsgd-ring", "relaysgd-trees"],
+        columns=["a1", "a0.01"],
+        console=Console(file=io.StringIO()),
+    )
+    with open(out / "table.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 * 2 * 2
+    assert {r["status"] for r in rows} == {"ok"}
+    assert {(r["row"], r["column"], r["seed"]) for r in rows} == set(
+        itertools.product(
+            ["all-reduce", "D-SGD (ring)", "RelaySGD (double binary trees)"],
+            ["α = 1", "α = 0.01"],
+            ["0", "1"],
+        )
+    )
+    trees = [r for r in rows if r["row"].startswith("RelaySGD")]
+    assert {float(r["lr"]) for r in trees} == {0.3}
+    assert all(0.0 <= float(r["accuracy_worst_peer"]) <= 1.0 for r in rows)
+    report = (out / "report.md").read_text()
+    command = json.loads((out / "preset.json").read_text())["command"]
+    assert command.startswith("concord sweep --preset relaysgd-dirichlet --seeds 0,1 --jobs 1")
+    assert "--set peers=4" in command
+    assert f"```bash\n{command}\n```" in report
+    for label in ("| all-reduce |", "| D-SGD (ring) |", "| RelaySGD (double binary trees) |"):
+        assert report.count(label) >= 4, label  # rows table + accuracy and loss tables
+    assert "| row | α = 1 | α = 0.01 |" in report
+    assert "D² (ring" not in report  # unselected rows are left out everywhere
+    assert "α = 0.01: RelaySGD (double binary trees) ≥ all-reduce − 2 pt:" in report
+    pngs = ["metric.png", "curves-a1.png", "curves-a0.01.png"]
+    for png in pngs:
+        assert f"]({png})" in report
+        data = (out / png).read_bytes()
+        assert data[:8] == PNG_MAGIC, png
+        assert len(data) > 10_000, png  # a drawn figure, not an empty canvas
+    assert not list((out / "runs").glob("*/accuracy.png"))  # no per-run plots in preset sweeps
+    # the report can be rewritten from the finished sweep alone
+    (out / "report.md").unlink()
+    preset_main(
+        "relaysgd-dirichlet",
+        seeds=[0, 1],
+        out_dir=out,
+        overrides=["peers=4", "dataset.samples=600", "epochs=1", "eval.every=0.5"],
+        rows=["allreduce", "dsgd-ring", "relaysgd-trees"],
+        columns=["a1", "a0.01"],
+        report_only=True,
+        console=Console(file=io.StringIO()),
+    )
+    assert _undated((out / "report.md").read_text()) == _undated(report)
+
+
+def _undated(report: str) -> str:
+    return re.sub(r"Generated \d{4}-\d\d-\d\d", "Generated <date>", report)
