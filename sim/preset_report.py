@@ -89,7 +89,8 @@ class _Cells:
         return CellStats(values, len(cell), sum(r.get("status") != "ok" for r in cell))
 
     def lr(self, row: str, col: str) -> float:
-        return float(self.grid.preset.row(row).lrs[col])
+        """The row's lr in the column (NaN where the row does not run)."""
+        return float(self.grid.preset.row(row).lrs.get(col, math.nan))
 
 
 def _table(
@@ -100,6 +101,9 @@ def _table(
     for row in preset.rows:
         line = [row.label]
         for col in preset.columns:
+            if not row.runs_in(col.key):
+                line.append("—")
+                continue
             text = cells.stats(row.key, col.key, key).format(scale=scale, digits=digits) or "—"
             line.append(f"{text} (lr {cells.lr(row.key, col.key):g})" if lr else text)
         body.append(line)
@@ -112,7 +116,7 @@ def _rows_table(preset: Preset) -> str:
         [
             r.label,
             ", ".join(f"{k}={v}" for k, v in r.overrides.items()),
-            *(f"{r.lrs[c.key]:g}" for c in preset.columns),
+            *(f"{r.lrs[c.key]:g}" if r.runs_in(c.key) else "—" for c in preset.columns),
         ]
         for r in preset.rows
     ]
@@ -167,6 +171,7 @@ def _plot_metric(preset: Preset, cells: _Cells, path: Path) -> Path:
             stats = [cells.stats(row.key, c.key, key) for c in preset.columns]
             mean = np.array([100 * s.mean for s in stats])
             std = np.array([100 * s.std for s in stats])
+            mean[[not row.runs_in(c.key) for c in preset.columns]] = np.nan
             ax.errorbar(xs, mean, yerr=std, marker="o", ms=4, capsize=3, lw=1.3,
                         label=row.label, color=f"C{i}")  # fmt: skip
         ax.set_xticks(xs, [c.label for c in preset.columns])
@@ -212,6 +217,8 @@ def _seed_mean(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
 def _plot_curves(preset: Preset, cells: _Cells, col: Setting, path: Path) -> Path:
     fig, (acc_ax, loss_ax) = _figure(2)
     for i, row in enumerate(preset.rows):
+        if not row.runs_in(col.key):
+            continue
         acc: list[tuple[np.ndarray, np.ndarray]] = []
         loss: list[tuple[np.ndarray, np.ndarray]] = []
         for record in cells.rows.get((row.key, col.key, cells.lr(row.key, col.key)), []):
@@ -240,9 +247,12 @@ def _plot_curves(preset: Preset, cells: _Cells, col: Setting, path: Path) -> Pat
 
 
 def _plot_lr(preset: Preset, cells: _Cells, key: str, path: Path) -> Path:
-    fig, axes = _figure(len(preset.columns), width=4.2)
-    for ax, col in zip(axes, preset.columns, strict=True):
+    columns = _tuned(preset)
+    fig, axes = _figure(len(columns), width=4.2)
+    for ax, col in zip(axes, columns, strict=True):
         for i, row in enumerate(preset.rows):
+            if not row.runs_in(col.key):
+                continue
             pts = [(lr, cells.stats(row.key, col.key, key, lr)) for lr in row.lr_grid]
             xs = [lr for lr, s in pts if s.values]
             ys = [100 * s.mean for _, s in pts if s.values]
@@ -262,13 +272,19 @@ def _plot_lr(preset: Preset, cells: _Cells, key: str, path: Path) -> Path:
 # The report
 
 
+def _tuned(preset: Preset) -> list[Setting]:
+    return [c for c in preset.columns if c.key in preset.tuned_columns()]
+
+
 def best_lrs(preset: Preset, cells: _Cells, key: str) -> dict[str, dict[str, float | None]]:
     """row key → column key → the lr of ``lr_grid`` with the highest mean ``key`` (None: none
     succeeded). Ties go to the smaller lr."""
     out: dict[str, dict[str, float | None]] = {}
     for row in preset.rows:
         out[row.key] = {}
-        for col in preset.columns:
+        for col in _tuned(preset):
+            if not row.runs_in(col.key):
+                continue
             scored = [
                 (s.mean, -lr, lr)
                 for lr in row.lr_grid
@@ -280,20 +296,27 @@ def best_lrs(preset: Preset, cells: _Cells, key: str) -> dict[str, dict[str, flo
 
 def _tuning_section(preset: Preset, cells: _Cells, key: str) -> tuple[str, dict[str, Any]]:
     chosen = best_lrs(preset, cells, key)
+    columns = _tuned(preset)
     parts = []
     for row in preset.rows:
-        header = ["lr", *(c.label for c in preset.columns)]
+        header = ["lr", *(c.label for c in columns)]
         body = []
         for lr in row.lr_grid:
             line = [f"{lr:g}"]
-            for col in preset.columns:
+            for col in columns:
                 text = cells.stats(row.key, col.key, key, lr).format(scale=100.0) or "—"
-                line.append(f"**{text}**" if chosen[row.key][col.key] == lr else text)
+                line.append(f"**{text}**" if chosen[row.key].get(col.key) == lr else text)
             body.append(line)
         parts.append(f"### {row.label}\n\n{markdown_grid(header, body)}")
-    header = ["row", *(c.label for c in preset.columns)]
+    header = ["row", *(c.label for c in columns)]
     body = [
-        [row.label, *(_fmt_lr(chosen[row.key][c.key], row) for c in preset.columns)]
+        [
+            row.label,
+            *(
+                _fmt_lr(chosen[row.key][c.key], row) if c.key in chosen[row.key] else "—"
+                for c in columns
+            ),
+        ]
         for row in preset.rows
     ]
     summary = "## Chosen lr (best of the grid)\n\n" + markdown_grid(header, body)

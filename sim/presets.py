@@ -43,13 +43,18 @@ from sim.sweep import RunFn, SweepRun, _slug, run_sweep
 @dataclass(frozen=True)
 class Setup:
     """A row: ``overrides`` (dotted config keys: algorithm, topology, kappa, hyper.*), the lr used
-    per column key (``lrs``) and the grid ``--tune`` searches (``lr_grid``, > 0, distinct)."""
+    per column key (``lrs``) and the grid ``--tune`` searches (``lr_grid``, > 0, distinct).
+    ``only``: the column keys this row runs in (empty: every column)."""
 
     key: str
     label: str
     overrides: Mapping[str, object]
     lrs: Mapping[str, float]
     lr_grid: tuple[float, ...]
+    only: tuple[str, ...] = ()
+
+    def runs_in(self, column: str) -> bool:
+        return not self.only or column in self.only
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,8 @@ class Relation:
 class Preset:
     """A named grid. ``base``: config overrides of every run ("dotted.key=value" strings, the
     way ``--set`` takes them). ``metric``: the sweep metric ("worst" | "avg") the tables lead
-    with and ``--tune`` selects by."""
+    with and ``--tune`` selects by; ``tune_columns``: the columns ``--tune`` runs (empty: all).
+    ``expected``: orderings the report checks against the measured means."""
 
     name: str
     title: str
@@ -89,6 +95,7 @@ class Preset:
     metric: str
     seeds: tuple[int, ...] = (0, 1, 2)
     tune_seed: int = 100
+    tune_columns: tuple[str, ...] = ()
     expected: tuple[Relation, ...] = ()
     expected_text: str = ""
     lr_note: str = ""
@@ -101,10 +108,14 @@ class Preset:
             if len(set(keys)) != len(keys):
                 problems.append(f"{what} keys repeat: {keys}")
         for row in self.rows:
-            if missing := [c for c in cols if c not in row.lrs]:
+            if unknown := [c for c in row.only if c not in cols]:
+                problems.append(f"row {row.key!r}: only names unknown columns {unknown}")
+            if missing := [c for c in cols if row.runs_in(c) and c not in row.lrs]:
                 problems.append(f"row {row.key!r} has no lr for columns {missing}")
             if not row.lr_grid or len(set(row.lr_grid)) != len(row.lr_grid):
                 problems.append(f"row {row.key!r}: lr_grid must be non-empty and distinct")
+        if unknown := [c for c in self.tune_columns if c not in cols]:
+            problems.append(f"tune_columns names unknown columns {unknown}")
         rows = {r.key for r in self.rows}
         problems.extend(
             f"expected relation {rel} names an unknown row or column"
@@ -115,6 +126,10 @@ class Preset:
             problems.append(f"metric {self.metric!r} must be 'worst' or 'avg'")
         if problems:
             raise ValueError(f"preset {self.name!r} is invalid: " + "; ".join(problems))
+
+    def tuned_columns(self) -> tuple[str, ...]:
+        """The column keys ``--tune`` runs (``tune_columns``, or every column)."""
+        return self.tune_columns or tuple(c.key for c in self.columns)
 
     def row(self, key: str) -> Setup:
         return next(r for r in self.rows if r.key == key)
@@ -144,7 +159,10 @@ class PresetGrid:
 
     def _expand(self) -> list[SweepRun]:
         runs: list[SweepRun] = []
-        for row, col, seed in itertools.product(self.preset.rows, self.preset.columns, self.seeds):
+        preset = self.preset
+        for row, col, seed in itertools.product(preset.rows, preset.columns, self.seeds):
+            if not row.runs_in(col.key) or (self.tune and col.key not in preset.tuned_columns()):
+                continue
             lrs = row.lr_grid if self.tune else (row.lrs[col.key],)
             for lr in lrs:
                 over: dict[str, object] = {**col.overrides, **row.overrides}
@@ -219,7 +237,13 @@ def select(preset: Preset, rows: Sequence[str] | None, columns: Sequence[str] | 
         e for e in preset.expected
         if e.column in col_keys and {e.higher, e.lower} <= row_keys
     )  # fmt: skip
-    return replace(preset, rows=keep_rows, columns=keep_cols, expected=expected)
+    rows_only = tuple(
+        replace(r, only=tuple(c for c in r.only if c in col_keys)) if r.only else r
+        for r in keep_rows
+        if not r.only or any(c in col_keys for c in r.only)
+    )
+    tune = tuple(c for c in preset.tune_columns if c in col_keys)
+    return replace(preset, rows=rows_only, columns=keep_cols, expected=expected, tune_columns=tune)
 
 
 def command_line(

@@ -27,7 +27,8 @@ def test_every_row_column_and_seed_with_its_overrides(name: str) -> None:
     preset = PRESETS[name]
     grid = PresetGrid(preset, (0, 1, 2))
     runs = {r.name: r for r in grid.runs()}
-    assert len(runs) == len(preset.rows) * len(preset.columns) * 3  # names are unique
+    cells = [(r.key, c.key) for r in preset.rows for c in preset.columns if r.runs_in(c.key)]
+    assert len(runs) == len(cells) * 3  # names are unique
     seen = set()
     for run in grid.runs():
         row_key, col_key, lr = grid.cell_of[run.name]
@@ -39,10 +40,19 @@ def test_every_row_column_and_seed_with_its_overrides(name: str) -> None:
         assert run.row == row.label
         assert run.column == col.label
         seen.add((row_key, col_key, run.seed))
-    keys = itertools.product(
-        [r.key for r in preset.rows], [c.key for c in preset.columns], [0, 1, 2]
-    )
-    assert seen == set(keys)
+    assert seen == {(r, c, seed) for (r, c), seed in itertools.product(cells, [0, 1, 2])}
+
+
+def test_rows_limited_to_columns_run_only_there() -> None:
+    preset = PRESETS["detag-unshuffled"]
+    grid = PresetGrid(preset, (0, 1, 2))
+    slack = [grid.cell_of[r.name][:2] for r in grid.runs() if r.overrides.get("kappa") == 0.01]
+    assert sorted(set(slack)) == [("detag-k0.01", "x0"), ("dsgt-k0.01", "x0")]
+    assert len(slack) == 2 * 3
+    assert len(grid.runs()) == (4 * 4 + 2) * 3
+    tune = PresetGrid(preset, (100,), tune=True)  # tuned on X = 0 and X = 100 % only
+    assert {grid_cell[1] for grid_cell in tune.cell_of.values()} == {"x0", "x100"}
+    assert len(tune.runs()) == (4 * 2 + 2) * len(preset.row("dsgd").lr_grid)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -60,7 +70,7 @@ def test_every_run_of_the_preset_is_a_valid_config(name: str) -> None:
 def test_tuning_grid_runs_every_lr_of_every_row() -> None:
     preset = PRESETS["relaysgd-dirichlet"]
     grid = PresetGrid(preset, (100,), tune=True)
-    expected = sum(len(r.lr_grid) for r in preset.rows) * len(preset.columns)
+    expected = sum(len(r.lr_grid) for r in preset.rows) * len(preset.columns)  # all columns
     assert len(grid.runs()) == expected
     trees = [r for r in grid.runs() if grid.cell_of[r.name][0] == "relaysgd-trees"]
     assert sorted({r.overrides["optim.lr"] for r in trees}) == sorted(  # type: ignore[type-var]
@@ -86,40 +96,45 @@ def test_unknown_preset_row_column_and_seeds_are_clear_errors() -> None:
 
 
 def test_tiny_preset_run_writes_report_table_and_plots(tmp_path: Path) -> None:
-    """3 rows × 2 columns × 2 seeds of relaysgd-dirichlet, 4 peers, 8 steps, real engine."""
+    """2 rows × 2 columns × 2 seeds of relaysgd-dirichlet, 4 peers, 8 steps, real engine."""
     out = preset_main(
         "relaysgd-dirichlet",
         seeds=[0, 1],
         jobs=1,
         out_dir=tmp_path / "tiny",
         overrides=["peers=4", "dataset.samples=600", "epochs=1", "eval.every=0.5"],
-        rows=["allreduce", "dsgd-ring", "relaysgd-trees"],
+        rows=["allreduce", "relaysgd-trees"],
         columns=["a1", "a0.01"],
         console=Console(file=io.StringIO()),
     )
     with open(out / "table.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 3 * 2 * 2
+    assert len(rows) == 2 * 2 * 2
     assert {r["status"] for r in rows} == {"ok"}
     assert {(r["row"], r["column"], r["seed"]) for r in rows} == set(
         itertools.product(
-            ["all-reduce", "D-SGD (ring)", "RelaySGD (double binary trees)"],
+            ["all-reduce", "RelaySGD (double binary trees)"],
             ["α = 1", "α = 0.01"],
             ["0", "1"],
         )
     )
-    trees = [r for r in rows if r["row"].startswith("RelaySGD")]
-    assert {float(r["lr"]) for r in trees} == {0.3}
+    preset = PRESETS["relaysgd-dirichlet"]
+    want = {
+        (row.label, col.label): row.lrs[col.key] for row in preset.rows for col in preset.columns
+    }
+    for r in rows:  # each run trained with its row's tuned lr for its column
+        assert float(r["lr"]) == want[r["row"], r["column"]], r["name"]
+    assert want["RelaySGD (double binary trees)", "α = 1"] != want["all-reduce", "α = 1"]
     assert all(0.0 <= float(r["accuracy_worst_peer"]) <= 1.0 for r in rows)
     report = (out / "report.md").read_text()
     command = json.loads((out / "preset.json").read_text())["command"]
     assert command.startswith("concord sweep --preset relaysgd-dirichlet --seeds 0,1 --jobs 1")
     assert "--set peers=4" in command
     assert f"```bash\n{command}\n```" in report
-    for label in ("| all-reduce |", "| D-SGD (ring) |", "| RelaySGD (double binary trees) |"):
+    for label in ("| all-reduce |", "| RelaySGD (double binary trees) |"):
         assert report.count(label) >= 4, label  # rows table + accuracy and loss tables
     assert "| row | α = 1 | α = 0.01 |" in report
-    assert "D² (ring" not in report  # unselected rows are left out everywhere
+    assert "| D-SGD (ring) |" not in report  # unselected rows are left out everywhere
     assert "α = 0.01: RelaySGD (double binary trees) ≥ all-reduce − 2 pt:" in report
     pngs = ["metric.png", "curves-a1.png", "curves-a0.01.png"]
     for png in pngs:
@@ -135,7 +150,7 @@ def test_tiny_preset_run_writes_report_table_and_plots(tmp_path: Path) -> None:
         seeds=[0, 1],
         out_dir=out,
         overrides=["peers=4", "dataset.samples=600", "epochs=1", "eval.every=0.5"],
-        rows=["allreduce", "dsgd-ring", "relaysgd-trees"],
+        rows=["allreduce", "relaysgd-trees"],
         columns=["a1", "a0.01"],
         report_only=True,
         console=Console(file=io.StringIO()),
