@@ -212,6 +212,7 @@ def sim(
 @click.option(
     "--report-only", is_flag=True, help="preset: rewrite the report of a finished --out sweep"
 )
+@click.option("--resume", is_flag=True, help="preset: reuse the finished runs in --out")
 def sweep(
     config: Path | None,
     plans: str,
@@ -228,6 +229,7 @@ def sweep(
     list_presets: bool,
     tune: bool,
     report_only: bool,
+    resume: bool,
 ) -> None:
     """Run a grid (plans × factors × topologies × seeds) and print a Table-2-shaped summary.
 
@@ -237,7 +239,9 @@ def sweep(
     from sim.sweep import sweep_main
 
     if list_presets or preset is not None:
-        _sweep_preset(preset, list_presets, config, seeds, jobs, overrides, out, tune, report_only)
+        _sweep_preset(
+            preset, list_presets, config, seeds, jobs, overrides, out, (tune, report_only, resume)
+        )
         return
     seeds = "0" if seeds is None else seeds
     try:
@@ -274,19 +278,19 @@ def _sweep_preset(
     jobs: int | None,
     overrides: Sequence[str],
     out: Path | None,
-    tune: bool,
-    report_only: bool,
+    flags: tuple[bool, bool, bool],
 ) -> None:
     from sim.presets import list_presets, preset_main
 
+    tune, report_only, resume = flags
     if list_only or name is None:
         for preset_name, title in list_presets():
             click.echo(f"{preset_name:<20}  {title}")
         return
     if config is not None:
         _fail("--preset defines its own configuration; use --set KEY=VALUE instead of a CONFIG")
-    if report_only and out is None:
-        _fail("--report-only needs --out, the directory of the finished sweep")
+    if (report_only or resume) and out is None:
+        _fail("--report-only and --resume need --out, the directory of the sweep")
     try:
         seed_list = None if seeds is None else [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
@@ -300,6 +304,7 @@ def _sweep_preset(
             overrides=list(overrides),
             tune=tune,
             report_only=report_only,
+            resume=resume,
         )
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))

@@ -158,7 +158,7 @@ DETAG_UNSHUFFLED = Preset(
         "equal consecutive parts (X ∈ {0, 25, 50, 100}; at X = 0 every peer holds one or two "
         "classes), local batch 16, heavy-ball momentum 0.9 (the tracker of DSGT/DeTAG then "
         "tracks the momentum direction — DeTAGM), weight decay 1e-4, 5 % linear warm-up, LR "
-        "×0.1 at 50 % and 75 %, 8 epochs (1 000 steps). One step = one stochastic gradient per "
+        "×0.1 at 50 % and 75 %, 6 epochs (750 steps). One step = one stochastic gradient per "
         "peer; DeTAG then runs R = 2 accelerated gossip rounds (η = 0.2, the paper's choice for "
         "sorted data), all others one round — DeTAG sends twice the bytes. D² uses the lazy "
         "ring κ = 0.9 (λ_min = −⅓ on an even ring). The slack rows use W_κ = κW + (1 − κ)I with "
@@ -175,7 +175,7 @@ DETAG_UNSHUFFLED = Preset(
         "dataset.samples=20000",
         "model.name=cnn1d",
         "partition.scheme=sorted",
-        "epochs=8",
+        "epochs=6",
         "optim.batch_size=16",
         "optim.momentum=0.9",
         "optim.nesterov=false",

@@ -37,7 +37,8 @@ from typing import Any
 
 from rich.console import Console
 
-from sim.sweep import RunFn, SweepRun, _slug, run_sweep
+from sim.report import read_summary
+from sim.sweep import RunFn, SweepRun, _csv_row, _slug, _write_csv, run_sweep
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,30 @@ def run_without_plots(
     return run(cfg, out_dir, progress=progress, calibration_cache=calibration_cache, plots=False)
 
 
+@dataclass(frozen=True)
+class _Runs:
+    """A fixed list of runs as a `sim.sweep.Grid` (the part of a preset grid still to run)."""
+
+    items: list[SweepRun]
+
+    def runs(self) -> list[SweepRun]:
+        return list(self.items)
+
+    def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
+        return self.runs(), {}
+
+
+def _finished(grid: PresetGrid, out: Path) -> dict[str, dict[str, Any]]:
+    """Table rows of the runs of ``grid`` whose run directory in ``out`` has a summary.json."""
+    rows = {}
+    for run in grid.runs():
+        run_dir = out / "runs" / run.name
+        summary = read_summary(run_dir)
+        if summary is not None:
+            rows[run.name] = _csv_row(run, {"status": "ok", "summary": summary}, run_dir)
+    return rows
+
+
 def get_preset(name: str) -> Preset:
     """The preset called ``name``; ValueError naming the valid ones otherwise."""
     from sim.preset_defs import PRESETS
@@ -273,6 +298,7 @@ def preset_main(
     overrides: Sequence[str] = (),
     tune: bool = False,
     report_only: bool = False,
+    resume: bool = False,
     rows: Sequence[str] | None = None,
     columns: Sequence[str] | None = None,
     run_fn: RunFn | None = None,
@@ -284,6 +310,9 @@ def preset_main(
     "dotted.key=value" applied after the preset's base (e.g. smaller sizes for a quick look; the
     report's command line includes them). ``report_only``: run nothing, rewrite the report of
     the finished sweep in ``out_dir`` from its table.csv, run directories and preset.json.
+    ``resume``: reuse every run of ``out_dir`` that has a summary.json (matched by run name —
+    keep the preset and overrides unchanged), run the others (e.g. lrs added to a grid, or runs
+    an interrupted sweep did not reach); the wall time then adds up the sweeps.
     ``rows`` / ``columns`` (keys; tests and quick looks, not in the CLI) keep only those rows /
     columns of the preset. Raises ValueError (ConfigError) for an unknown preset, row or column,
     bad seeds or a base config that does not validate, before any run starts.
@@ -318,14 +347,30 @@ def preset_main(
         overrides = [str(o) for o in meta["overrides"]]
     else:
         command = command_line(name, seed_list, jobs, out, overrides, tune)
-        console.print(f"preset {name}: {len(grid.runs())} runs, jobs {jobs}\n{command}")
+        done = _finished(grid, out) if resume else {}
+        todo = _Runs([r for r in grid.runs() if r.name not in done])
+        console.print(
+            f"preset {name}: {len(grid.runs())} runs ({len(done)} reused), jobs {jobs}\n{command}"
+        )
         started = time.perf_counter()
-        table = run_sweep(
-            grid, out, configure, run_fn or run_without_plots, jobs=jobs, console=console
+        fresh = (
+            run_sweep(todo, out, configure, run_fn or run_without_plots, jobs=jobs, console=console)
+            if todo.runs()
+            else []
         )
         wall = time.perf_counter() - started
+        if done:
+            previous = out / "preset.json"
+            if previous.is_file():
+                wall += float(json.loads(previous.read_text(encoding="utf-8"))["wall_seconds"])
+            by_name = {r["name"]: r for r in fresh} | done
+            table = [by_name[r.name] for r in grid.runs()]
+            _write_csv(out / "table.csv", table)
+        else:
+            table = fresh
         meta = {"preset": name, "command": command, "wall_seconds": wall, "tune": tune,
-                "seeds": list(seed_list), "overrides": list(overrides)}  # fmt: skip
+                "seeds": list(seed_list), "overrides": list(overrides),
+                "reused_runs": len(done)}  # fmt: skip
         (out / "preset.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     report = write_report(
         preset,

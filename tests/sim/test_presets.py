@@ -160,3 +160,34 @@ def test_tiny_preset_run_writes_report_table_and_plots(tmp_path: Path) -> None:
 
 def _undated(report: str) -> str:
     return re.sub(r"Generated \d{4}-\d\d-\d\d", "Generated <date>", report)
+
+
+def fake_run(
+    cfg: object, out_dir: Path, *, progress: bool = False, calibration_cache: Path | None = None
+) -> dict[str, object]:
+    """Writes summary.json like the engine (that is what --resume looks for) and counts calls."""
+    with open(out_dir.parent.parent / "calls.txt", "a") as f:
+        f.write(out_dir.name + "\n")
+    summary = {"accuracy_avg_model": 0.5, "accuracy_worst_peer": 0.4, "steps": 3}
+    (out_dir / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def test_resume_reuses_finished_runs_and_runs_the_rest(tmp_path: Path) -> None:
+    def run(rows: list[str], resume: bool) -> None:
+        preset_main(
+            "detag-unshuffled", seeds=[0], out_dir=tmp_path, rows=rows, columns=["x0"],
+            resume=resume, run_fn=fake_run, console=Console(file=io.StringIO()),
+        )  # fmt: skip
+
+    run(["dsgd"], resume=False)
+    assert (tmp_path / "calls.txt").read_text().split() == ["dsgd_x0_s0"]
+    run(["dsgd", "dsgt"], resume=True)
+    assert (tmp_path / "calls.txt").read_text().split() == ["dsgd_x0_s0", "dsgt_x0_s0"]
+    with open(tmp_path / "table.csv", newline="") as f:
+        table = {r["name"]: r for r in csv.DictReader(f)}
+    assert set(table) == {"dsgd_x0_s0", "dsgt_x0_s0"}
+    assert {r["status"] for r in table.values()} == {"ok"}
+    assert table["dsgd_x0_s0"]["accuracy_avg_model"] == "0.5"  # read back from its summary
+    assert json.loads((tmp_path / "preset.json").read_text())["reused_runs"] == 1
+    assert "| DSGT | 50.00 |" in (tmp_path / "report.md").read_text()
