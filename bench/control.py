@@ -19,29 +19,36 @@ measured in one run on this machine.
    MQTT ping-pong between two NODELAY clients in two processes, QoS 1, one broker pass each way —
    the same two hops as stats → orchestrator → decision.
 2. **Lagged-control overhead.** ``sim.processes.run_processes``: orchestrator + 4 peer processes,
-   ring, D-SGD, ~1.09M-parameter MLP on mnist1d, 1 torch thread each, one-phase plan. (a)
-   ``control.mode = "none"``: one gossip round per step, still orchestrated (metrics over MQTT);
-   (b) adaptive, ``lagged = true``, factor 1e6: the lagged rule keeps exactly one round per step,
-   so communication is identical and the difference is the control plane (stats per round, and
-   each step t waiting for the decision that closed step t − lag), once per ``control.lag`` in
-   ``--lags`` (default 1 and 2; the headline ``lagged_overhead_fraction`` is the largest lag's).
-   With lag 1 every step is a global barrier on the slowest peer; with lag 2 the decision a peer
-   needs is normally published before it asks (`core.control`). Per-step time = median over peers of
-   ``train_seconds / steps`` (peer summary.json); evaluation only at the final step. (a) and (b)
-   alternate, ``--repeats`` each, median; overhead fraction = (t_b − t_a) / t_a. Also the mean
-   ``control_wait_ms`` per step of (b) (time peers blocked on the orchestrator), and, from a
-   passive MQTT client on a thread of this (otherwise idle) process: how far apart the peers
-   finish a step (spread of their per-step metrics' arrival), how long the orchestrator takes
-   from the last peer's stats of a step to its decision while the peers compute, and the split
-   of each wait into "for the slowest peer's stats" and "for the decision after them" (a wait
-   ends with the decision's arrival, so it began at decision − wait).
+   ring, D-SGD, ~1.09M-parameter MLP on mnist1d, 1 torch thread each, evaluation only at the end.
+   The run's plan has ``--blocks`` phases (LR milestones at i/blocks): phase 1 warms up (not timed),
+   then controlled (adaptive, ``lagged = true``, factor 1e6) and uncontrolled blocks alternate
+   *within one run*, starting with a controlled block in odd repeats and with an uncontrolled one in
+   even repeats (so neither side always comes first). The factor keeps exactly one round per step,
+   so communication is identical; in a controlled step the peers publish their statistics and take
+   the rounds from the decision that closed step t − lag, in an uncontrolled step the control hook
+   is not called at all (`core.loop`), which is what ``control.mode = "none"`` runs. Comparing
+   blocks of one run removes the between-run variance of this shared 2-CPU machine (separate runs of
+   the same config differ by up to ±8 % in step time, more than the 3 % to resolve). Step time =
+   the peers' own ``step_ms`` (wall time of the step, control waits included; the arrival times of
+   the metrics over MQTT are no clock: publishing is deferred to the peer's event loop); the first
+   ``SKIP`` steps of every block are left out;
+   overhead fraction = mean over controlled steps / mean over uncontrolled steps − 1, per run,
+   median over ``--repeats`` runs. One run per ``control.lag`` in ``--lags`` and repeat (default
+   lags 1 and 2; the headline ``lagged_overhead_fraction`` is the largest lag's): with lag 1 every
+   step is a global barrier on the slowest peer, with lag 2 the decision a peer needs is normally
+   published before it asks (`core.control`). Also: the mean ``control_wait_ms`` per controlled step
+   (time peers blocked on the orchestrator), how far apart the peers finish a step, how long the
+   orchestrator takes from the last peer's stats of a step to its decision while the peers compute,
+   and the split of each wait into "for the slowest peer's stats" and "for the decision after them"
+   (a wait ends with the decision's arrival, so it began at decision − wait).
 
 Targets (printed, never asserted): barrier RTT ≤ 5 ms median with Mosquitto; lagged overhead
 ≤ 0.03. Last line: a JSON object with ``barrier_rtt_ms_mosquitto`` and ``lagged_overhead_fraction``
 (the Mosquitto one), the same for the embedded broker and the baselines.
 
     python bench/control.py [--peers 8] [--steps 50] [--max-rounds 20] [--lagged-peers 4]
-                            [--lagged-steps 150] [--repeats 2] [--lags 1,2] [--quick] [--keep DIR]
+                            [--lagged-steps 280] [--blocks 7] [--repeats 2] [--lags 1,2]
+                            [--quick] [--keep DIR]
                             [--run-timeout 600]
 
 The numbers are only comparable within one run: on a shared 2-vCPU machine they move by ±20 %.
@@ -98,6 +105,7 @@ from protos.mqtt import Bus, client  # noqa: E402
 HIDDEN = [1024, 1024]  # 40·1024 + 1024·1024 + 1024·10 + biases ≈ 1.09 M parameters
 SAMPLES = 8000
 TIMEOUT = 30.0  # seconds any single network wait may take before the bench gives up
+SKIP = 3  # steps at the start of every block of the overhead run left out (the transition)
 
 
 def _quiet_logs() -> None:
@@ -411,17 +419,19 @@ async def _one_round(
 # 2. Lagged control against no control: real peer processes
 
 
-def _lagged_config(n: int, steps: int, lag: int | None, hidden: list[int], samples: int) -> Any:
-    """lag None: no control; else lagged control with that ``control.lag``."""
+def _lagged_config(
+    n: int, steps: int, blocks: int, lag: int, first: int, hidden: list[int], samples: int
+) -> Any:
+    """``blocks`` phases; phases first, first + 2, … (first ∈ {2, 3}) under lagged control with
+    ``control.lag = lag``; phase 1 is the warm-up."""
     from core.config import build_config
 
     per_epoch = max(1, round(samples * 0.8 / n / 16))
-    control: dict[str, Any] = {"mode": "none"}
-    if lag is not None:
-        control = {"mode": "adaptive", "lagged": True, "lag": lag, "factor": 1e6, "phases": [1]}
+    phases = list(range(first, blocks + 1, 2))
+    control = {"mode": "adaptive", "lagged": True, "lag": lag, "factor": 1e6, "phases": phases}
     return build_config(
         {
-            "name": "bench-control-" + ("none" if lag is None else f"lag{lag}"),
+            "name": f"bench-control-lag{lag}",
             "peers": n,
             "topology": "ring",
             "algorithm": "dsgd",
@@ -429,7 +439,7 @@ def _lagged_config(n: int, steps: int, lag: int | None, hidden: list[int], sampl
             "threads": 1,
             "dataset": {"samples": samples},
             "model": {"name": "mlp", "hidden": hidden},
-            "optim": {"milestones": []},
+            "optim": {"milestones": [i / blocks for i in range(1, blocks)], "warmup": 0.0},
             "control": control,
             "eval": {"every": 1000.0, "peers": False},
             "network": {"deadline": 30.0},
@@ -501,9 +511,10 @@ class RunObserver:
                 elif isinstance(message, Metrics) and message.event == "step":
                     self.metrics.setdefault(message.step, []).append(now)
 
-    def spread(self, n: int, warmup: int = 5) -> list[float]:
-        """Per step: last − first peer's metrics arrival (how far apart peers finish a step)."""
-        return [max(v) - min(v) for k, v in self.metrics.items() if k >= warmup and len(v) == n]
+    def spread(self, n: int, steps: set[int]) -> list[float]:
+        """Per step of ``steps``: last − first peer's metrics arrival (how far apart peers finish
+        a step)."""
+        return [max(v) - min(v) for k, v in self.metrics.items() if k in steps and len(v) == n]
 
     def decide(self, n: int, warmup: int = 5) -> list[float]:
         """Per step: the last peer's stats → the decision (the orchestrator under load + hops)."""
@@ -535,16 +546,24 @@ class RunObserver:
 
 @dataclass
 class StepRun:
-    step_s: float  # median over peers of train_seconds / steps
-    wait_ms: float  # mean control_wait_ms per step over peers and steps
+    step_s: float  # mean step time over controlled steps (RunObserver.durations)
+    step_s_uncontrolled: float  # the same over uncontrolled steps
+    steps_timed: tuple[int, int]  # (peer, step) samples: controlled, uncontrolled
+    wait_ms: float  # mean control_wait_ms per controlled step over peers and steps
     wait_median_ms: float
     wait_p90_ms: float
     rounds_per_step: float
     fallbacks: int
-    spread: list[float]  # seconds, per step (RunObserver.spread)
+    blocks: list[tuple[int, bool, float]]  # (phase, controlled, mean step seconds) per block
+    spread: list[float]  # seconds, per controlled step (RunObserver.spread)
+    spread_uncontrolled: list[float]
     decide: list[float]  # seconds, per step (RunObserver.decide); empty without control
     wait_peers: list[float]  # seconds, per (peer, step) (RunObserver.split_waits)
     wait_orchestrator: list[float]
+
+    @property
+    def overhead(self) -> float:
+        return self.step_s / self.step_s_uncontrolled - 1.0
 
 
 def lagged_run(cfg: Any, run_dir: Path, broker: str | None, timeout: float) -> StepRun:
@@ -572,26 +591,48 @@ def lagged_run(cfg: Any, run_dir: Path, broker: str | None, timeout: float) -> S
             watchdog.cancel()
     if observer.error:
         print(f"observer failed: {observer.error}", file=sys.stderr)
-    per_step: list[float] = []
-    waits: dict[tuple[int, int], float] = {}  # (peer, step) → seconds
+    phase: dict[int, int] = {}  # step → phase index
+    took: dict[tuple[int, int], float] = {}  # (peer, step) → seconds (the peer's step_ms)
+    waits: dict[tuple[int, int], float] = {}  # (peer, controlled step) → seconds
+    controlled = set(cfg.control.phases)
     for i in range(cfg.peers):
-        d = run_dir / "peers" / f"peer-{i}"
-        s = json.loads((d / "summary.json").read_text())
-        per_step.append(s["train_seconds"] / s["steps"])
-        with open(d / "metrics.jsonl", encoding="utf-8") as f:
+        with open(run_dir / "peers" / f"peer-{i}" / "metrics.jsonl", encoding="utf-8") as f:
             for line in f:
                 rec = json.loads(line)
                 if rec.get("kind") == "step":
-                    waits[(i, rec["step"])] = float(rec.get("control_wait_ms") or 0.0) / 1e3
+                    phase[rec["step"]] = rec["phase"]
+                    took[(i, rec["step"])] = float(rec["step_ms"]) / 1e3
+                    if rec["phase"] in controlled:
+                        waits[(i, rec["step"])] = float(rec.get("control_wait_ms") or 0.0) / 1e3
+    first = {p: min(k for k, q in phase.items() if q == p) for p in set(phase.values())}
+    timed = {k for k, p in phase.items() if p > 1 and k >= first[p] + SKIP}  # 1: warm-up
+
+    def durations(steps: set[int]) -> list[float]:
+        return [t for (_, k), t in took.items() if k in steps]
+
+    on = {k for k in timed if phase[k] in controlled}
+    off = timed - on
+    d_on, d_off = durations(on), durations(off)
+    blocks = [
+        (p, p in controlled, statistics.fmean(d))
+        for p in sorted(first)
+        if p > 1 and (d := durations({k for k in timed if phase[k] == p}))
+    ]
+    if not d_on or not d_off:
+        raise RuntimeError(f"{run_dir}: no step times in the peers' metrics")
     wait_peers, wait_orchestrator = observer.split_waits(waits, cfg.peers, cfg.control.lag)
     return StepRun(
-        step_s=statistics.median(per_step),
+        step_s=statistics.fmean(d_on),
+        step_s_uncontrolled=statistics.fmean(d_off),
+        steps_timed=(len(d_on), len(d_off)),
         wait_ms=statistics.fmean(waits.values()) * 1e3,
         wait_median_ms=_ms(list(waits.values())),
         wait_p90_ms=_ms(list(waits.values()), 0.9),
         rounds_per_step=summary["gossip_rounds_total"] / summary["steps"],
         fallbacks=int(summary["control_fallbacks"]),
-        spread=observer.spread(cfg.peers),
+        blocks=blocks,
+        spread=observer.spread(cfg.peers, on),
+        spread_uncontrolled=observer.spread(cfg.peers, off),
         decide=observer.decide(cfg.peers),
         wait_peers=wait_peers,
         wait_orchestrator=wait_orchestrator,
@@ -608,7 +649,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-rounds", type=int, default=20, help="rounds per barrier step")
     parser.add_argument("--pings", type=int, default=300, help="timed MQTT ping-pongs")
     parser.add_argument("--lagged-peers", type=int, default=4, help="peer processes (overhead)")
-    parser.add_argument("--lagged-steps", type=int, default=150, help="steps per overhead run")
+    parser.add_argument("--lagged-steps", type=int, default=280, help="steps per overhead run")
+    parser.add_argument(
+        "--blocks", type=int, default=7, help="phases per run: a warm-up, then alternating blocks"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs of each overhead config")
     parser.add_argument(
         "--lags",
@@ -624,12 +668,17 @@ def main(argv: list[str] | None = None) -> None:
     hidden, samples = HIDDEN, SAMPLES
     if args.quick:
         args.peers, args.steps, args.max_rounds, args.pings = 3, 4, 3, 30
-        args.lagged_peers, args.lagged_steps, args.repeats = 2, 20, 1
+        args.lagged_peers, args.lagged_steps, args.repeats, args.blocks = 2, 48, 1, 3
         hidden, samples = [64], 2000
     if min(args.peers, args.max_rounds, args.pings, args.repeats) < 1 or args.steps < 2:
         parser.error("--peers, --max-rounds, --pings, --repeats must be ≥ 1 and --steps ≥ 2")
     if args.lagged_peers < 2 or args.lagged_steps < 2:
         parser.error("--lagged-peers and --lagged-steps must be ≥ 2")
+    if args.blocks < 3 or args.lagged_steps < args.blocks * (SKIP + 5):
+        parser.error(
+            f"--blocks must be ≥ 3 and each block needs ≥ {SKIP + 5} steps "
+            f"(--lagged-steps ≥ {SKIP + 5} × --blocks)"
+        )
     try:
         args.lag_list = sorted({int(x) for x in args.lags.split(",") if x.strip()})
     except ValueError:
@@ -660,15 +709,19 @@ def main(argv: list[str] | None = None) -> None:
                 f"orchestrator exit {res.orchestrator_exit}",
                 flush=True,
             )
-            configs = {
-                _label(lag): _lagged_config(
-                    args.lagged_peers, args.lagged_steps, lag, hidden, samples
-                )
-                for lag in (None, *args.lag_list)
-            }
-            steps[name] = {label: [] for label in configs}
+            steps[name] = {_label(lag): [] for lag in args.lag_list}
             for rep in range(args.repeats):
-                for label, cfg in configs.items():
+                for lag in args.lag_list:
+                    label = _label(lag)
+                    cfg = _lagged_config(
+                        args.lagged_peers,
+                        args.lagged_steps,
+                        args.blocks,
+                        lag,
+                        2 + rep % 2,
+                        hidden,
+                        samples,
+                    )
                     run = lagged_run(
                         cfg, work / f"steps-{name}-{label}-{rep}", url, args.run_timeout
                     )
@@ -677,20 +730,32 @@ def main(argv: list[str] | None = None) -> None:
     _report(args, barrier, steps)
 
 
-def _label(lag: int | None) -> str:
-    return "none" if lag is None else f"lag{lag}"
+def _label(lag: int) -> str:
+    return f"lag{lag}"
 
 
 def _say_run(name: str, label: str, rep: int, run: StepRun) -> None:
-    head = f"{name:>9}: control {label:<6} run {rep + 1}:"
+    head = f"{name:>9}: {label} run {rep + 1}:"
     print(
-        f"{head} {run.step_s * 1e3:.2f} ms/step, {run.rounds_per_step:.2f} rounds/step, "
+        f"{head} {run.step_s * 1e3:.2f} ms/step controlled, {run.step_s_uncontrolled * 1e3:.2f} "
+        f"uncontrolled (overhead {run.overhead:+.4f}; {run.steps_timed[0]}/"
+        f"{run.steps_timed[1]} peer-steps timed), {run.rounds_per_step:.2f} rounds/step, "
         f"{run.fallbacks} fallbacks; control wait mean {run.wait_ms:.2f} / median "
-        f"{run.wait_median_ms:.2f} / p90 {run.wait_p90_ms:.2f} ms per step",
+        f"{run.wait_median_ms:.2f} / p90 {run.wait_p90_ms:.2f} ms per controlled step",
+        flush=True,
+    )
+    print(
+        f"{head} block means "
+        + " ".join(f"{'C' if c else 'U'}{t * 1e3:.1f}" for _, c, t in run.blocks)
+        + " ms/step (C controlled, U uncontrolled)",
         flush=True,
     )
     if run.spread:
-        print(f"{head} peers finish a step {_ms(run.spread):.2f} ms apart (median)", flush=True)
+        print(
+            f"{head} peers finish a step {_ms(run.spread):.2f} ms apart controlled, "
+            f"{_ms(run.spread_uncontrolled):.2f} uncontrolled (medians)",
+            flush=True,
+        )
     if run.wait_peers:
         print(
             f"{head} last stats → decision {_ms(run.decide):.2f} ms (median); of the wait, "
@@ -710,35 +775,33 @@ def _report(
     b = barrier
     lagged = [_label(lag) for lag in args.lag_list]
     head = lagged[-1]  # the headline: the largest lag measured
-    med = {
-        n: {k: statistics.median(r.step_s for r in v) for k, v in steps[n].items()} for n in names
-    }
-    wait = {
-        n: {k: statistics.median(r.wait_ms for r in steps[n][k]) for k in lagged} for n in names
-    }
-    overhead = {
-        n: {k: (med[n][k] - med[n]["none"]) / med[n]["none"] for k in lagged} for n in names
-    }
 
-    def pooled(n: str, label: str, what: str) -> list[float]:
-        return [x for r in steps[n][label] for x in getattr(r, what)]
+    def med(n: str, k: str, what: str) -> float:
+        return statistics.median(getattr(r, what) for r in steps[n][k])
 
-    def mean(n: str, label: str, what: str) -> str:
-        values = pooled(n, label, what)
-        return f"{statistics.fmean(values) * 1e3:.2f}" if values else "-"
+    def pooled(n: str, k: str, what: str) -> list[float]:
+        return [x for r in steps[n][k] for x in getattr(r, what)]
+
+    def mean_ms(n: str, k: str, what: str) -> float | None:
+        values = pooled(n, k, what)
+        return statistics.fmean(values) * 1e3 if values else None
 
     def row(label: str, cells: list[str]) -> None:
-        print(f"  {label:<50}" + "".join(f"{c:>12}" for c in cells))
+        print(f"  {label:<52}" + "".join(f"{c:>12}" for c in cells))
 
     def ms(values: list[float], q: float = 0.5) -> str:
         return f"{_ms(values, q):.2f}" if values else "-"
 
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
     print()
     print(
         f"barrier: {args.peers} synthetic peers, {args.steps} steps × {args.max_rounds} rounds; "
-        f"overhead: {args.lagged_peers} peer processes, {args.lagged_steps} steps, "
-        f"{args.repeats} run(s) of each, 1 torch thread; {os.cpu_count()} CPUs, load average "
-        f"{args.load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+        f"overhead: {args.lagged_peers} peer processes, {args.lagged_steps} steps in "
+        f"{args.blocks} alternating blocks, {args.repeats} run(s) per lag, 1 torch thread; "
+        f"{os.cpu_count()} CPUs, load average {args.load_before:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after"
     )
     row("", names)
     row("barrier decision RTT, median ms (target ≤ 5)", [ms(b[n].rtt) for n in names])
@@ -746,27 +809,43 @@ def _report(
     row("  to the first synthetic peer, median ms", [ms(b[n].first) for n in names])
     row("MQTT ping-pong QoS 1, median ms (baseline)", [ms(b[n].pingpong) for n in names])
     row("barrier RTT ÷ ping-pong", [f"{_ms(b[n].rtt) / _ms(b[n].pingpong):.2f}" for n in names])
-    row("step, no control, ms", [f"{med[n]['none'] * 1e3:.2f}" for n in names])
-    row("peers finish a step … ms apart, none", [ms(pooled(n, "none", "spread")) for n in names])
     for k in lagged:
         target = " (target ≤ 0.03)" if k == head else ""
-        row(f"[{k}] step, lagged control, ms", [f"{med[n][k] * 1e3:.2f}" for n in names])
-        row(f"[{k}] lagged overhead fraction{target}", [f"{overhead[n][k]:+.4f}" for n in names])
-        row(f"[{k}] control_wait_ms per step, median", [f"{wait[n][k]:.2f}" for n in names])
+        row(
+            f"[{k}] step, uncontrolled blocks, ms",
+            [f"{med(n, k, 'step_s_uncontrolled') * 1e3:.2f}" for n in names],
+        )
+        row(
+            f"[{k}] step, lagged-control blocks, ms",
+            [f"{med(n, k, 'step_s') * 1e3:.2f}" for n in names],
+        )
+        row(
+            f"[{k}] lagged overhead fraction{target}",
+            [f"{med(n, k, 'overhead'):+.4f}" for n in names],
+        )
+        row(
+            f"[{k}]   … per run",
+            ["/".join(f"{r.overhead:+.3f}" for r in steps[n][k]) for n in names],
+        )
+        row(
+            f"[{k}] control_wait_ms per controlled step, mean",
+            [f"{med(n, k, 'wait_ms'):.2f}" for n in names],
+        )
         row(
             f"[{k}]   … for the slowest peer's stats, mean ms",
-            [mean(n, k, "wait_peers") for n in names],
+            [fmt(mean_ms(n, k, "wait_peers")) for n in names],
         )
         row(
             f"[{k}]   … for the decision after them, mean ms",
-            [mean(n, k, "wait_orchestrator") for n in names],
+            [fmt(mean_ms(n, k, "wait_orchestrator")) for n in names],
         )
-        row(f"[{k}] peers finish a step … ms apart", [ms(pooled(n, k, "spread")) for n in names])
-        row(f"[{k}] last stats → decision, median ms", [ms(pooled(n, k, "decide")) for n in names])
         row(
-            f"[{k}] gossip rounds per step",
-            [f"{statistics.median(r.rounds_per_step for r in steps[n][k]):.2f}" for n in names],
+            f"[{k}] peers finish a step … ms apart, controlled",
+            [ms(pooled(n, k, "spread")) for n in names],
         )
+        row(f"[{k}]   … uncontrolled", [ms(pooled(n, k, "spread_uncontrolled")) for n in names])
+        row(f"[{k}] last stats → decision, median ms", [ms(pooled(n, k, "decide")) for n in names])
+        row(f"[{k}] gossip rounds per step", [f"{med(n, k, 'rounds_per_step'):.2f}" for n in names])
         row(f"[{k}] control fallbacks", [str(sum(r.fallbacks for r in steps[n][k])) for n in names])
     result: dict[str, Any] = {"benchmark": "control", "peers_barrier": args.peers}
     for n in names:
@@ -775,15 +854,16 @@ def _report(
     for n in names:
         result[f"mqtt_pingpong_ms_{n}"] = round(_ms(b[n].pingpong), 3)
     for n in names:
-        result[f"step_ms_none_{n}"] = round(med[n]["none"] * 1e3, 3)
         for k in lagged:
-            result[f"step_ms_{k}_{n}"] = round(med[n][k] * 1e3, 3)
-            result[f"lagged_overhead_fraction_{k}_{n}"] = round(overhead[n][k], 4)
-            result[f"control_wait_ms_{k}_{n}"] = round(wait[n][k], 3)
+            result[f"step_ms_uncontrolled_{k}_{n}"] = round(
+                med(n, k, "step_s_uncontrolled") * 1e3, 3
+            )
+            result[f"step_ms_{k}_{n}"] = round(med(n, k, "step_s") * 1e3, 3)
+            result[f"lagged_overhead_fraction_{k}_{n}"] = round(med(n, k, "overhead"), 4)
+            result[f"control_wait_ms_{k}_{n}"] = round(med(n, k, "wait_ms"), 3)
             for key, what in (("peers", "wait_peers"), ("decision", "wait_orchestrator")):
-                values = pooled(n, k, what)
-                mean_ms = round(statistics.fmean(values) * 1e3, 3) if values else None
-                result[f"control_wait_{key}_ms_{k}_{n}"] = mean_ms
+                v = mean_ms(n, k, what)
+                result[f"control_wait_{key}_ms_{k}_{n}"] = None if v is None else round(v, 3)
             decide = pooled(n, k, "decide")
             result[f"lagged_decision_ms_{k}_{n}"] = round(_ms(decide), 3) if decide else None
         result[f"lagged_overhead_fraction_{n}"] = result[f"lagged_overhead_fraction_{head}_{n}"]
@@ -795,6 +875,7 @@ def _report(
         max_rounds=args.max_rounds,
         peers_lagged=args.lagged_peers,
         steps_lagged=args.lagged_steps,
+        blocks=args.blocks,
         repeats=args.repeats,
         quick=args.quick,
         load_average_before=round(args.load_before, 2),

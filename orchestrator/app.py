@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -381,6 +382,7 @@ class Orchestrator:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
+        loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
         async with contextlib.AsyncExitStack() as stack:
             url = self.broker_url
             if url is None:
@@ -514,6 +516,16 @@ class Orchestrator:
         log.info("orchestrator.signal", signal=sig.name)
         self.stop_requested = True
         self.changed.set()
+
+
+def dump_tasks() -> None:
+    """``kill -USR1 <pid>``: every asyncio task of this process and where it waits, on stderr
+    (for a process that looks stuck)."""
+    tasks = asyncio.all_tasks()
+    print(f"--- {len(tasks)} asyncio tasks (SIGUSR1) ---", file=sys.stderr)
+    for task in tasks:
+        task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
 
 
 def run_orchestrator(cfg: RunConfig, out: Path, *, broker: str | None, run_id: str | None) -> int:

@@ -21,6 +21,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import structlog
+
+log = structlog.get_logger("orchestrator.broker")
+
 _BIND_ATTEMPTS = 5
 
 
@@ -67,11 +71,18 @@ class EmbeddedBroker:
             return
         raise OSError(f"embedded MQTT broker could not bind {self.host}: {last}")
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 3.0) -> None:
+        """Shut the broker down, giving up after ``timeout`` seconds: amqtt 0.12's shutdown
+        can wait forever on a QoS 1 delivery whose PUBACK it lost track of (it logs "PUBACK
+        waiter with Id … already done"), which left the orchestrator hanging after its run."""
         if self._broker is not None:
-            with contextlib.suppress(Exception):  # shutting down: nothing left to save
-                await self._broker.shutdown()
-            self._broker = None
+            broker, self._broker = self._broker, None
+            try:
+                await asyncio.wait_for(broker.shutdown(), timeout)
+            except TimeoutError:
+                log.warning("broker.shutdown_timeout", seconds=timeout)
+            except Exception as exc:  # shutting down: nothing left to save
+                log.warning("broker.shutdown_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def __aenter__(self) -> EmbeddedBroker:
         await self.start()

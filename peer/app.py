@@ -333,9 +333,11 @@ class PeerProcess:
                 break
             self.step = step
             structlog.contextvars.bind_contextvars(step=step)  # this thread's log lines
+            started = time.perf_counter()
             if hooks is not None:
                 hooks.before(step)
             record, report = runner.step(step)
+            record["step_ms"] = (time.perf_counter() - started) * 1e3  # incl. control waits
             record["peer"] = i
             record["missing"] = sorted({j for o in report.outcomes for m in o.missing for j in m})
             record["rejected"] = sorted(

@@ -43,6 +43,9 @@ from protos.mqtt import Bus
 from sim.rundir import load_checkpoint
 
 _GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
+# seconds the orchestrator may take to exit once every peer has and its summary is written (its
+# teardown is bounded by 5 s publish and 3 s broker-shutdown timeouts; this catches the rest)
+_TEARDOWN = 30.0
 
 
 class ProcessesError(RuntimeError):
@@ -61,6 +64,7 @@ class Children:
         self.run_dir = run_dir
         self.cfg = cfg
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.abandoned: set[str] = set()  # stopped by us after their work was done
         self._logs: list[IO[bytes]] = []
         threads = str(cfg.threads or 1)
         self.env = {
@@ -85,7 +89,29 @@ class Children:
         return proc
 
     def failed(self) -> dict[str, int]:
-        return {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
+        return {
+            n: p.returncode
+            for n, p in self.procs.items()
+            if p.poll() not in (None, 0) and n not in self.abandoned
+        }
+
+    def orchestrator_stuck(self, since: float | None, now: float) -> bool:
+        """Every peer exited ``since`` more than `_TEARDOWN` seconds ago and the orchestrator,
+        its summary written, is still there: its work is done and it is stuck in teardown."""
+        done = (self.run_dir / "orchestrator-summary.json").is_file()
+        return since is not None and now - since > _TEARDOWN and done
+
+    def abandon(self, name: str) -> None:
+        """Stop a child whose work is done; its exit status is then no failure."""
+        self.abandoned.add(name)
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
     def hopeless(self) -> bool:
         """The run cannot finish: the orchestrator failed, or every peer did (a lost peer is
@@ -190,10 +216,22 @@ async def _follow(
     async with Bus(url, f"monitor-{run_id}", topics, subscribe=kinds, handler=monitor.on_message):
         with bar:
             task = bar.add_task("run", total=None, info="starting peers")
+            peers_gone: float | None = None
             while children.running() and not stop:
                 if children.hopeless():
                     break
                 await asyncio.sleep(0.25)
+                now = time.monotonic()
+                if children.running() != ["orchestrator"]:
+                    peers_gone = None
+                elif peers_gone is None:
+                    peers_gone = now
+                elif children.orchestrator_stuck(peers_gone, now):
+                    structlog.get_logger("sim.processes").warning(
+                        "orchestrator.teardown_stuck", seconds=round(now - peers_gone, 1)
+                    )
+                    children.abandon("orchestrator")
+                    break
                 bar.update(
                     task, total=monitor.total or None, completed=monitor.step, info=monitor.line()
                 )

@@ -213,3 +213,34 @@ def test_lagged_peers_keep_going_while_the_broker_is_away_and_control_resumes(
         assert json.loads((peer / "summary.json").read_text())["broker_connects"] >= 2
     orch = [json.loads(x) for x in (out / "log.jsonl").open()]
     assert sum(e["event"] == "mqtt.connected" for e in orch) >= 2
+
+
+def test_an_orchestrator_stuck_after_its_work_is_stopped_and_not_counted_failed(
+    tmp_path: Path,
+) -> None:
+    """The launcher's answer to an orchestrator that hangs in teardown (amqtt 0.12 once kept one
+    waiting for a lost PUBACK): once every peer exited and the orchestrator's summary exists,
+    it is stopped — SIGKILL if it ignores SIGTERM — and its exit status is no failure."""
+    from core.config import load_config
+    from sim import processes
+
+    cfg = load_config(None, ["peers=2"], environ={})
+    (tmp_path / "logs").mkdir()
+    children = processes.Children(tmp_path, cfg)
+    ignores_term = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+    )
+    children.procs["orchestrator"] = subprocess.Popen([sys.executable, "-c", ignores_term])
+    time.sleep(0.5)  # the child installed its handler
+    now = time.monotonic()
+    gone = now - processes._TEARDOWN - 1
+    assert not children.orchestrator_stuck(gone, now)  # no summary yet: it may still be working
+    (tmp_path / "orchestrator-summary.json").write_text("{}")
+    assert not children.orchestrator_stuck(now - 1, now)  # peers left only a moment ago
+    assert children.orchestrator_stuck(gone, now)
+    t0 = time.monotonic()
+    children.abandon("orchestrator")
+    assert children.procs["orchestrator"].returncode == -signal.SIGKILL
+    assert time.monotonic() - t0 < 15
+    assert children.failed() == {}
+    assert children.running() == []

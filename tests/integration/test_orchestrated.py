@@ -52,6 +52,7 @@ def _compare(cfg: RunConfig, tmp: Path, broker: str | None = None) -> dict[str, 
         peer_dir = tmp / "processes" / "peers" / f"peer-{i}"
         got = [r["rounds"] for r in _steps(peer_dir / "metrics.jsonl")]
         assert got == expected, f"peer {i} rounds per step differ from the vectorized engine"
+        assert all(r["step_ms"] > 0 for r in _steps(peer_dir / "metrics.jsonl"))
         state = load_checkpoint(peer_dir / "checkpoint.pt")
         torch.testing.assert_close(state["params"][0], params[i], rtol=0, atol=1e-5)
     # the run-level record the orchestrator aggregated says the same
