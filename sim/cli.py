@@ -213,6 +213,8 @@ def sim(
     "--report-only", is_flag=True, help="preset: rewrite the report of a finished --out sweep"
 )
 @click.option("--resume", is_flag=True, help="preset: reuse the finished runs in --out")
+@click.option("--rows", "preset_rows", default=None, help="preset: only these row keys (a,b)")
+@click.option("--columns", "preset_columns", default=None, help="preset: only these column keys")
 def sweep(
     config: Path | None,
     plans: str,
@@ -230,6 +232,8 @@ def sweep(
     tune: bool,
     report_only: bool,
     resume: bool,
+    preset_rows: str | None,
+    preset_columns: str | None,
 ) -> None:
     """Run a grid (plans × factors × topologies × seeds) and print a Table-2-shaped summary.
 
@@ -240,7 +244,15 @@ def sweep(
 
     if list_presets or preset is not None:
         _sweep_preset(
-            preset, list_presets, config, seeds, jobs, overrides, out, (tune, report_only, resume)
+            preset,
+            list_presets,
+            config,
+            seeds,
+            jobs,
+            overrides,
+            out,
+            (tune, report_only, resume),
+            (_keys(preset_rows), _keys(preset_columns)),
         )
         return
     seeds = "0" if seeds is None else seeds
@@ -270,6 +282,10 @@ def sweep(
         _fail(str(exc))
 
 
+def _keys(text: str | None) -> list[str] | None:
+    return None if text is None else [k.strip() for k in text.split(",") if k.strip()]
+
+
 def _sweep_preset(
     name: str | None,
     list_only: bool,
@@ -279,6 +295,7 @@ def _sweep_preset(
     overrides: Sequence[str],
     out: Path | None,
     flags: tuple[bool, bool, bool],
+    subset: tuple[list[str] | None, list[str] | None],
 ) -> None:
     from sim.presets import list_presets, preset_main
 
@@ -305,6 +322,8 @@ def _sweep_preset(
             tune=tune,
             report_only=report_only,
             resume=resume,
+            rows=subset[0],
+            columns=subset[1],
         )
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))

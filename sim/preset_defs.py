@@ -16,7 +16,7 @@ from sim.presets import Preset, Relation, Setting, Setup
 # RelaySGD vs gossip under Dirichlet heterogeneity (Vogels et al. 2021, Table 2; ALGORITHMS §5.8)
 
 _ALPHAS = (("a1", "α = 1", 1.0), ("a0.1", "α = 0.1", 0.1), ("a0.01", "α = 0.01", 0.01))
-_GOSSIP_GRID = (0.025, 0.05, 0.1)
+_GOSSIP_GRID = (0.025, 0.05, 0.1, 0.2, 0.4)
 
 
 def _per_alpha(a1: float, a01: float, a001: float) -> Mapping[str, float]:
@@ -62,50 +62,68 @@ RELAYSGD_DIRICHLET = Preset(
             "allreduce",
             "all-reduce",
             {"algorithm": "allreduce", "topology": "complete"},
-            _per_alpha(0.1, 0.1, 0.1),
+            _per_alpha(0.1, 0.2, 0.1),
             (0.05, 0.1, 0.2),
         ),
         Setup(
             "dsgd-ring",
             "D-SGD (ring)",
             {"algorithm": "dsgd", "topology": "ring"},
-            _per_alpha(0.1, 0.1, 0.1),
+            _per_alpha(0.2, 0.1, 0.1),
             _GOSSIP_GRID,
         ),
         Setup(
             "qgm-ring",
             "D-SGD + QGM (ring)",
             {"algorithm": "qgm", "topology": "ring"},
-            _per_alpha(0.1, 0.1, 0.1),
+            _per_alpha(0.2, 0.2, 0.2),
             _GOSSIP_GRID,
         ),
         Setup(
             "d2-ring",
             "D² (ring, κ = 0.9)",
             {"algorithm": "d2", "topology": "ring", "kappa": 0.9},
-            _per_alpha(0.1, 0.1, 0.1),
+            _per_alpha(0.2, 0.1, 0.1),
             _GOSSIP_GRID,
         ),
         Setup(
             "sgp-expo",
             "SGP (time-varying exponential)",
             {"algorithm": "sgp", "topology": "exponential-one-peer-directed"},
-            _per_alpha(0.1, 0.1, 0.1),
+            _per_alpha(0.2, 0.2, 0.1),
             _GOSSIP_GRID,
         ),
         Setup(
             "relaysgd-trees",
             "RelaySGD (double binary trees)",
             {"algorithm": "relaysgd", "topology": "double-binary-tree"},
-            _per_alpha(0.3, 0.3, 0.3),
-            (0.15, 0.3, 0.6),
+            _per_alpha(0.6, 0.6, 0.3),
+            (0.15, 0.3, 0.6, 1.2),
         ),
         Setup(
             "relaysgd-chain",
             "RelaySGD (chain)",
             {"algorithm": "relaysgd", "topology": "chain"},
-            _per_alpha(0.25, 0.25, 0.25),
-            (0.125, 0.25, 0.5),
+            _per_alpha(1.0, 0.5, 1.0),
+            (0.125, 0.25, 0.5, 1.0),
+        ),
+        # Stability checks: one tune seed put two choices at the edge of stability (all-reduce
+        # 0.2 at α = 0.1, chain 1.0 at α = 1 and 0.01; see the report); the next grid value down.
+        Setup(
+            "allreduce-lr0.1",
+            "all-reduce, lr 0.1 (next below the tuned 0.2)",
+            {"algorithm": "allreduce", "topology": "complete"},
+            {"a0.1": 0.1},
+            (0.1,),
+            only=("a0.1",),
+        ),
+        Setup(
+            "relaysgd-chain-lr0.5",
+            "RelaySGD (chain), lr 0.5 (next below the tuned 1.0)",
+            {"algorithm": "relaysgd", "topology": "chain"},
+            {"a1": 0.5, "a0.01": 0.5},
+            (0.5,),
+            only=("a1", "a0.01"),
         ),
     ),
     columns=tuple(Setting(key, label, {"partition.alpha": a}, a) for key, label, a in _ALPHAS),
@@ -129,7 +147,7 @@ RELAYSGD_DIRICHLET = Preset(
         "Each row's lr grid (paper: {lr_c/8 … 2 lr_c} around the centralized lr_c, §5.7; "
         "RelaySGD's grid reaches the paper's ×3 (trees) / ×5 (chain) factors over all-reduce, "
         "§5.5) was run once per α at the tune seed; the lr with the best worst-peer accuracy "
-        "was kept."
+        "was kept (grid, scores and choices: [lr-tuning/report.md](lr-tuning/report.md))."
     ),
     log_x=True,
 )
@@ -139,7 +157,7 @@ RELAYSGD_DIRICHLET = Preset(
 
 _FRACTIONS = (("x0", "0 % shuffled", 0.0), ("x25", "25 % shuffled", 0.25),
               ("x50", "50 % shuffled", 0.5), ("x100", "100 % shuffled", 1.0))  # fmt: skip
-_DETAG_GRID = (0.01, 0.03, 0.1)
+_DETAG_GRID = (0.01, 0.03, 0.1, 0.3)
 
 
 def _per_fraction(unshuffled: float, shuffled: float) -> Mapping[str, float]:
@@ -158,7 +176,7 @@ DETAG_UNSHUFFLED = Preset(
         "equal consecutive parts (X ∈ {0, 25, 50, 100}; at X = 0 every peer holds one or two "
         "classes), local batch 16, heavy-ball momentum 0.9 (the tracker of DSGT/DeTAG then "
         "tracks the momentum direction — DeTAGM), weight decay 1e-4, 5 % linear warm-up, LR "
-        "×0.1 at 50 % and 75 %, 6 epochs (750 steps). One step = one stochastic gradient per "
+        "×0.1 at 50 % and 75 %, 8 epochs (1 000 steps). One step = one stochastic gradient per "
         "peer; DeTAG then runs R = 2 accelerated gossip rounds (η = 0.2, the paper's choice for "
         "sorted data), all others one round — DeTAG sends twice the bytes. D² uses the lazy "
         "ring κ = 0.9 (λ_min = −⅓ on an even ring). The slack rows use W_κ = κW + (1 − κ)I with "
@@ -175,7 +193,7 @@ DETAG_UNSHUFFLED = Preset(
         "dataset.samples=20000",
         "model.name=cnn1d",
         "partition.scheme=sorted",
-        "epochs=6",
+        "epochs=8",
         "optim.batch_size=16",
         "optim.momentum=0.9",
         "optim.nesterov=false",
@@ -255,11 +273,11 @@ DETAG_UNSHUFFLED = Preset(
         "averaged-model accuracy, mean over seeds."
     ),
     lr_note=(
-        "Each row's lr grid {0.01, 0.03, 0.1} (the paper tuned each algorithm per shuffling "
+        "Each row's lr grid {0.01, 0.03, 0.1, 0.3} (the paper tuned each algorithm per shuffling "
         "level on a grid, §6.6) was run at the tune seed on the sorted data (X = 0) and on the "
         "shuffled data (X = 100 %); the lr with the best averaged-model accuracy was kept, the "
         "X = 0 choice also for X = 25 % and 50 % (the paper's tuned lrs coincide for 0/25/50 %, "
-        "Table 3)."
+        "Table 3); grid, scores and choices: [lr-tuning/report.md](lr-tuning/report.md)."
     ),
 )
 

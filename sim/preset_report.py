@@ -356,7 +356,8 @@ def write_report(
         f"Seeds: {seeds}. Runs: {runs}. Steps per run: {steps}. Engine: vectorized (one process "
         f"trains all {base.peers} replicas batched). Generated {time.strftime('%Y-%m-%d')}, sweep "
         f"wall time {format_duration(wall_seconds)} on {cores} core(s) "
-        f"({len({r['name'] for r in rows if r.get('status') == 'ok'})} runs ok).",
+        f"({len({r['name'] for r in rows if r.get('status') == 'ok'})} runs ok; mean wall time "
+        f"per run {_mean_wall(rows)}).",
         "",
         *(
             [
@@ -431,6 +432,11 @@ def write_report(
     path = out / "report.md"
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return path
+
+
+def _mean_wall(rows: Sequence[Mapping[str, Any]]) -> str:
+    walls = [w for r in rows if (w := _value(r, "wall_seconds")) is not None]
+    return format_duration(statistics.fmean(walls)) if walls else "—"
 
 
 def _steps(rows: Sequence[Mapping[str, Any]]) -> str:

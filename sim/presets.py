@@ -278,12 +278,18 @@ def command_line(
     out: Path,
     overrides: Sequence[str],
     tune: bool,
+    rows: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
 ) -> str:
     """The ``concord sweep`` command that regenerates a preset report."""
     parts = ["concord", "sweep", "--preset", name]
     if tune:
         parts.append("--tune")
     parts += ["--seeds", ",".join(str(s) for s in seeds), "--jobs", str(jobs), "--out", str(out)]
+    if rows is not None:
+        parts += ["--rows", ",".join(rows)]
+    if columns is not None:
+        parts += ["--columns", ",".join(columns)]
     for item in overrides:
         parts += ["--set", item]
     return shlex.join(parts)
@@ -313,8 +319,8 @@ def preset_main(
     ``resume``: reuse every run of ``out_dir`` that has a summary.json (matched by run name —
     keep the preset and overrides unchanged), run the others (e.g. lrs added to a grid, or runs
     an interrupted sweep did not reach); the wall time then adds up the sweeps.
-    ``rows`` / ``columns`` (keys; tests and quick looks, not in the CLI) keep only those rows /
-    columns of the preset. Raises ValueError (ConfigError) for an unknown preset, row or column,
+    ``rows`` / ``columns`` (keys; ``--rows`` / ``--columns``) keep only those rows / columns of
+    the preset. Raises ValueError (ConfigError) for an unknown preset, row or column,
     bad seeds or a base config that does not validate, before any run starts.
     """
     from core.config import apply_overrides, load_config
@@ -346,7 +352,7 @@ def preset_main(
         command, wall = str(meta["command"]), float(meta["wall_seconds"])
         overrides = [str(o) for o in meta["overrides"]]
     else:
-        command = command_line(name, seed_list, jobs, out, overrides, tune)
+        command = command_line(name, seed_list, jobs, out, overrides, tune, rows, columns)
         done = _finished(grid, out) if resume else {}
         todo = _Runs([r for r in grid.runs() if r.name not in done])
         console.print(

@@ -70,7 +70,9 @@ def test_every_run_of_the_preset_is_a_valid_config(name: str) -> None:
 def test_tuning_grid_runs_every_lr_of_every_row() -> None:
     preset = PRESETS["relaysgd-dirichlet"]
     grid = PresetGrid(preset, (100,), tune=True)
-    expected = sum(len(r.lr_grid) for r in preset.rows) * len(preset.columns)  # all columns
+    expected = sum(
+        len(r.lr_grid) * sum(r.runs_in(c.key) for c in preset.columns) for r in preset.rows
+    )  # every column (no tune_columns), rows limited by Setup.only
     assert len(grid.runs()) == expected
     trees = [r for r in grid.runs() if grid.cell_of[r.name][0] == "relaysgd-trees"]
     assert sorted({r.overrides["optim.lr"] for r in trees}) == sorted(  # type: ignore[type-var]
@@ -90,6 +92,9 @@ def test_unknown_preset_row_column_and_seeds_are_clear_errors() -> None:
     result = CliRunner().invoke(main, ["sweep", "--preset", "nope"])
     assert result.exit_code == 2
     assert "valid: relaysgd-dirichlet, detag-unshuffled" in result.output
+    bad_row = CliRunner().invoke(main, ["sweep", "--preset", "detag-unshuffled", "--rows", "x"])
+    assert bad_row.exit_code == 2
+    assert "has no row ['x']; valid: ['dsgd', 'd2', 'dsgt', 'detag'" in bad_row.output
     listed = CliRunner().invoke(main, ["sweep", "--list-presets"])
     assert listed.exit_code == 0
     assert [line.split()[0] for line in listed.output.splitlines()] == list(PRESETS)
@@ -120,7 +125,10 @@ def test_tiny_preset_run_writes_report_table_and_plots(tmp_path: Path) -> None:
     )
     preset = PRESETS["relaysgd-dirichlet"]
     want = {
-        (row.label, col.label): row.lrs[col.key] for row in preset.rows for col in preset.columns
+        (row.label, col.label): row.lrs[col.key]
+        for row in preset.rows
+        for col in preset.columns
+        if row.runs_in(col.key)
     }
     for r in rows:  # each run trained with its row's tuned lr for its column
         assert float(r["lr"]) == want[r["row"], r["column"]], r["name"]
@@ -130,6 +138,7 @@ def test_tiny_preset_run_writes_report_table_and_plots(tmp_path: Path) -> None:
     command = json.loads((out / "preset.json").read_text())["command"]
     assert command.startswith("concord sweep --preset relaysgd-dirichlet --seeds 0,1 --jobs 1")
     assert "--set peers=4" in command
+    assert "--rows allreduce,relaysgd-trees --columns a1,a0.01" in command
     assert f"```bash\n{command}\n```" in report
     for label in ("| all-reduce |", "| RelaySGD (double binary trees) |"):
         assert report.count(label) >= 4, label  # rows table + accuracy and loss tables
