@@ -181,6 +181,7 @@ class ControlSection(_Section):
         return self
 
 
+# every codec name, the registry `core.compress` fills (tests check both agree)
 CODEC_NAMES: tuple[str, ...] = (
     "none",
     "fp16",

@@ -10,18 +10,9 @@ from typing import ClassVar
 
 import torch
 
+from core.config import CODEC_NAMES as CODEC_NAMES  # the one list; core.config is torch-free
 from core.registry import Registry
 
-CODEC_NAMES: tuple[str, ...] = (
-    "none",
-    "fp16",
-    "bf16",
-    "int8",
-    "topk",
-    "randomk",
-    "sign",
-    "qsgd",
-)
 PLAIN_GOSSIP_CODECS: tuple[str, ...] = ("none", "fp16", "bf16")  # usable without error feedback
 MAX_SENDERS = 1 << 16  # codec_key packs sender ids below this (config allows ≤ 4096 peers)
 _MASK64 = (1 << 64) - 1
