@@ -442,6 +442,7 @@ class Orchestrator:
                     "factor": c.factor,
                     "max_rounds": c.max_rounds,
                     "lagged": c.lagged,
+                    "lag": c.lag,
                     "phases": cfg.controlled_phases(),
                 },
             ),
