@@ -251,7 +251,7 @@ def _plot_lr(preset: Preset, cells: _Cells, key: str, path: Path) -> Path:
     fig, axes = _figure(len(columns), width=4.2)
     for ax, col in zip(axes, columns, strict=True):
         for i, row in enumerate(preset.rows):
-            if not row.runs_in(col.key):
+            if not preset.tunes(row, col.key):
                 continue
             pts = [(lr, cells.stats(row.key, col.key, key, lr)) for lr in row.lr_grid]
             xs = [lr for lr, s in pts if s.values]
@@ -276,14 +276,18 @@ def _tuned(preset: Preset) -> list[Setting]:
     return [c for c in preset.columns if c.key in preset.tuned_columns()]
 
 
+def _tuned_rows(preset: Preset) -> list[Setup]:
+    return [r for r in preset.rows if any(preset.tunes(r, c.key) for c in preset.columns)]
+
+
 def best_lrs(preset: Preset, cells: _Cells, key: str) -> dict[str, dict[str, float | None]]:
     """row key → column key → the lr of ``lr_grid`` with the highest mean ``key`` (None: none
     succeeded). Ties go to the smaller lr."""
     out: dict[str, dict[str, float | None]] = {}
-    for row in preset.rows:
+    for row in _tuned_rows(preset):
         out[row.key] = {}
         for col in _tuned(preset):
-            if not row.runs_in(col.key):
+            if not preset.tunes(row, col.key):
                 continue
             scored = [
                 (s.mean, -lr, lr)
@@ -298,7 +302,7 @@ def _tuning_section(preset: Preset, cells: _Cells, key: str) -> tuple[str, dict[
     chosen = best_lrs(preset, cells, key)
     columns = _tuned(preset)
     parts = []
-    for row in preset.rows:
+    for row in _tuned_rows(preset):
         header = ["lr", *(c.label for c in columns)]
         body = []
         for lr in row.lr_grid:
@@ -317,7 +321,7 @@ def _tuning_section(preset: Preset, cells: _Cells, key: str) -> tuple[str, dict[
                 for c in columns
             ),
         ]
-        for row in preset.rows
+        for row in _tuned_rows(preset)
     ]
     summary = "## Chosen lr (best of the grid)\n\n" + markdown_grid(header, body)
     return summary + "\n" + "\n".join(parts), chosen

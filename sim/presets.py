@@ -132,6 +132,10 @@ class Preset:
         """The column keys ``--tune`` runs (``tune_columns``, or every column)."""
         return self.tune_columns or tuple(c.key for c in self.columns)
 
+    def tunes(self, row: Setup, column: str) -> bool:
+        """Whether ``--tune`` runs ``row`` in ``column`` (a one-value grid has nothing to tune)."""
+        return len(row.lr_grid) > 1 and row.runs_in(column) and column in self.tuned_columns()
+
     def row(self, key: str) -> Setup:
         return next(r for r in self.rows if r.key == key)
 
@@ -162,7 +166,7 @@ class PresetGrid:
         runs: list[SweepRun] = []
         preset = self.preset
         for row, col, seed in itertools.product(preset.rows, preset.columns, self.seeds):
-            if not row.runs_in(col.key) or (self.tune and col.key not in preset.tuned_columns()):
+            if not row.runs_in(col.key) or (self.tune and not preset.tunes(row, col.key)):
                 continue
             lrs = row.lr_grid if self.tune else (row.lrs[col.key],)
             for lr in lrs:
