@@ -9,16 +9,15 @@ output directory, next to its ``table.csv``.
 - ``metric.png``: the metric and the averaged model's accuracy against the column setting, one
   line per row (mean ± std over seeds);
 - ``curves-<column>.png``: per column, the averaged model's test accuracy and the training loss
-  (mean over peers of the local mini-batch loss, averaged over each epoch) against the step, one
-  line per row, mean over seeds;
+  (mean over peers of the local mini-batch loss, averaged over 50 buckets of steps) against the
+  step, one line per row, mean over seeds;
 - ``lr.png`` (tuning only): the metric against the lr, a panel per column, a line per row.
 
-Plots use matplotlib's object API with the Agg canvas (as `sim.plots`), never pyplot.
+The plots are drawn by `sim.preset_plots`.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import statistics
@@ -27,12 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
-from sim.presets import Preset, PresetGrid, Setting, Setup
+from sim.preset_plots import plot_curves, plot_lr, plot_metric, tuned_columns
+from sim.presets import Preset, PresetGrid, Setup
 from sim.report import CellStats, format_duration, markdown_grid, read_metrics
 from sim.sweep import METRICS
 
@@ -67,7 +62,7 @@ def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-class _Cells:
+class Cells:
     """Table rows grouped by (row key, column key, lr) with per-seed values."""
 
     def __init__(self, grid: PresetGrid, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -94,7 +89,7 @@ class _Cells:
 
 
 def _table(
-    preset: Preset, cells: _Cells, key: str, *, scale: float, digits: int, lr: bool = False
+    preset: Preset, cells: Cells, key: str, *, scale: float, digits: int, lr: bool = False
 ) -> str:
     header = ["row", *(c.label for c in preset.columns)]
     body = []
@@ -123,7 +118,7 @@ def _rows_table(preset: Preset) -> str:
     return markdown_grid(header, body)
 
 
-def _checks(preset: Preset, cells: _Cells, key: str) -> str:
+def _checks(preset: Preset, cells: Cells, key: str) -> str:
     lines = []
     for rel in preset.expected:
         hi = cells.stats(rel.higher, rel.column, key)
@@ -145,148 +140,20 @@ def _checks(preset: Preset, cells: _Cells, key: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Plots
-
-
-def _figure(panels: int, width: float = 5.2) -> tuple[Figure, list[Axes]]:
-    fig = Figure(figsize=(width * panels, 4.0), dpi=_DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, panels, squeeze=False)[0]
-    return fig, list(axes)
-
-
-def _legend(fig: Figure, ax: Axes) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="outside right center", fontsize=8)
-
-
-def _plot_metric(preset: Preset, cells: _Cells, path: Path) -> Path:
-    keys = [METRICS[preset.metric]] + ([METRICS["avg"]] if preset.metric != "avg" else [])
-    keys.append(METRICS["worst"] if preset.metric == "avg" else METRICS["mean"])
-    fig, axes = _figure(len(keys))
-    xs = np.arange(len(preset.columns), dtype=float)
-    for ax, (key, description) in zip(axes, keys, strict=True):
-        for i, row in enumerate(preset.rows):
-            stats = [cells.stats(row.key, c.key, key) for c in preset.columns]
-            mean = np.array([100 * s.mean for s in stats])
-            std = np.array([100 * s.std for s in stats])
-            mean[[not row.runs_in(c.key) for c in preset.columns]] = np.nan
-            ax.errorbar(xs, mean, yerr=std, marker="o", ms=4, capsize=3, lw=1.3,
-                        label=row.label, color=f"C{i}")  # fmt: skip
-        ax.set_xticks(xs, [c.label for c in preset.columns])
-        ax.set_xlabel(preset.column_name)
-        ax.set_ylabel(f"test accuracy (%), {description}")
-        ax.grid(alpha=0.3)
-        ax.set_title(f"{description}, mean ± std over seeds", fontsize=10)
-    _legend(fig, axes[0])
-    fig.suptitle(preset.title, fontsize=10)
-    fig.savefig(path, dpi=_DPI)
-    return path
-
-
-def _curves(records: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, ...]:
-    evals = [r for r in records if r.get("kind") == "eval" and _finite(r.get("acc_avg_model"))]
-    steps = [r for r in records if r.get("kind") == "step" and _finite(r.get("loss"))]
-    e_x = np.array([float(r["step"]) for r in evals])
-    e_y = np.array([100 * float(r["acc_avg_model"]) for r in evals])
-    s_x = np.array([float(r["step"]) for r in steps])
-    s_y = np.array([float(r["loss"]) for r in steps])
-    return e_x, e_y, s_x, s_y
-
-
-def _bucket_mean(x: np.ndarray, y: np.ndarray, buckets: int = 50) -> tuple[np.ndarray, np.ndarray]:
-    if x.size == 0:
-        return x, y
-    edges = np.linspace(0, x.size, min(buckets, x.size) + 1).astype(int)
-    pairs = [(a, b) for a, b in itertools.pairwise(edges) if b > a]
-    bx = np.array([x[a:b].mean() for a, b in pairs])
-    by = np.array([y[a:b].mean() for a, b in pairs])
-    return bx, by
-
-
-def _seed_mean(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over seeds on the common prefix of x (runs of one cell share their x grid)."""
-    series = [s for s in series if s[0].size]
-    if not series:
-        return np.array([]), np.array([])
-    n = min(s[0].size for s in series)
-    return series[0][0][:n], np.mean([s[1][:n] for s in series], axis=0)
-
-
-def _plot_curves(preset: Preset, cells: _Cells, col: Setting, path: Path) -> Path:
-    fig, (acc_ax, loss_ax) = _figure(2)
-    for i, row in enumerate(preset.rows):
-        if not row.runs_in(col.key):
-            continue
-        acc: list[tuple[np.ndarray, np.ndarray]] = []
-        loss: list[tuple[np.ndarray, np.ndarray]] = []
-        for record in cells.rows.get((row.key, col.key, cells.lr(row.key, col.key)), []):
-            if record.get("status") != "ok":
-                continue
-            try:
-                e_x, e_y, s_x, s_y = _curves(read_metrics(record["run_dir"]))
-            except (FileNotFoundError, ValueError):
-                continue
-            acc.append((e_x, e_y))
-            loss.append(_bucket_mean(s_x, s_y))
-        for ax, series in ((acc_ax, acc), (loss_ax, loss)):
-            x, y = _seed_mean(series)
-            if x.size:
-                ax.plot(x, y, lw=1.3, color=f"C{i}", label=row.label)
-    acc_ax.set_ylabel("test accuracy (%), averaged model")
-    loss_ax.set_ylabel("training loss (mean over peers)")
-    loss_ax.set_yscale("log")
-    for ax in (acc_ax, loss_ax):
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3, which="both")
-    _legend(fig, acc_ax)
-    fig.suptitle(f"{preset.title} — {col.label} (mean over seeds)", fontsize=10)
-    fig.savefig(path, dpi=_DPI)
-    return path
-
-
-def _plot_lr(preset: Preset, cells: _Cells, key: str, path: Path) -> Path:
-    columns = _tuned(preset)
-    fig, axes = _figure(len(columns), width=4.2)
-    for ax, col in zip(axes, columns, strict=True):
-        for i, row in enumerate(preset.rows):
-            if not preset.tunes(row, col.key):
-                continue
-            pts = [(lr, cells.stats(row.key, col.key, key, lr)) for lr in row.lr_grid]
-            xs = [lr for lr, s in pts if s.values]
-            ys = [100 * s.mean for _, s in pts if s.values]
-            ax.plot(xs, ys, marker="o", ms=4, lw=1.2, color=f"C{i}", label=row.label)
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
-        ax.set_title(col.label, fontsize=10)
-        ax.grid(alpha=0.3, which="both")
-    axes[0].set_ylabel(f"test accuracy (%), {METRICS[preset.metric][1]}")
-    _legend(fig, axes[0])
-    fig.suptitle(f"{preset.title} — lr tuning", fontsize=10)
-    fig.savefig(path, dpi=_DPI)
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
 # The report
-
-
-def _tuned(preset: Preset) -> list[Setting]:
-    return [c for c in preset.columns if c.key in preset.tuned_columns()]
 
 
 def _tuned_rows(preset: Preset) -> list[Setup]:
     return [r for r in preset.rows if any(preset.tunes(r, c.key) for c in preset.columns)]
 
 
-def best_lrs(preset: Preset, cells: _Cells, key: str) -> dict[str, dict[str, float | None]]:
+def best_lrs(preset: Preset, cells: Cells, key: str) -> dict[str, dict[str, float | None]]:
     """row key → column key → the lr of ``lr_grid`` with the highest mean ``key`` (None: none
     succeeded). Ties go to the smaller lr."""
     out: dict[str, dict[str, float | None]] = {}
     for row in _tuned_rows(preset):
         out[row.key] = {}
-        for col in _tuned(preset):
+        for col in tuned_columns(preset):
             if not preset.tunes(row, col.key):
                 continue
             scored = [
@@ -298,9 +165,9 @@ def best_lrs(preset: Preset, cells: _Cells, key: str) -> dict[str, dict[str, flo
     return out
 
 
-def _tuning_section(preset: Preset, cells: _Cells, key: str) -> tuple[str, dict[str, Any]]:
+def _tuning_section(preset: Preset, cells: Cells, key: str) -> tuple[str, dict[str, Any]]:
     chosen = best_lrs(preset, cells, key)
-    columns = _tuned(preset)
+    columns = tuned_columns(preset)
     parts = []
     for row in _tuned_rows(preset):
         header = ["lr", *(c.label for c in columns)]
@@ -347,7 +214,7 @@ def write_report(
     cores: int | None,
 ) -> Path:
     """Write report.md and the PNGs into ``out``; returns the report's path."""
-    cells = _Cells(grid, rows)
+    cells = Cells(grid, rows)
     key, description = METRICS[preset.metric]
     seeds = ", ".join(str(s) for s in grid.seeds)
     runs = len(grid.runs())
@@ -384,7 +251,7 @@ def write_report(
         text, chosen = _tuning_section(preset, cells, key)
         lines += [f"Metric: test accuracy (%), {description}, at seed(s) {seeds}.", "", text]
         (out / "tuning.json").write_text(json.dumps(chosen, indent=2) + "\n", encoding="utf-8")
-        written.append(_plot_lr(preset, cells, key, out / "lr.png"))
+        written.append(plot_lr(preset, cells, key, out / "lr.png"))
         lines += ["", "![lr](lr.png)", ""]
     else:
         lines += [
@@ -423,10 +290,10 @@ def write_report(
             "![metric vs setting](metric.png)",
             "",
         ]
-        written.append(_plot_metric(preset, cells, out / "metric.png"))
+        written.append(plot_metric(preset, cells, out / "metric.png"))
         for col in preset.columns:
             name = f"curves-{col.key}.png"
-            written.append(_plot_curves(preset, cells, col, out / name))
+            written.append(plot_curves(preset, cells, col, out / name))
             lines += [f"![{col.label}]({name})", ""]
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
