@@ -37,10 +37,12 @@ measured in one run on this machine.
    lags 1 and 2; the headline ``lagged_overhead_fraction`` is the largest lag's): with lag 1 every
    step is a global barrier on the slowest peer, with lag 2 the decision a peer needs is normally
    published before it asks (`core.control`). Also: the mean ``control_wait_ms`` per controlled step
-   (time peers blocked on the orchestrator), how far apart the peers finish a step, how long the
-   orchestrator takes from the last peer's stats of a step to its decision while the peers compute,
-   and the split of each wait into "for the slowest peer's stats" and "for the decision after them"
-   (a wait ends with the decision's arrival, so it began at decision − wait).
+   (time peers blocked on the orchestrator), and with ``--observe`` (a passive MQTT client on a
+   thread of this process; it receives every statistic and decision and so takes CPU from the peers:
+   off by default) how far apart the peers finish a step, how long the orchestrator takes from the
+   last peer's stats of a step to its decision while the peers compute, and the split of each wait
+   into "for the slowest peer's stats" and "for the decision after them" (a wait ends with the
+   decision's arrival, so it began at decision − wait).
 
 Targets (printed, never asserted): barrier RTT ≤ 5 ms median with Mosquitto; lagged overhead
 ≤ 0.03. Last line: a JSON object with ``barrier_rtt_ms_mosquitto`` and ``lagged_overhead_fraction``
@@ -452,7 +454,8 @@ class RunObserver:
     id is made inside it, hence the ``+`` level): when each peer's per-step metrics and stats, and
     the orchestrator's decision of each step got here (`time.perf_counter`)."""
 
-    def __init__(self, url: str | None, run_dir: Path) -> None:
+    def __init__(self, url: str | None, run_dir: Path, enabled: bool = True) -> None:
+        self.enabled = enabled  # False: observes nothing (its figures stay empty)
         self.url = url
         self.run_dir = run_dir
         self.metrics: dict[int, list[float]] = {}
@@ -463,12 +466,14 @@ class RunObserver:
         self._thread = threading.Thread(target=self._run, name="bench-observer", daemon=True)
 
     def __enter__(self) -> RunObserver:
-        self._thread.start()
+        if self.enabled:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=TIMEOUT)
+        if self.enabled:
+            self._thread.join(timeout=TIMEOUT)
 
     def _run(self) -> None:
         info = self.run_dir / "orchestrator.json"
@@ -566,9 +571,12 @@ class StepRun:
         return self.step_s / self.step_s_uncontrolled - 1.0
 
 
-def lagged_run(cfg: Any, run_dir: Path, broker: str | None, timeout: float) -> StepRun:
+def lagged_run(
+    cfg: Any, run_dir: Path, broker: str | None, timeout: float, observe: bool
+) -> StepRun:
     """One `run_processes` run; after ``timeout`` seconds a SIGTERM to this process makes
-    `run_processes` stop every child (its own Ctrl-C path) and this raises."""
+    `run_processes` stop every child (its own Ctrl-C path) and this raises. ``observe``: run
+    the `RunObserver` (its MQTT client takes CPU from the peers, so only for diagnosis)."""
     from sim.processes import ProcessesError, run_processes
 
     fired = threading.Event()
@@ -579,7 +587,7 @@ def lagged_run(cfg: Any, run_dir: Path, broker: str | None, timeout: float) -> S
 
     watchdog = threading.Timer(timeout, expire)
     watchdog.daemon = True
-    with RunObserver(broker, run_dir) as observer:
+    with RunObserver(broker, run_dir, enabled=observe) as observer:
         watchdog.start()
         try:
             summary = run_processes(cfg, run_dir, progress=False, broker=broker)
@@ -660,6 +668,11 @@ def main(argv: list[str] | None = None) -> None:
         help="control.lag values measured (comma-separated); the headline is the largest",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument(
+        "--observe",
+        action="store_true",
+        help="watch the overhead runs over MQTT for the wait diagnostics (costs the peers CPU)",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep run directories under DIR")
     parser.add_argument(
         "--run-timeout", type=float, default=600.0, help="seconds one overhead run may take"
@@ -723,7 +736,11 @@ def main(argv: list[str] | None = None) -> None:
                         samples,
                     )
                     run = lagged_run(
-                        cfg, work / f"steps-{name}-{label}-{rep}", url, args.run_timeout
+                        cfg,
+                        work / f"steps-{name}-{label}-{rep}",
+                        url,
+                        args.run_timeout,
+                        args.observe,
                     )
                     steps[name][label].append(run)
                     _say_run(name, label, rep, run)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -167,6 +167,17 @@ class ControlClient:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def send_all(self, kind: str, messages: Sequence[Message]) -> None:
+        """`send` each of ``messages``, in order, as one task (one event-loop turn)."""
+
+        async def publish_all() -> None:
+            for m in messages:
+                await self.bus.publish(kind, m, self.peer_id)
+
+        task = asyncio.create_task(publish_all(), name=f"pub-{kind}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def status(self, state: str, **fields: Any) -> None:
         await self.bus.publish(
             "status",
@@ -212,6 +223,7 @@ class OrchestratedControl:
         self.how = ""  # how this step's rounds were decided (metrics)
         self.fallbacks = 0
         self.wait_s = 0.0  # time this step spent blocked on the orchestrator (metrics)
+        self._held: list[Stats] = []  # lagged: this step's statistics, sent after its last round
 
     def _call(self, coro: Any) -> Any:
         t0 = time.perf_counter()
@@ -249,11 +261,18 @@ class OrchestratedControl:
             bytes_sent=self.bytes_sent(),
             stage=self.stage,
         )
+        if self.lagged:
+            # nothing is decided before the step's last round: its statistics leave together
+            # at the step's end, one wake-up of the event loop instead of one per round
+            self._held.append(stats)
+            if round_index < self.planned:
+                return True
+            self.loop.call_soon_threadsafe(self.client.send_all, "stats", self._held)
+            self._held = []
+            return False
         self.loop.call_soon_threadsafe(self.client.send, "stats", stats)
         if self.stage != "train":
             return False  # calibration: uncontrolled, one round
-        if self.lagged:
-            return round_index < self.planned
         d = self._call(self.client.decision((self.step, round_index), self.timeout))
         if d is None:
             self.how = "fallback"

@@ -212,7 +212,9 @@ async def _follow(
         disable=not progress,
     )
     topics = Topics(run_id)
-    kinds = ["status", "metrics", "plan", "decision"]
+    # decisions only feed the live view's Θ/target; without the view, not receiving one per
+    # step saves this process (on the peers' CPUs) the work
+    kinds = ["status", "metrics", "plan"] + (["decision"] if progress else [])
     async with Bus(url, f"monitor-{run_id}", topics, subscribe=kinds, handler=monitor.on_message):
         with bar:
             task = bar.add_task("run", total=None, info="starting peers")

@@ -325,3 +325,63 @@ def test_a_child_dies_with_its_sigkilled_parent() -> None:
             os.kill(child_pid, 9)
         if launcher.stdout is not None:
             launcher.stdout.close()
+
+
+# -- the training thread's side (OrchestratedControl) ----------------------------------------------
+
+
+def test_lagged_control_plans_from_step_minus_lag_and_sends_a_steps_stats_at_once() -> None:
+    """Lagged, lag 2: step t runs the rounds of the decision that closed t − 2, read without a
+    hop to the event loop when it is already there; the step's statistics leave together after
+    its last round (one event-loop turn), none before."""
+    import threading
+
+    import torch
+
+    from core.plan import Phase
+    from peer.control import OrchestratedControl
+    from protos.control_plane import Stats
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        client = asyncio.run_coroutine_threadsafe(_make_client(), loop).result(T)
+        sent: list[tuple[str, list[Stats]]] = []
+        client.send_all = lambda kind, messages: sent.append((kind, list(messages)))  # type: ignore[method-assign]
+        client.send = lambda kind, message, peer=True: sent.append((kind, [message]))  # type: ignore[method-assign]
+        hook = OrchestratedControl(
+            client, loop, stage="train", lagged=True, lag=2, timeout=T, bytes_sent=lambda: 7
+        )
+        phase = Phase(index=1, start=0, end=100, mode="gossip", topology=None, controlled=True)
+        norms = torch.tensor([0.5])
+        assert hook.begin(1, phase, norms).planned == 1  # 1 − 2 < the phase's start
+        loop.call_soon_threadsafe(client._on_decision, decision(3, 2, rounds_next=3, target=1.0))
+        deadline = time.monotonic() + T
+        while 3 not in client.last_of_step and time.monotonic() < deadline:
+            time.sleep(0.01)
+        hook.wait_s = 0.0
+        assert hook.begin(5, phase, norms).planned == 3
+        assert (hook.how, hook.target, hook.wait_s) == ("lagged-plan", 1.0, 0.0)  # no hop
+        theta = torch.tensor([0.25])
+        assert hook.after_round(1, torch.zeros(1, 2), theta)
+        assert hook.after_round(2, torch.zeros(1, 2), theta)
+        time.sleep(0.05)
+        assert sent == []  # nothing before the step's last round
+        assert not hook.after_round(3, torch.zeros(1, 2), theta)
+        deadline = time.monotonic() + T
+        while not sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ((kind, stats),) = sent
+        assert kind == "stats"
+        assert [(s.step, s.round, s.theta, s.grad_norm, s.bytes_sent) for s in stats] == [
+            (5, r, 0.25, 0.5, 7) for r in (1, 2, 3)
+        ]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(T)
+        loop.close()
+
+
+async def _make_client() -> ControlClient:
+    return ControlClient("mqtt://127.0.0.1:1", "t1", 0, heartbeat=1.0, step=lambda: 0)
