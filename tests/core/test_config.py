@@ -152,3 +152,19 @@ def test_config_names_match_registries() -> None:
     assert set(DATASET_NAMES) == set(DATA_IMPL)
     assert set(PARTITION_NAMES) == set(PART_IMPL)
     assert set(MODEL_NAMES) == set(MODEL_IMPL)
+
+
+def test_the_readme_configuration_example_is_a_valid_config() -> None:
+    """README's "Configuration" TOML block is what users copy: every key in it must exist in its
+    section (a key placed after a table header silently belongs to that table)."""
+    import tomllib
+
+    from core.config import build_config
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Configuration") :]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    cfg = build_config(tomllib.loads(block))
+    assert cfg.engine == "processes"
+    assert cfg.compression.levels == 16
+    assert cfg.control.lag == 1
