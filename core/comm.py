@@ -83,6 +83,8 @@ class MixResult:
     x: torch.Tensor  # [k, d] mixed rows: x_i' = Σ_j w_ij Q(x_j) (renormalised over what arrived)
     outcome: MixOutcome
     sent: torch.Tensor | None = None  # [k, d] Q(x_i): the local rows as neighbours decoded them
+    # [k] float64, when ``push`` was given: Σ_j W[i, j] w_j over the same messages as ``x``
+    push: torch.Tensor | None = None
 
 
 class Comm(ABC):
@@ -109,6 +111,7 @@ class Comm(ABC):
         codec: Codec | None = None,
         step: int = 0,
         round: int = 0,
+        push: torch.Tensor | None = None,
     ) -> MixResult:
         """One gossip round with the global mixing matrix ``W`` (n×n, float64).
 
@@ -116,6 +119,11 @@ class Comm(ABC):
         encode→decode (identity when None; the self term uses Q(x_i) too, so that CHOCO's
         public copies stay identical on every peer). ``x`` is not modified. ``step`` and
         ``round`` (the run's global gossip-round index) tag the frames and seed random codecs.
+        ``push`` ([k] float64): push-sum weights of the local rows; each travels *with* its
+        row's message (real peers: in the frame header) and ``MixResult.push`` holds
+        ``Σ_j W[i, j] w_j`` over exactly the messages that made up ``x``. A push-sum round is
+        not renormalised over what arrived (a lost message drops its numerator and its weight;
+        W need only be column-stochastic).
         """
 
     @abstractmethod

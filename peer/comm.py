@@ -59,6 +59,7 @@ class PeerComm(Comm):
         send_to: list[int],
         receive_from: list[int],
         encoded: Encoded | None = None,
+        push_weight: float | None = None,
     ) -> tuple[dict[int, Arrival], MixOutcome]:
         step += self.step_base
         flat = values.detach().to(torch.float32).contiguous().view(-1)
@@ -70,6 +71,7 @@ class PeerComm(Comm):
                 tensor_id=tensor_id,
                 codec=encoded.codec if encoded is not None else "none",
                 parts=parts,
+                push_weight=push_weight,
             )
             if send_to
             else None
@@ -97,8 +99,10 @@ class PeerComm(Comm):
         codec: Codec | None = None,
         step: int = 0,
         round: int = 0,
+        push: torch.Tensor | None = None,
     ) -> MixResult:
         i = self.rank
+        own_weight = None if push is None else float(push[0])
         receive_from = [j for j in range(self.n) if j != i and W[i, j] > 0]
         send_to = [j for j in range(self.n) if j != i and W[j, i] > 0]
         encoded = None
@@ -114,12 +118,17 @@ class PeerComm(Comm):
             send_to=send_to,
             receive_from=receive_from,
             encoded=encoded,
+            push_weight=own_weight,
         )
         acc = sent[0] * float(W[i, i])  # a fresh tensor: the neighbours are added in place
         total = float(W[i, i])
+        weight = None if own_weight is None else own_weight * float(W[i, i])
         for j in receive_from:
             got = arrived.get(j)
             if got is None:
+                continue
+            if weight is not None and got.push_weight is None:
+                outcome.rejected[0].append((j, "push-sum round without the sender's weight"))
                 continue
             if encoded is not None and codec is not None:
                 try:
@@ -133,10 +142,16 @@ class PeerComm(Comm):
                 value = got.tensors()["values"]
             acc.add_(value.to(x.dtype), alpha=float(W[i, j]))  # one pass, no temporaries
             total += float(W[i, j])
-        if abs(total - 1.0) > 1e-12:  # renormalise over what arrived
+            if weight is not None and got.push_weight is not None:
+                weight += float(W[i, j]) * got.push_weight
+        # renormalise over what arrived — except in push-sum rounds: there a lost message
+        # takes its numerator and its weight with it, the ratio x/w stays unbiased, and P need
+        # only be column-stochastic (rows may sum to anything)
+        if weight is None and abs(total - 1.0) > 1e-12:
             acc.div_(total)
         self.counters.rounds += 1
-        return MixResult(x=acc.unsqueeze(0), outcome=outcome, sent=sent)
+        mixed = None if weight is None else torch.tensor([weight], dtype=torch.float64)
+        return MixResult(x=acc.unsqueeze(0), outcome=outcome, sent=sent, push=mixed)
 
     def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
         """All-to-all over gRPC (n − 1 messages per peer; fine for the small n of one host or a

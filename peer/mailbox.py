@@ -43,6 +43,7 @@ class Arrival:
     codec: str
     parts: tuple[serde.PartSpec, ...]
     payload: bytearray | np.ndarray  # uint8, exactly the tensor's byte length
+    push_weight: float | None = None  # the sender's push-sum weight, when it sent one (SGP)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Zero-copy views of the named parts."""

@@ -77,6 +77,7 @@ class FrameInfo:
     dim: int
     parts: tuple[PartSpec, ...] | None  # chunk 0 only; None when a dtype is unknown
     raw_parts: int  # number of parts on the wire (to tell "none sent" from "unknown dtype")
+    push_weight: float | None = None  # chunk 0 only: the sender's push-sum weight (SGP)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ class Outgoing:
         dim: int,
         parts: dict[str, torch.Tensor],
         chunk_bytes: int,
+        push_weight: float | None = None,
     ) -> None:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be ≥ 1; got {chunk_bytes}")
@@ -163,6 +165,7 @@ class Outgoing:
         self.run_id, self.sender, self.step, self.round = run_id, sender, step, round
         self.tensor_id, self.codec, self.dim = tensor_id, codec, dim
         self.chunk_bytes = chunk_bytes
+        self.push_weight = push_weight
         self.count = max(1, -(-self.nbytes // chunk_bytes))
 
     def header(self, index: int) -> pb.FrameHeader:
@@ -181,6 +184,8 @@ class Outgoing:
             dim=self.dim,
         )
         if index == 0:
+            if self.push_weight is not None:
+                header.push_weight = self.push_weight
             header.parts.extend(
                 pb.Part(
                     name=s.name,
@@ -217,6 +222,7 @@ def frames(
     dim: int,
     parts: dict[str, torch.Tensor],
     chunk_bytes: int,
+    push_weight: float | None = None,
 ) -> Iterator[pb.TensorFrame]:
     """Chunked protobuf frames of one tensor (its named parts packed back to back)."""
     out = Outgoing(
@@ -229,6 +235,7 @@ def frames(
         dim=dim,
         parts=parts,
         chunk_bytes=chunk_bytes,
+        push_weight=push_weight,
     )
     for index in range(out.count):
         yield out.frame(index)
@@ -299,6 +306,7 @@ def _info(h: pb.FrameHeader) -> FrameInfo:
         dim=h.dim,
         parts=parts,
         raw_parts=len(h.parts),
+        push_weight=h.push_weight if h.HasField("push_weight") else None,
     )
 
 

@@ -117,6 +117,7 @@ class _Stream:
             head.codec or "none",
             head.parts or (),
             asm.buf,
+            head.push_weight,
         )
         t.counters.received += 1
         late = not t.mailbox.deliver(arrival)

@@ -340,7 +340,14 @@ class Transport:
         return [j for j, good in zip(peers, ok, strict=True) if not good]
 
     def frames(
-        self, *, step: int, round: int, tensor_id: int, codec: str, parts: dict[str, torch.Tensor]
+        self,
+        *,
+        step: int,
+        round: int,
+        tensor_id: int,
+        codec: str,
+        parts: dict[str, torch.Tensor],
+        push_weight: float | None = None,
     ) -> serde.Outgoing:
         """Our tensor, ready to be chunked by `round_`. Call it from the training thread: packing
         several parts is a full copy, which must not run on the event loop. A single part is not
@@ -355,6 +362,7 @@ class Transport:
             dim=self.dim,
             parts=parts,
             chunk_bytes=self.chunk_bytes,
+            push_weight=push_weight,
         )
 
     async def round_(

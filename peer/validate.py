@@ -118,6 +118,9 @@ def check_frame(f: FrameInfo, body_len: int, view: ReceiverView, *, expected_sen
         )
     if f.chunk_index == 0:
         check_parts(f, view)
+        w = f.push_weight
+        if w is not None and not (math.isfinite(w) and w > 0):
+            raise RejectedError("invalid", f"push-sum weight {w!r}; must be finite and > 0")
 
 
 def check_parts(f: FrameInfo, view: ReceiverView) -> None:

@@ -93,7 +93,7 @@ class Part(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., numel: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("run_id", "sender", "step", "round", "tensor_id", "codec", "chunk_index", "chunk_count", "byte_length", "parts", "chunk_offset", "dim")
+    __slots__ = ("run_id", "sender", "step", "round", "tensor_id", "codec", "chunk_index", "chunk_count", "byte_length", "parts", "chunk_offset", "dim", "push_weight")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class FrameHeader(_message.Message):
     PARTS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_OFFSET_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
+    PUSH_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sender: int
     step: int
@@ -118,7 +119,8 @@ class FrameHeader(_message.Message):
     parts: _containers.RepeatedCompositeFieldContainer[Part]
     chunk_offset: int
     dim: int
-    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[int] = ..., step: _Optional[int] = ..., round: _Optional[int] = ..., tensor_id: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., chunk_index: _Optional[int] = ..., chunk_count: _Optional[int] = ..., byte_length: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[Part, _Mapping]]] = ..., chunk_offset: _Optional[int] = ..., dim: _Optional[int] = ...) -> None: ...
+    push_weight: float
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[int] = ..., step: _Optional[int] = ..., round: _Optional[int] = ..., tensor_id: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., chunk_index: _Optional[int] = ..., chunk_count: _Optional[int] = ..., byte_length: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[Part, _Mapping]]] = ..., chunk_offset: _Optional[int] = ..., dim: _Optional[int] = ..., push_weight: _Optional[float] = ...) -> None: ...
 
 class TensorFrame(_message.Message):
     __slots__ = ("header", "body")

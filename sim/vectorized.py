@@ -72,6 +72,7 @@ class VectorizedComm(Comm):
         codec: Codec | None = None,
         step: int = 0,
         round: int = 0,
+        push: torch.Tensor | None = None,
     ) -> MixResult:
         op, edges = self._operator(W, x)
         d = x.shape[1]
@@ -85,7 +86,10 @@ class VectorizedComm(Comm):
         out = op @ sent
         self.counters.add_edges(edges, raw=raw, wire=wire)
         self.counters.rounds += 1
-        return MixResult(x=out, outcome=MixOutcome(), sent=sent)
+        mixed = None
+        if push is not None:  # every message arrives here: Σ_j W[i, j] w_j in float64
+            mixed = torch.from_numpy(np.asarray(W, dtype=np.float64) @ push.cpu().numpy())
+        return MixResult(x=out, outcome=MixOutcome(), sent=sent, push=mixed)
 
     def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
         if self.n > 1 and x.shape[1] > 1:  # scalar reductions (statistics) are not traffic

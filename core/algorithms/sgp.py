@@ -15,27 +15,27 @@ Engine tensor. The engines' parameter tensor holds the *models* z ([k, d]), so e
 consensus distance Ξ and checkpoints see the de-biased models; the numerators x = w·z are formed
 inside the step, and the gradient point is z (the default `Algorithm.grad_point`).
 
-Weights. The push-sum weights are a function of the schedule alone (w^{k+1} = P^k w^k, w⁰ = 1,
-every message delivered), so every process evolves the whole n-vector w locally in float64 and
-only the numerators travel, through `Comm.mix` (receive from j with P[i, j] > 0, send to j with
-P[j, i] > 0: a directed P works in both engines). They do not ride along as a (d+1)-th
-coordinate: peers reject tensors whose length is not the model's d. Consequence: a lost message
-is handled like in D-SGD (the peer's `Comm.mix` renormalises over what arrived), not by
-push-sum's own bookkeeping.
+Weights. Each replica keeps its own weight w_i (float64) and the weights travel with the
+numerators: `Comm.mix(..., push=w)` sends w_j in the header of the frame that carries x_j
+(``FrameHeader.push_weight``; receive from j with P[i, j] > 0, send to j with P[j, i] > 0: a
+directed P works in both engines) and returns Σ_j p_ij w_j over exactly the messages that made
+up the mixed numerators. A lost message thus drops its numerator *and* its weight and z = x / w
+stays a convex combination (push-sum's own bookkeeping; push-sum rounds are not renormalised,
+so any column-stochastic P works on real peers too); a frame of a push-sum round without a
+weight is rejected. The vectorized engine, where every message arrives, computes P·w in float64.
 
 Graph: the run's topology; SGP's default is ``exponential-one-peer-directed`` (i pushes ½ to
 i + 2^(k mod T), keeps ½). The shift is a bijection for every n, so that P^k is doubly
 stochastic, w stays 1 exactly and SGP coincides with D-SGD on the same matrices (for n a power
 of 2 the period multiplies to 11ᵀ/n exactly). Push-sum weights vary only on graphs with unequal
 in-degrees (tests/core/test_sgp.py builds such schedules). Any symmetric doubly stochastic
-topology also works (w stays 1). Caveat: `peer.comm.PeerComm.mix` renormalises by the row sum
-Σ_j P[i, j] of what arrived, which is only right for row-stochastic P; every registered topology
-is, a general column-stochastic schedule would need that changed for real peers.
+topology also works (w stays 1).
 
 Hyperparameters: those of the local optimizer (η from the schedule, momentum, weight decay).
 Consensus control: rounds repeat with the next matrices of the schedule; θ_i = ‖z_i(after) −
 z_i(before)‖². Exact-averaging phases set every z to Σ_j x_j / n and w to 1.
-Invariants: Σ_i w_i = n (float64 round-off), w_i > 0; z is what is evaluated.
+Invariants: Σ_i w_i = n while every message arrives (float64 round-off), w_i > 0 (P_ii > 0);
+z is what is evaluated.
 """
 
 from __future__ import annotations
@@ -57,13 +57,11 @@ class SGP(Algorithm):
 
     def __init__(self, optimizer: LocalSGD) -> None:
         self.optimizer = optimizer
-        self.weights: np.ndarray | None = None  # w of all n replicas, float64 [n]
-        self.ranks: list[int] = []
+        self.weights: np.ndarray | None = None  # w of the k local replicas, float64 [k]
 
     def setup(self, x: torch.Tensor, comm: Comm) -> None:
         """w = 1 for every replica (the replicas may start from different models)."""
-        self.weights = np.ones(comm.world_size, dtype=np.float64)
-        self.ranks = list(comm.ranks)
+        self.weights = np.ones(x.shape[0], dtype=np.float64)
 
     def _weights(self) -> np.ndarray:
         if self.weights is None:
@@ -72,12 +70,15 @@ class SGP(Algorithm):
 
     def _local_weights(self, x: torch.Tensor) -> torch.Tensor:
         """w_i of the local rows as a [k, 1] column in x's dtype."""
-        w = torch.from_numpy(self._weights()[self.ranks]).to(device=x.device, dtype=x.dtype)
+        w = torch.from_numpy(self._weights()).to(device=x.device, dtype=x.dtype)
         return w.unsqueeze(1)
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
-        if not self.ranks:  # restored by load_state_dict without setup
-            self.ranks = list(ctx.comm.ranks)
+        if self._weights().shape != (x.shape[0],):
+            raise ValueError(
+                f"sgp: {self._weights().shape[0]} push-sum weights for {x.shape[0]} local rows "
+                "(a checkpoint of another layout?)"
+            )
         numerators = x * self._local_weights(x)
         numerators.sub_(self.optimizer.direction(x, grad), alpha=ctx.lr)
         if ctx.phase.mode == "exact":
@@ -88,8 +89,11 @@ class SGP(Algorithm):
         while True:
             index = ctx.round_offset + report.rounds
             W = ctx.matrix(index)
-            result = ctx.comm.mix(numerators, W, step=ctx.step, round=index)
-            self.weights = W @ self._weights()
+            push = torch.from_numpy(self._weights())
+            result = ctx.comm.mix(numerators, W, step=ctx.step, round=index, push=push)
+            if result.push is None:
+                raise RuntimeError(f"{type(ctx.comm).__name__}.mix does not carry push-sum weights")
+            self.weights = result.push.detach().cpu().to(torch.float64).numpy().copy()
             numerators = result.x
             z = numerators / self._local_weights(x)
             theta_local = local_theta(x, z)

@@ -25,12 +25,20 @@ class FakeTransport:
 
     deadline = 1.0
 
-    def __init__(self, values: dict[int, torch.Tensor], rejected: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        values: dict[int, torch.Tensor],
+        rejected: Sequence[int] = (),
+        push: dict[int, float] | None = None,
+    ) -> None:
         self.values = values
         self.rejected = list(rejected)
+        self.push = push or {}  # the push-sum weight in each neighbour's frame header
         self.sent_to: list[int] = []
+        self.sent_push: float | None = None
 
-    def frames(self, **_: Any) -> list[object]:
+    def frames(self, **kw: Any) -> list[object]:
+        self.sent_push = kw.get("push_weight")
         return []
 
     async def round_(
@@ -46,6 +54,7 @@ class FakeTransport:
                 "none",
                 (PartSpec("values", torch.float32, D, 0),),
                 bytearray(self.values[j].numpy().tobytes()),
+                self.push.get(j),
             )
             for j in receive_from
             if j in self.values
@@ -106,3 +115,53 @@ def test_allreduce_mean_averages_over_the_peers_that_answered(
     comm = PeerComm(2, 4, FakeTransport({0: x[0], 1: x[1]}), loop)  # type: ignore[arg-type]
     got = comm.allreduce_mean(x[2].unsqueeze(0), step=0)
     torch.testing.assert_close(got[0], (x[0] + x[1] + x[2]) / 3)
+
+
+def _column_stochastic() -> np.ndarray:
+    """Peer 0 receives from 1 and 2 (in-degree 2), 1 from nobody, 2 from 0: columns sum to 1,
+    rows do not."""
+    return np.array([[0.5, 0.5, 0.5], [0.0, 0.5, 0.0], [0.5, 0.0, 0.5]])
+
+
+def test_a_push_sum_round_carries_the_weights_and_is_not_renormalised(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    W = _column_stochastic()
+    x = {j: torch.full((D,), float(j + 1)) for j in range(3)}
+    w = {0: 0.75, 1: 1.5, 2: 0.75}
+    t = FakeTransport({1: x[1], 2: x[2]}, push=w)
+    comm = PeerComm(0, 3, t, loop)  # type: ignore[arg-type]
+    res = comm.mix(x[0].unsqueeze(0), W, push=torch.tensor([w[0]], dtype=torch.float64))
+    assert t.sent_push == 0.75  # our weight rides with our numerators
+    assert t.sent_to == [2]  # we push to whoever has us in its column: W[2, 0] > 0
+    # row sum 1.5: not renormalised (exact: halves of small integers)
+    torch.testing.assert_close(
+        res.x[0], torch.full((D,), 0.5 * 1 + 0.5 * 2 + 0.5 * 3), rtol=0, atol=0
+    )
+    assert res.push is not None
+    assert res.push.tolist() == [0.5 * 0.75 + 0.5 * 1.5 + 0.5 * 0.75]
+
+
+def test_a_lost_push_sum_message_takes_its_weight_along(loop: asyncio.AbstractEventLoop) -> None:
+    W = _column_stochastic()
+    x = {j: torch.full((D,), float(j + 1)) for j in range(3)}
+    t = FakeTransport({2: x[2]}, push={2: 0.75})  # peer 1's message is lost
+    comm = PeerComm(0, 3, t, loop)  # type: ignore[arg-type]
+    res = comm.mix(x[0].unsqueeze(0), W, push=torch.tensor([0.75], dtype=torch.float64))
+    assert res.outcome.missing == [[1]]
+    numerator = 0.5 * 1 + 0.5 * 3  # own and peer 2 only, not renormalised by their 1.0
+    torch.testing.assert_close(res.x[0], torch.full((D,), numerator), rtol=0, atol=0)
+    assert res.push is not None
+    assert res.push.tolist() == [0.5 * 0.75 + 0.5 * 0.75]
+
+
+def test_a_push_sum_frame_without_a_weight_is_rejected(loop: asyncio.AbstractEventLoop) -> None:
+    W = _column_stochastic()
+    x = {j: torch.full((D,), float(j + 1)) for j in range(3)}
+    t = FakeTransport({1: x[1], 2: x[2]}, push={2: 0.75})  # peer 1 sent no weight
+    comm = PeerComm(0, 3, t, loop)  # type: ignore[arg-type]
+    res = comm.mix(x[0].unsqueeze(0), W, push=torch.tensor([0.75], dtype=torch.float64))
+    assert res.outcome.rejected[0] == [(1, "push-sum round without the sender's weight")]
+    torch.testing.assert_close(res.x[0], torch.full((D,), 0.5 * 1 + 0.5 * 3), rtol=0, atol=0)
+    assert res.push is not None
+    assert res.push.tolist() == [0.75]

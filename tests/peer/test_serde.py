@@ -63,7 +63,9 @@ def test_a_single_part_is_sent_from_the_tensor_itself() -> None:
     assert torch.equal(_roundtrip({"values": strided}, 1 << 20)["values"], strided)
 
 
-def _outgoing(parts: dict[str, torch.Tensor], chunk_bytes: int) -> serde.Outgoing:
+def _outgoing(
+    parts: dict[str, torch.Tensor], chunk_bytes: int, push_weight: float | None = None
+) -> serde.Outgoing:
     return serde.Outgoing(
         run_id="r",
         sender=2,
@@ -74,7 +76,22 @@ def _outgoing(parts: dict[str, torch.Tensor], chunk_bytes: int) -> serde.Outgoin
         dim=1000,
         parts=parts,
         chunk_bytes=chunk_bytes,
+        push_weight=push_weight,
     )
+
+
+def test_a_push_sum_weight_survives_both_wire_forms_exactly() -> None:
+    parts = {
+        "values": torch.linspace(-1, 1, 50),
+        "indices": torch.arange(0, 1000, 20, dtype=torch.int32),
+    }
+    w = 1.0 / 3.0  # a float64 that float32 would round: the header carries a double
+    out = _outgoing(parts, 64, push_weight=w)
+    assert out.count > 1
+    for k in range(out.count):
+        raw, _ = serde.raw_frame_from_wire(out.raw(k))
+        pbf, _ = serde.frame_from_wire(pb.TensorFrame.FromString(out.frame(k).SerializeToString()))
+        assert raw.push_weight == pbf.push_weight == (w if k == 0 else None)
 
 
 @pytest.mark.parametrize("chunk_bytes", [7, 64, 1 << 20])

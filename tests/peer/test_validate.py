@@ -88,6 +88,19 @@ def test_bad_headers_are_rejected_with_a_reason(change: dict, reason: str, text:
     assert info.value.reason == reason
 
 
+def test_a_push_sum_weight_rides_in_chunk_0_and_must_be_finite_and_positive() -> None:
+    got = _frames(push_weight=0.625)
+    assert [f.push_weight for f, _ in got] == [0.625, None, None]
+    assert all(f.push_weight is None for f, _ in _frames())  # absent unless sent
+    for f, body in got:
+        check_frame(f, len(body), VIEW, expected_sender=1)
+    f, body = got[0]
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(RejectedError, match="push-sum weight") as info:
+            check_frame(dataclasses.replace(f, push_weight=bad), len(body), VIEW, expected_sender=1)
+        assert info.value.reason == "invalid"
+
+
 def test_oversized_chunk_and_non_neighbour() -> None:
     f, _ = _frames()[0]
     with pytest.raises(RejectedError, match="limit 16") as info:
