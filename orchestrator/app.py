@@ -482,6 +482,7 @@ class Orchestrator:
                 "graph_decisions": len(self.graphs.feedback.decisions) if self.graphs else None,
                 "graph_steps_partial": self.graphs.partial if self.graphs else None,
                 "wall_seconds": time.monotonic() - self.started,
+                "cpu_seconds": time.process_time(),  # incl. an embedded broker's routing
             },
         )
         return 0 if done else 1

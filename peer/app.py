@@ -378,6 +378,7 @@ class PeerProcess:
             "bytes_raw_total": runner.comm.counters.bytes_raw,
             "bytes_per_edge": runner.comm.counters.edge_table(),
             "train_seconds": time.perf_counter() - t0,  # the training loop only (incl. evals)
+            "cpu_seconds": time.process_time(),  # this process so far, every thread
             "run_dir": str(self.out),
         }
 

@@ -53,6 +53,7 @@ def _compare(cfg: RunConfig, tmp: Path, broker: str | None = None) -> dict[str, 
         got = [r["rounds"] for r in _steps(peer_dir / "metrics.jsonl")]
         assert got == expected, f"peer {i} rounds per step differ from the vectorized engine"
         assert all(r["step_ms"] > 0 for r in _steps(peer_dir / "metrics.jsonl"))
+        assert json.loads((peer_dir / "summary.json").read_text())["cpu_seconds"] > 0
         state = load_checkpoint(peer_dir / "checkpoint.pt")
         torch.testing.assert_close(state["params"][0], params[i], rtol=0, atol=1e-5)
     # the run-level record the orchestrator aggregated says the same
@@ -63,6 +64,8 @@ def _compare(cfg: RunConfig, tmp: Path, broker: str | None = None) -> dict[str, 
         assert key in proc
     assert proc["peers_completed"] == list(range(cfg.peers))
     assert proc["control_fallbacks"] == 0
+    orchestrator = json.loads((tmp / "processes" / "orchestrator-summary.json").read_text())
+    assert orchestrator["cpu_seconds"] > 0
     for name in ("manifest.json", "control.jsonl", "partition.json", "edges.json", "summary.json"):
         assert (tmp / "processes" / name).is_file(), name
     assert (tmp / "processes" / "rounds.png").is_file()
