@@ -160,19 +160,16 @@ class ControlClient:
     # -- outgoing ------------------------------------------------------------------------------
 
     def send(self, kind: str, message: Message, peer: bool = True) -> None:
-        """Publish without waiting (on this loop; from another thread use `send_threadsafe`)."""
-        task = asyncio.create_task(
-            self.bus.publish(kind, message, self.peer_id if peer else None), name=f"pub-{kind}"
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Publish without waiting (call on this loop; other threads: ``call_soon_threadsafe``)."""
+        self.send_all(kind, [message], peer)
 
-    def send_all(self, kind: str, messages: Sequence[Message]) -> None:
-        """`send` each of ``messages``, in order, as one task (one event-loop turn)."""
+    def send_all(self, kind: str, messages: Sequence[Message], peer: bool = True) -> None:
+        """Publish ``messages`` in order without waiting, as one task (one event-loop turn)."""
+        sender = self.peer_id if peer else None
 
         async def publish_all() -> None:
             for m in messages:
-                await self.bus.publish(kind, m, self.peer_id)
+                await self.bus.publish(kind, m, sender)
 
         task = asyncio.create_task(publish_all(), name=f"pub-{kind}")
         self._tasks.add(task)

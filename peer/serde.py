@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -211,32 +212,9 @@ class Outgoing:
         return raw_message(self.header(index), self.body(index))
 
 
-def frames(
-    *,
-    run_id: str,
-    sender: int,
-    step: int,
-    round: int,
-    tensor_id: int,
-    codec: str,
-    dim: int,
-    parts: dict[str, torch.Tensor],
-    chunk_bytes: int,
-    push_weight: float | None = None,
-) -> Iterator[pb.TensorFrame]:
-    """Chunked protobuf frames of one tensor (its named parts packed back to back)."""
-    out = Outgoing(
-        run_id=run_id,
-        sender=sender,
-        step=step,
-        round=round,
-        tensor_id=tensor_id,
-        codec=codec,
-        dim=dim,
-        parts=parts,
-        chunk_bytes=chunk_bytes,
-        push_weight=push_weight,
-    )
+def frames(**fields: Any) -> Iterator[pb.TensorFrame]:
+    """Chunked protobuf frames of one tensor: `Outgoing`'s keyword arguments, every chunk."""
+    out = Outgoing(**fields)
     for index in range(out.count):
         yield out.frame(index)
 

@@ -55,9 +55,10 @@ class SpyComm(VectorizedComm):
         codec: Codec | None = None,
         step: int = 0,
         round: int = 0,
+        push: torch.Tensor | None = None,
     ) -> MixResult:
         self.calls.append(("mix", step, round))
-        return super().mix(x, W, codec=codec, step=step, round=round)
+        return super().mix(x, W, codec=codec, step=step, round=round, push=push)
 
     def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
         self.calls.append(("allreduce", step, -1))
