@@ -16,15 +16,17 @@ measured in one run on this machine.
    "To the first peer" is the same from the round's first arrival (the synthetic peers share
    this process's event loop, so decisions reach them one after another).
    Baseline through the same broker (taken while the orchestrator waits for its peers): plain
-   MQTT ping-pong between two NODELAY clients in two processes, QoS 1, one broker pass each way —
-   the same two hops as stats → orchestrator → decision.
+   MQTT ping-pong between two NODELAY clients in two processes, one broker pass each way at the
+   QoS the contract gives stats and decisions (0) — the same two hops as stats → orchestrator →
+   decision.
 2. **Lagged-control overhead.** ``sim.processes.run_processes``: orchestrator + 4 peer processes,
    ring, D-SGD, ~1.09M-parameter MLP on mnist1d, 1 torch thread each, evaluation only at the end.
    The run's plan has ``--blocks`` phases (LR milestones at i/blocks): phase 1 warms up (not timed),
    then controlled (adaptive, ``lagged = true``, factor 1e6) and uncontrolled blocks alternate
    *within one run*, starting with a controlled block in odd repeats and with an uncontrolled one in
    even repeats (so neither side always comes first). The factor keeps exactly one round per step,
-   so communication is identical; in a controlled step the peers publish their statistics and take
+   so communication is identical; in a controlled step the peers' per-step metrics message
+   carries their statistics (`protos.control_plane.Metrics`) and they take
    the rounds from the decision that closed step t − lag, in an uncontrolled step the control hook
    is not called at all (`core.loop`), which is what ``control.mode = "none"`` runs. Comparing
    blocks of one run removes the between-run variance of this shared 2-CPU machine (separate runs of
@@ -89,6 +91,7 @@ import structlog  # noqa: E402
 from orchestrator.broker import MosquittoBroker  # noqa: E402
 from protos.control_plane import ROOT as TOPIC_ROOT  # noqa: E402
 from protos.control_plane import (  # noqa: E402
+    TOPICS,
     Decision,
     Heartbeat,
     Message,
@@ -108,6 +111,8 @@ HIDDEN = [1024, 1024]  # 40·1024 + 1024·1024 + 1024·10 + biases ≈ 1.09 M pa
 SAMPLES = 8000
 TIMEOUT = 30.0  # seconds any single network wait may take before the bench gives up
 SKIP = 3  # steps at the start of every block of the overhead run left out (the transition)
+# the baseline's two hops at the QoS the contract sends stats and decisions with
+PING_QOS, PONG_QOS = TOPICS["stats"].qos, TOPICS["decision"].qos
 
 
 def _quiet_logs() -> None:
@@ -143,7 +148,7 @@ async def _echo(url: str, ping: str, pong: str) -> None:
         async for m in c.messages:
             if m.payload == b"stop":
                 break
-            task = asyncio.create_task(c.publish(pong, m.payload, qos=1, timeout=5.0))
+            task = asyncio.create_task(c.publish(pong, m.payload, qos=PONG_QOS, timeout=5.0))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
@@ -151,7 +156,8 @@ async def _echo(url: str, ping: str, pong: str) -> None:
 
 
 async def pingpong(url: str, count: int, warmup: int = 20) -> list[float]:
-    """Seconds per QoS 1 ping → echo process → pong, through the broker at ``url``."""
+    """Seconds per ping → echo process → pong through the broker at ``url``, each hop at the
+    QoS of the hop it stands for (stats, decision)."""
     base = f"bench/{uuid.uuid4().hex[:12]}"
     ping, pong = f"{base}/ping", f"{base}/pong"
     child = mp.get_context("spawn").Process(target=_echo_child, args=(url, ping, pong))
@@ -160,7 +166,7 @@ async def pingpong(url: str, count: int, warmup: int = 20) -> list[float]:
     probe = b"probe".ljust(96, b".")  # about the size of an encoded Stats
     try:
         async with client(url, f"bench-ping-{uuid.uuid4().hex[:8]}") as c:
-            await c.subscribe(pong, qos=1)
+            await c.subscribe(pong, qos=1)  # deliveries at the publisher's QoS (≤ 1)
             messages = c.messages
             deadline = time.monotonic() + TIMEOUT
             while True:  # until the echo process is subscribed
@@ -175,7 +181,7 @@ async def pingpong(url: str, count: int, warmup: int = 20) -> list[float]:
             for i in range(warmup + count):
                 payload = f"ping {i}".encode().ljust(96, b".")  # late probe answers never match
                 t0 = time.perf_counter()
-                task = asyncio.create_task(c.publish(ping, payload, qos=1, timeout=5.0))
+                task = asyncio.create_task(c.publish(ping, payload, qos=PING_QOS, timeout=5.0))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
                 while True:
@@ -515,6 +521,8 @@ class RunObserver:
                     self.decisions[message.step] = now
                 elif isinstance(message, Metrics) and message.event == "step":
                     self.metrics.setdefault(message.step, []).append(now)
+                    if message.stats:  # lagged control: the step's statistics ride here
+                        self.stats.setdefault(message.step, []).append(now)
 
     def spread(self, n: int, steps: set[int]) -> list[float]:
         """Per step of ``steps``: last − first peer's metrics arrival (how far apart peers finish
@@ -824,7 +832,10 @@ def _report(
     row("barrier decision RTT, median ms (target ≤ 5)", [ms(b[n].rtt) for n in names])
     row("barrier decision RTT, p90 ms", [ms(b[n].rtt, 0.9) for n in names])
     row("  to the first synthetic peer, median ms", [ms(b[n].first) for n in names])
-    row("MQTT ping-pong QoS 1, median ms (baseline)", [ms(b[n].pingpong) for n in names])
+    row(
+        f"MQTT ping-pong QoS {PING_QOS}/{PONG_QOS}, median ms (baseline)",
+        [ms(b[n].pingpong) for n in names],
+    )
     row("barrier RTT ÷ ping-pong", [f"{_ms(b[n].rtt) / _ms(b[n].pingpong):.2f}" for n in names])
     for k in lagged:
         target = " (target ≤ 0.03)" if k == head else ""

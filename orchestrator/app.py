@@ -172,17 +172,23 @@ class Orchestrator:
             info.last_seen, info.step = now, message.step
         elif isinstance(message, Stats) and peer is not None:
             self.peers[peer].last_seen = now
-            if message.peer != peer:
-                log.warning("control.rejected", topic=kind, peer=peer, problem="peer mismatch")
-                return
-            if self.graphs is not None and self._graph_statistic(message):
-                self._publish_graphs(self.graphs.add(message, self.expected(), now))
-            elif self.book is not None:
-                self._publish_all(self.book.add(message, self.expected(), now))
+            self._on_stats(kind, peer, [message], now)
         elif isinstance(message, Metrics) and peer is not None:
             self.peers[peer].last_seen = now
+            if message.stats:  # a lagged step's statistics: decide first, then bookkeeping
+                self._on_stats(kind, peer, message.stats, now)
             self.metrics.add(peer, message.step, message.event, message.values)
             self.metrics.emit(self.expected() if self.stage == "train" else self.live())
+
+    def _on_stats(self, kind: str, peer: int, stats: list[Stats], now: float) -> None:
+        if any(s.peer != peer for s in stats):
+            log.warning("control.rejected", topic=kind, peer=peer, problem="peer mismatch")
+            return
+        for s in stats:
+            if self.graphs is not None and self._graph_statistic(s):
+                self._publish_graphs(self.graphs.add(s, self.expected(), now))
+            elif self.book is not None:
+                self._publish_all(self.book.add(s, self.expected(), now))
 
     def _on_status(self, peer: int, status: Status, now: float) -> None:
         info = self.peers[peer]

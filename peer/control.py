@@ -9,7 +9,9 @@ Last-Will (retained status "offline"), a heartbeat task, the latest schedule / p
 training thread uses in a controlled step: after each gossip round it publishes θ_i and ‖g_i‖
 and, in barrier mode, waits for the orchestrator's repeat/stop; in lagged mode it runs the rounds
 planned by the decision that closed step t − lag (``control.lag``) without waiting between rounds
-— with lag ≥ 2 that decision is normally in before the peer asks (`core.control`).
+— with lag ≥ 2 that decision is normally in before the peer asks (`core.control`) — and the
+step's statistics ride on its metrics message (`publish_metrics`; the contract's docstring says
+why the control plane counts messages).
 
 When the broker is away (or a decision does not come within ``orchestrator.decision_timeout``)
 the peer keeps going on what it knows: barrier mode stops after the round (one round per step,
@@ -230,6 +232,7 @@ class OrchestratedControl:
             self.wait_s += time.perf_counter() - t0
 
     def begin(self, step: int, phase: Phase, grad_norms: torch.Tensor) -> RoundControl:
+        self._flush_held()
         self.step, self.grad_norm = step, float(grad_norms[0])
         self.how = "orchestrator" if self.stage == "train" else "calibration"
         if self.lagged:
@@ -259,14 +262,10 @@ class OrchestratedControl:
             stage=self.stage,
         )
         if self.lagged:
-            # nothing is decided before the step's last round: its statistics leave together
-            # at the step's end, one wake-up of the event loop instead of one per round
+            # nothing is decided before the step's last round: its statistics ride on the
+            # step's metrics message (`publish_metrics`), no message of their own
             self._held.append(stats)
-            if round_index < self.planned:
-                return True
-            self.loop.call_soon_threadsafe(self.client.send_all, "stats", self._held)
-            self._held = []
-            return False
+            return round_index < self.planned
         self.loop.call_soon_threadsafe(self.client.send, "stats", stats)
         if self.stage != "train":
             return False  # calibration: uncontrolled, one round
@@ -293,13 +292,30 @@ class OrchestratedControl:
         return ok
 
     def publish_metrics(self, step: int, event: str, values: dict[str, Any]) -> None:
+        """Publish a step or evaluation record; a lagged step's record carries its statistics."""
         clean = {
             k: float(v)
             for k, v in values.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
-        message = Metrics(peer=self.client.peer_id, step=step, values=clean, event=event)
+        held: list[Stats] = []
+        if event == "step" and self._held and self._held[0].step == step:
+            held, self._held = self._held, []
+        message = Metrics(
+            peer=self.client.peer_id, step=step, values=clean, event=event, stats=held
+        )
         self.loop.call_soon_threadsafe(self.client.send, "metrics", message)
+
+    def _flush_held(self) -> None:
+        """Statistics of an earlier step whose record was not published (no metrics hook): on
+        the stats topic, so the orchestrator still gets them."""
+        if self._held:
+            self.loop.call_soon_threadsafe(self.client.send_all, "stats", self._held)
+            self._held = []
+
+    def close(self) -> None:
+        """After the last step: send what is still held."""
+        self._flush_held()
 
 
 class GraphStats:

@@ -289,6 +289,7 @@ async def _stages(
         result = await asyncio.to_thread(
             p._train, runner, task, steps=control.steps or None, hooks=hooks
         )
+        hook.close()  # statistics still held (a stop between a step and its record)
         result["control_fallbacks"] = hook.fallbacks
         await ctl.status("done", stage=control.stage)
         if control.stage == "train" or p.stop.is_set():

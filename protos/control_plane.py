@@ -13,16 +13,37 @@ cross the broker.
 | ``control``                     | RunControl | 1   | yes      | orchestrator (start / stop)    |
 | ``status/<peer>``               | Status     | 1   | yes      | peer; broker (Last-Will)       |
 | ``heartbeat/<peer>``            | Heartbeat  | 0   | no       | peer                           |
-| ``stats/<peer>``                | Stats      | 1   | no       | peer, after every gossip round |
-|                                 |            |     |          | of a controlled step, and once |
-|                                 |            |     |          | per step in ada-feedback runs  |
-| ``decision``                    | Decision   | 1   | no       | orchestrator                   |
-| ``metrics/<peer>``              | Metrics    | 0   | no       | peer                           |
+| ``stats/<peer>``                | Stats      | 0   | no       | peer, after every gossip round |
+|                                 |            |     |          | of a barrier-controlled step,  |
+|                                 |            |     |          | of the calibration pass, and   |
+|                                 |            |     |          | once per step in ada-feedback  |
+| ``decision``                    | Decision   | 0   | no       | orchestrator                   |
+| ``metrics/<peer>``              | Metrics    | 0   | no       | peer, once per training step   |
+|                                 |            |     |          | (lagged control: carrying the  |
+|                                 |            |     |          | step's Stats) and evaluation   |
 
 Retained topics give a late or reconnecting subscriber the current schedule, plan, run state and
 every peer's last status at once. The Last-Will on ``status/<peer>`` is a Status with state
 "offline", so a crashed peer is announced by the broker itself. This module is torch-free (the
 orchestrator imports it).
+
+**QoS 0 on the per-step topics** (stats, decision, metrics, heartbeat), QoS 1 on the state:
+
+* Every session is a clean session and a reconnect opens a new client (`protos.mqtt.Bus`): a
+  message in flight when a connection breaks is lost at QoS 1 as at QoS 0, and the broker keeps
+  nothing for a disconnected client. Over a live connection TCP delivers QoS 0 in order. QoS 1
+  would add no guarantee here, only a PUBACK per message and hop.
+* Those PUBACKs are not free. Every MQTT packet wakes a process (peer, broker, orchestrator) on
+  a host whose cores are busy training, and a wake-up costs the training threads it preempts
+  far more than its own CPU time. Per controlled step, QoS 1 stats and decisions cost 6n + 2
+  wake-ups on top of the step's metrics; with QoS 0 and the lagged statistics riding on the
+  metrics message it is n + 1, the decision's fan-out (bench/control.py measures the result).
+* Loss is already part of the protocol: a round whose statistics do not all arrive is decided
+  on a timeout (`orchestrator.rounds`), a peer without its decision falls back
+  (`peer.control`), a missed metrics record is written from the peers that reported.
+
+The state (schedule, plan, control, status with its Last-Will) stays QoS 1 and retained: it is
+rare, and a retained message is what a late or reconnecting client starts from.
 """
 
 from __future__ import annotations
@@ -237,19 +258,39 @@ class Decision(Message):
 
 @dataclass(frozen=True)
 class Metrics(Message):
+    """A peer's record of one training step (``event`` "step") or evaluation ("eval"). In a
+    lagged-control step it also carries the step's per-round `Stats` (``stats``): nothing is
+    decided before the step's last round, so they travel with the step's record — one message
+    per peer and step, the same as without control."""
+
     KIND: ClassVar[str] = "metrics"
     peer: int
     step: int
     values: dict[str, float] = field(default_factory=dict)
     event: str = "step"  # "step" (training step record) or "eval" (evaluation of the replica)
+    stats: list[Stats] = field(default_factory=list)  # lagged control: this step's rounds
 
     def validate(self) -> None:
         _nonneg("peer", self.peer)
+        _nonneg("step", self.step)
         if self.event not in ("step", "eval"):
             raise ValueError(f"event must be 'step' or 'eval'; got {self.event!r}")
         for key, value in self.values.items():
             if not isinstance(key, str) or not _is_number(value):
                 raise ValueError(f"values must map names to numbers; got {key!r}: {value!r}")
+        if self.stats and self.event != "step":
+            raise ValueError("stats ride only on a step record (event 'step')")
+        for i, s in enumerate(self.stats):
+            if not isinstance(s, Stats):
+                raise ValueError(f"stats[{i}] must be a stats map; got {s!r}")
+            s.validate()
+            if (s.peer, s.step) != (self.peer, self.step):
+                raise ValueError(
+                    f"stats[{i}] is for peer {s.peer} step {s.step}, "
+                    f"not this record's peer {self.peer} step {self.step}"
+                )
+            if s.round != i + 1:
+                raise ValueError(f"stats[{i}] has round {s.round}; rounds go 1, 2, … in order")
 
 
 MESSAGES: dict[str, type[Message]] = {
@@ -295,8 +336,8 @@ TOPICS: dict[str, TopicSpec] = {
     "control": TopicSpec("control", 1, True, False),
     "status": TopicSpec("status", 1, True, True),
     "heartbeat": TopicSpec("heartbeat", 0, False, True),
-    "stats": TopicSpec("stats", 1, False, True),
-    "decision": TopicSpec("decision", 1, False, False),
+    "stats": TopicSpec("stats", 0, False, True),
+    "decision": TopicSpec("decision", 0, False, False),
     "metrics": TopicSpec("metrics", 0, False, True),
 }
 
@@ -400,12 +441,31 @@ def _build(topic: str, cls: type[Message], data: Mapping[str, Any]) -> Message:
         check = _CHECKS.get(str(f.type))
         if check is not None and not check(data[name]):
             raise PayloadError(topic, f"{cls.KIND}.{name} must be {f.type}; got {data[name]!r}")
+    values = dict(data)
+    for name, inner in _NESTED.get(cls.KIND, {}).items():
+        if name in values:
+            values[name] = [
+                _nested(topic, f"{cls.KIND}.{name}[{i}]", inner, item)
+                for i, item in enumerate(values[name])
+            ]
     try:
-        message = cls(**data)
+        message = cls(**values)
         message.validate()
     except (TypeError, ValueError) as exc:
         raise PayloadError(topic, f"{cls.KIND}: {exc}") from None
     return message
+
+
+def _nested(topic: str, where: str, cls: type[Message], item: Mapping[str, Any]) -> Message:
+    """A message embedded in another (a map without ``v``/``kind``); errors name its place."""
+    try:
+        return _build(topic, cls, item)
+    except PayloadError as exc:
+        raise PayloadError(topic, f"{where}: {exc.problem}") from None
+
+
+# fields holding lists of embedded messages, per kind
+_NESTED: dict[str, dict[str, type[Message]]] = {"metrics": {"stats": Stats}}
 
 
 def _is_int(v: object) -> bool:
@@ -425,4 +485,5 @@ _CHECKS: dict[str, Callable[[object], bool]] = {
     "list[dict[str, Any]]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
     "dict[str, Any]": lambda v: isinstance(v, dict),
     "dict[str, float]": lambda v: isinstance(v, dict),
+    "list[Stats]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
 }

@@ -48,6 +48,15 @@ EXAMPLES = [
     Stats(peer=1, step=5, round=2, theta=0.25, grad_norm=1.5, bytes_sent=4096),
     Decision(step=5, round=2, repeat=True, target=0.1, statistic=0.3, reason="above-target"),
     Metrics(peer=1, step=5, values={"acc": 0.9}),
+    Metrics(
+        peer=1,
+        step=5,
+        values={"loss": 0.5},
+        stats=[
+            Stats(peer=1, step=5, round=1, theta=0.25, grad_norm=1.5, bytes_sent=4096),
+            Stats(peer=1, step=5, round=2, theta=0.125, grad_norm=1.5, bytes_sent=8192),
+        ],
+    ),
 ]
 
 
@@ -76,7 +85,6 @@ def test_topic_names_and_qos_are_documented_values() -> None:
     assert TOPICS["status"].retain
     assert TOPICS["plan"].retain
     assert not TOPICS["stats"].retain
-    assert TOPICS["stats"].qos == 1
     with pytest.raises(ValueError, match="run id"):
         Topics("a/b")
     with pytest.raises(PayloadError, match="unknown topic"):
@@ -85,6 +93,54 @@ def test_topic_names_and_qos_are_documented_values() -> None:
         t.parse("concord/v1/other/plan")
     with pytest.raises(PayloadError, match="peer id"):
         t.parse("concord/v1/r/stats/x")
+
+
+def test_qos_and_retain_match_the_documented_table() -> None:
+    """The contract's docstring table is the documentation users read: code must agree."""
+    import protos.control_plane as cp
+
+    rows = {}
+    for line in (cp.__doc__ or "").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("``"):
+            name = cells[0].strip("`").split("/")[0]
+            rows[name] = (cells[1], int(cells[2]), cells[3] == "yes")
+    assert set(rows) == set(TOPICS)
+    for name, spec in TOPICS.items():
+        assert rows[name] == (MESSAGES[name].__name__, spec.qos, spec.retain), name
+    # the state is reliable and retained; the per-step hot path is QoS 0 (docstring: why)
+    assert {n for n, s in TOPICS.items() if s.qos == 1} == {"schedule", "plan", "control", "status"}
+
+
+def _stats_map(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {"peer": 1, "step": 5, "round": 1, "theta": 0.5, "grad_norm": 1.0}
+    return {**base, **over}
+
+
+@pytest.mark.parametrize(
+    ("stats", "match"),
+    [
+        ([_stats_map(theta="x")], r"metrics.stats\[0\]: stats.theta must be float"),
+        ([_stats_map(), _stats_map(round=2, grad_norm=-1.0)], r"grad_norm must be a finite"),
+        ([_stats_map(peer=2)], "is for peer 2 step 5, not this record's peer 1 step 5"),
+        ([_stats_map(step=4)], "is for peer 1 step 4"),
+        ([_stats_map(round=2)], "rounds go 1, 2"),
+        ([_stats_map(extra=1)], r"metrics.stats\[0\]: unknown field"),
+        ([3], "metrics.stats must be list\\[Stats\\]"),
+        ("x", "metrics.stats must be list"),
+    ],
+)
+def test_metrics_with_bad_embedded_stats_are_rejected(stats: object, match: str) -> None:
+    payload = _raw(v=SCHEMA_VERSION, kind="metrics", peer=1, step=5, values={}, stats=stats)
+    with pytest.raises(PayloadError, match=match) as info:
+        decode("concord/v1/r/metrics/1", payload)
+    assert info.value.topic == "concord/v1/r/metrics/1"
+
+
+def test_stats_ride_only_on_step_records() -> None:
+    s = Stats(peer=1, step=5, round=1, theta=0.5, grad_norm=1.0)
+    with pytest.raises(PayloadError, match="only on a step record"):
+        encode(Metrics(peer=1, step=5, event="eval", stats=[s]))
 
 
 def _raw(**fields: object) -> bytes:

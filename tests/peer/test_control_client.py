@@ -330,26 +330,35 @@ def test_a_child_dies_with_its_sigkilled_parent() -> None:
 # -- the training thread's side (OrchestratedControl) ----------------------------------------------
 
 
-def test_lagged_control_plans_from_step_minus_lag_and_sends_a_steps_stats_at_once() -> None:
+def test_lagged_control_plans_from_step_minus_lag_and_its_stats_ride_on_the_metrics() -> None:
     """Lagged, lag 2: step t runs the rounds of the decision that closed t − 2, read without a
-    hop to the event loop when it is already there; the step's statistics leave together after
-    its last round (one event-loop turn), none before."""
+    hop to the event loop when it is already there; the step's statistics leave with its
+    metrics record (one message), none before; statistics whose record never came leave on the
+    stats topic at the next step's start, or when the stage ends."""
     import threading
 
     import torch
 
     from core.plan import Phase
     from peer.control import OrchestratedControl
-    from protos.control_plane import Stats
+    from protos.control_plane import Message, Metrics, Stats
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
         client = asyncio.run_coroutine_threadsafe(_make_client(), loop).result(T)
-        sent: list[tuple[str, list[Stats]]] = []
+        sent: list[tuple[str, list[Message]]] = []
         client.send_all = lambda kind, messages: sent.append((kind, list(messages)))  # type: ignore[method-assign]
         client.send = lambda kind, message, peer=True: sent.append((kind, [message]))  # type: ignore[method-assign]
+
+        def wait_sent(count: int) -> None:
+            deadline = time.monotonic() + T
+            while len(sent) < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)  # nothing more may follow
+            assert len(sent) == count, sent
+
         hook = OrchestratedControl(
             client, loop, stage="train", lagged=True, lag=2, timeout=T, bytes_sent=lambda: 7
         )
@@ -360,23 +369,55 @@ def test_lagged_control_plans_from_step_minus_lag_and_sends_a_steps_stats_at_onc
         deadline = time.monotonic() + T
         while 3 not in client.last_of_step and time.monotonic() < deadline:
             time.sleep(0.01)
+        hook._held = []  # step 1 ran no rounds here
         hook.wait_s = 0.0
         assert hook.begin(5, phase, norms).planned == 3
         assert (hook.how, hook.target, hook.wait_s) == ("lagged-plan", 1.0, 0.0)  # no hop
         theta = torch.tensor([0.25])
         assert hook.after_round(1, torch.zeros(1, 2), theta)
         assert hook.after_round(2, torch.zeros(1, 2), theta)
-        time.sleep(0.05)
-        assert sent == []  # nothing before the step's last round
         assert not hook.after_round(3, torch.zeros(1, 2), theta)
-        deadline = time.monotonic() + T
-        while not sent and time.monotonic() < deadline:
-            time.sleep(0.01)
-        ((kind, stats),) = sent
-        assert kind == "stats"
-        assert [(s.step, s.round, s.theta, s.grad_norm, s.bytes_sent) for s in stats] == [
+        wait_sent(0)  # nothing of its own: the statistics wait for the step's record
+        hook.publish_metrics(5, "step", {"loss": 0.5, "stage": "train", "ok": True})
+        wait_sent(1)
+        ((kind, (metrics,)),) = sent
+        assert kind == "metrics"
+        assert isinstance(metrics, Metrics)
+        assert metrics.values == {"loss": 0.5}  # numbers only
+        assert [(s.step, s.round, s.theta, s.grad_norm, s.bytes_sent) for s in metrics.stats] == [
             (5, r, 0.25, 0.5, 7) for r in (1, 2, 3)
         ]
+        hook.publish_metrics(5, "eval", {"accuracy": 0.9})
+        wait_sent(2)
+        eval_record = sent[1][1][0]
+        assert isinstance(eval_record, Metrics)
+        assert eval_record.stats == []
+        # a step whose record is not published: its statistics go out when the next begins
+        sent.clear()
+
+        def rounds() -> int:
+            r = 1
+            while hook.after_round(r, torch.zeros(1, 2), theta):
+                r += 1
+            return r
+
+        hook.begin(6, phase, norms)
+        assert (hook.how, rounds()) == ("fallback", 3)  # no decision: the last plan holds
+        hook.begin(7, phase, norms)
+        wait_sent(1)
+        ((kind, stats),) = sent
+        assert kind == "stats"
+        assert [(s.step, s.round) for s in stats if isinstance(s, Stats)] == [
+            (6, 1),
+            (6, 2),
+            (6, 3),
+        ]
+        rounds()
+        hook.close()  # the stage ends before step 7's record
+        wait_sent(2)
+        kind, held = sent[1]
+        assert kind == "stats"
+        assert [(s.step, s.round) for s in held if isinstance(s, Stats)] == [(7, 1), (7, 2), (7, 3)]
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(T)
