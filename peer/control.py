@@ -223,6 +223,7 @@ class OrchestratedControl:
         self.fallbacks = 0
         self.wait_s = 0.0  # time this step spent blocked on the orchestrator (metrics)
         self._held: list[Stats] = []  # lagged: this step's statistics, sent after its last round
+        self._plan_of: int | None = None  # lagged: the step whose decision plans this one
 
     def _call(self, coro: Any) -> Any:
         t0 = time.perf_counter()
@@ -235,21 +236,34 @@ class OrchestratedControl:
         self._flush_held()
         self.step, self.grad_norm = step, float(grad_norms[0])
         self.how = "orchestrator" if self.stage == "train" else "calibration"
+        self._plan_of = None
         if self.lagged:
             if step - self.lag < phase.start:
                 self.planned = 1  # first `lag` steps of a controlled phase: one round
             else:
-                # usually already here (lag ≥ 2): read it without a hop to the event loop (a
-                # dict read is atomic; the loop thread only adds and prunes entries)
-                d = self.client.last_of_step.get(step - self.lag)
-                if d is None:
-                    d = self._call(self.client.decision(step - self.lag, self.timeout))
-                if d is not None and d.rounds_next is not None:
-                    self.planned, self.target, self.how = d.rounds_next, d.target, "lagged-plan"
-                else:
-                    self.how = "fallback"
-                    self.fallbacks += 1
+                self._plan_of = step - self.lag
+                self._take_plan(wait=False)
         return self
+
+    def _take_plan(self, *, wait: bool) -> None:
+        """Lagged: take the rounds of this step from the decision that closed step t − lag.
+        Every step runs at least one round, so the plan is needed only after round 1: `begin`
+        takes it when it is already here (a dict read, atomic; the loop thread only adds and
+        prunes entries), `after_round(1)` waits for it if it is not (with lag 1 the step's
+        local update and first round overlap the slowest peer's previous step)."""
+        if self._plan_of is None:
+            return
+        d = self.client.last_of_step.get(self._plan_of)
+        if d is None and not wait:
+            return
+        if d is None:
+            d = self._call(self.client.decision(self._plan_of, self.timeout))
+        self._plan_of = None
+        if d is not None and d.rounds_next is not None:
+            self.planned, self.target, self.how = d.rounds_next, d.target, "lagged-plan"
+        else:
+            self.how = "fallback"
+            self.fallbacks += 1
 
     def after_round(self, round_index: int, x: torch.Tensor, theta_local: torch.Tensor) -> bool:
         stats = Stats(
@@ -265,6 +279,7 @@ class OrchestratedControl:
             # nothing is decided before the step's last round: its statistics ride on the
             # step's metrics message (`publish_metrics`), no message of their own
             self._held.append(stats)
+            self._take_plan(wait=True)
             return round_index < self.planned
         self.loop.call_soon_threadsafe(self.client.send, "stats", stats)
         if self.stage != "train":
@@ -279,6 +294,8 @@ class OrchestratedControl:
         return d.repeat
 
     def end(self, step: int) -> float | None:
+        self._take_plan(wait=False)  # a step without rounds never needed its plan
+        self._plan_of = None
         return self.target
 
     def wait_for_schedule(self, predicate: Callable[[], bool]) -> bool:

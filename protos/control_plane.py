@@ -56,7 +56,7 @@ from typing import Any, ClassVar, Literal, TypeVar, get_args
 
 import msgpack
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Metrics.stats (lagged statistics ride on the step record)
 ROOT = "concord/v1"
 MAX_PAYLOAD_BYTES = 256 * 1024  # control messages are small; anything bigger is rejected
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -153,7 +153,11 @@ def _raw(**fields: object) -> bytes:
         (b"\xc1garbage", "not a msgpack map"),
         (_raw(), "schema version None"),
         (msgpack.packb([1, 2]), "must be a msgpack map"),
-        (_raw(v=2, kind="stats"), "schema version 2 is not supported"),
+        (
+            _raw(v=SCHEMA_VERSION + 1, kind="stats"),
+            f"schema version {SCHEMA_VERSION + 1} is not supported",
+        ),
+        (_raw(v=SCHEMA_VERSION - 1, kind="stats"), "this build speaks"),
         (_raw(v=SCHEMA_VERSION, kind="gossip"), "unknown kind 'gossip'"),
         (
             _raw(v=SCHEMA_VERSION, kind="stats", peer=1, step=1, round=1, theta=0.1),

@@ -20,7 +20,7 @@ import msgpack
 import pytest
 
 from orchestrator.broker import MosquittoBroker, mosquitto_binary
-from protos.control_plane import Topics
+from protos.control_plane import SCHEMA_VERSION, Topics
 from protos.mqtt import client
 
 BASE = [
@@ -156,15 +156,17 @@ async def _inject(url: str, topics: Topics, proc: subprocess.Popen[bytes]) -> No
     def pack(d: dict[str, object]) -> bytes:
         return bytes(msgpack.packb(d))
 
+    V = SCHEMA_VERSION  # all but the wrong-version payload fail on their fields
+
     garbage = [
         (topics.topic("stats", 0), b"\x00 not msgpack"),
-        (topics.topic("stats", 1), pack({"v": 1, "kind": "stats", "peer": 1, "step": -5})),
-        (topics.topic("metrics", 0), pack({"v": 2, "kind": "metrics", "peer": 0, "step": 1})),
-        (topics.topic("status", 2), pack({"v": 1, "kind": "heartbeat", "peer": 2})),
+        (topics.topic("stats", 1), pack({"v": V, "kind": "stats", "peer": 1, "step": -5})),
+        (topics.topic("metrics", 0), pack({"v": V + 1, "kind": "metrics", "peer": 0, "step": 1})),
+        (topics.topic("status", 2), pack({"v": V, "kind": "heartbeat", "peer": 2})),
         (topics.topic("decision"), pack({"v": 99, "kind": "decision", "step": 0})),
-        (topics.topic("decision"), pack({"v": 1, "kind": "decision", "repeat": "yes"})),
-        (topics.topic("control"), pack({"v": 1, "kind": "control", "action": "explode"})),
-        (topics.topic("schedule"), pack({"v": 1, "kind": "schedule", "version": 7})),
+        (topics.topic("decision"), pack({"v": V, "kind": "decision", "repeat": "yes"})),
+        (topics.topic("control"), pack({"v": V, "kind": "control", "action": "explode"})),
+        (topics.topic("schedule"), pack({"v": V, "kind": "schedule", "version": 7})),
     ]
     with contextlib.suppress(aiomqtt.MqttError):  # the embedded broker ends with the run
         async with client(url, "rogue") as rogue:

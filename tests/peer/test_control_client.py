@@ -402,7 +402,8 @@ def test_lagged_control_plans_from_step_minus_lag_and_its_stats_ride_on_the_metr
             return r
 
         hook.begin(6, phase, norms)
-        assert (hook.how, rounds()) == ("fallback", 3)  # no decision: the last plan holds
+        taken = rounds()
+        assert (hook.how, taken) == ("fallback", 3)  # no decision: the last plan holds
         hook.begin(7, phase, norms)
         wait_sent(1)
         ((kind, stats),) = sent
@@ -418,6 +419,46 @@ def test_lagged_control_plans_from_step_minus_lag_and_its_stats_ride_on_the_metr
         kind, held = sent[1]
         assert kind == "stats"
         assert [(s.step, s.round) for s in held if isinstance(s, Stats)] == [(7, 1), (7, 2), (7, 3)]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(T)
+        loop.close()
+
+
+def test_a_lagged_plan_is_awaited_only_after_the_steps_first_round() -> None:
+    """Lag 1: the decision closing step t − 1 may still be on its way when step t begins; every
+    step runs one round anyway, so `begin` does not wait and `after_round(1)` takes the plan
+    when it arrives."""
+    import threading
+
+    import torch
+
+    from core.plan import Phase
+    from peer.control import OrchestratedControl
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        client = asyncio.run_coroutine_threadsafe(_make_client(), loop).result(T)
+        client.send_all = lambda kind, messages: None  # type: ignore[method-assign]
+        loop.call_soon_threadsafe(client.bus.connected.set)  # as if the broker were there
+        hook = OrchestratedControl(
+            client, loop, stage="train", lagged=True, lag=1, timeout=T, bytes_sent=lambda: 0
+        )
+        phase = Phase(index=1, start=0, end=100, mode="gossip", topology=None, controlled=True)
+        t0 = time.perf_counter()
+        hook.begin(4, phase, torch.tensor([1.0]))
+        assert time.perf_counter() - t0 < 0.1  # no wait in begin
+        assert (hook.wait_s, hook.how) == (0.0, "orchestrator")
+        late = decision(3, 1, rounds_next=2, target=0.5)
+        loop.call_soon_threadsafe(loop.call_later, 0.3, client._on_decision, late)
+        theta = torch.tensor([0.1])
+        assert hook.after_round(1, torch.zeros(1, 2), theta)  # waited, then: 2 rounds
+        assert 0.2 < hook.wait_s < T
+        assert (hook.how, hook.target, hook.fallbacks) == ("lagged-plan", 0.5, 0)
+        assert not hook.after_round(2, torch.zeros(1, 2), theta)
+        assert hook.end(4) == 0.5
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(T)
