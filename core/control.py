@@ -31,12 +31,14 @@ Two protocols (``ControlConfig.lagged``):
   [1, max_rounds]. The first L steps of every controlled phase use R = 1; if step t − L was never
   closed (an orchestrator that lost its statistics), the newest plan due is used. The target
   used is that of the step whose statistics are judged.
-  With L = 1 every peer must wait, before its step t, for the slowest peer to finish step t − 1
-  — a global per-step barrier that plain gossip does not have (a peer only waits for its
-  neighbours); with L ≥ 2 the statistics a decision needs are normally in before anyone asks
-  (a peer can run at most about diam(G) steps ahead of the slowest one), at the price of a
-  feedback delay of L steps: with L = 2 steps of even and odd index form two interleaved
-  sequences, each adjusted as with L = 1.
+  With L = 1 a peer's step t needs the slowest peer to have finished step t − 1 — a global
+  per-step barrier that plain gossip does not have (a peer only waits for its neighbours). Every
+  step runs at least one round, so a peer asks for its plan only after round 1 of step t
+  (`peer.control`): the barrier then overlaps the local update and the first round, and is
+  rarely felt. With L ≥ 2 the statistics a decision needs are in long before anyone asks (a peer
+  can run at most about diam(G) steps ahead of the slowest one), at the price of a feedback
+  delay of L steps: with L = 2 steps of even and odd index form two interleaved sequences, each
+  adjusted as with L = 1.
 
 The orchestrator imports this module, so it must never import torch.
 """

@@ -9,9 +9,9 @@ Last-Will (retained status "offline"), a heartbeat task, the latest schedule / p
 training thread uses in a controlled step: after each gossip round it publishes θ_i and ‖g_i‖
 and, in barrier mode, waits for the orchestrator's repeat/stop; in lagged mode it runs the rounds
 planned by the decision that closed step t − lag (``control.lag``) without waiting between rounds
-— with lag ≥ 2 that decision is normally in before the peer asks (`core.control`) — and the
-step's statistics ride on its metrics message (`publish_metrics`; the contract's docstring says
-why the control plane counts messages).
+— it needs that decision only after the step's first round, and it is normally in by then
+(`core.control`) — and the step's statistics ride on its metrics message (`publish_metrics`;
+the contract's docstring says why the control plane counts messages).
 
 When the broker is away (or a decision does not come within ``orchestrator.decision_timeout``)
 the peer keeps going on what it knows: barrier mode stops after the round (one round per step,
