@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from protos import data_plane_pb2 as pb
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: FrameHeader.push_weight (SGP), CODEC_QSGD, DTYPE_INT16
 TENSOR_MIX = 0  # tensor ids within a round (see FrameHeader.tensor_id)
 TENSOR_ALLREDUCE = 1
 TENSOR_EDGE = 2
