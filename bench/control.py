@@ -38,8 +38,9 @@ measured in one run on this machine.
    median over ``--repeats`` runs. One run per ``control.lag`` in ``--lags`` and repeat (default
    lags 1 and 2; the headline ``lagged_overhead_fraction`` is the largest lag's): with lag 1 a
    step needs every peer's previous step, a global barrier a peer meets after its step's first
-   round, with lag 2 the decision a peer needs is published long before it asks (`core.control`). Also: the mean ``control_wait_ms`` per controlled step
-   (time peers blocked on the orchestrator), and with ``--observe`` (a passive MQTT client on a
+   round, with lag 2 the decision a peer needs is published long before it asks (`core.control`).
+   Also: the mean ``control_wait_ms`` per controlled step (time peers blocked on the
+   orchestrator), and with ``--observe`` (a passive MQTT client on a
    thread of this process; it receives every statistic and decision and so takes CPU from the peers:
    off by default) how far apart the peers finish a step, how long the orchestrator takes from the
    last peer's stats of a step to its decision while the peers compute, and the split of each wait
