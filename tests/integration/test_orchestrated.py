@@ -19,7 +19,7 @@ import torch
 
 from core.config import RunConfig, load_config
 from orchestrator.broker import MosquittoBroker, mosquitto_binary
-from protos.control_plane import TOPICS, PayloadError, decode
+from protos.control_plane import TOPICS, Metrics, PayloadError, decode
 from sim.engine import run as run_vectorized
 from sim.processes import run_processes
 from sim.rundir import load_checkpoint
@@ -115,7 +115,12 @@ def test_constant_target_calibration_pass_matches_the_vectorized_engine(tmp_path
         assert cal["processes"]["max_statistic"][phase] == pytest.approx(value, rel=1e-5)
 
 
-def test_a_real_mosquitto_carries_the_documented_topics_and_payloads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["barrier", "lagged"])
+def test_a_real_mosquitto_carries_the_documented_topics_and_payloads(
+    tmp_path: Path, mode: str
+) -> None:
+    """Barrier: every topic carries traffic. Lagged: the statistics ride on the step records
+    (the stats topic stays silent) and the run still matches the vectorized engine."""
     if mosquitto_binary() is None:
         pytest.fail("mosquitto is not installed; scripts/bootstrap installs it (root, Debian)")
     broker = MosquittoBroker()
@@ -139,12 +144,14 @@ def test_a_real_mosquitto_carries_the_documented_topics_and_payloads(tmp_path: P
     )
     try:
         beats = ["orchestrator.heartbeat=0.1", "orchestrator.liveness_timeout=5"]
-        _compare(_cfg("epochs=0.5", *beats), tmp_path, broker=broker.url)
+        lagged = ["control.lagged=true"] if mode == "lagged" else []
+        _compare(_cfg("epochs=0.5", *beats, *lagged), tmp_path, broker=broker.url)
     finally:
         sub.terminate()
         out, _ = sub.communicate(timeout=10)
         broker.stop()
     seen: dict[str, int] = {}
+    carried: list[Metrics] = []  # step records carrying statistics (lagged control)
     for line in out.splitlines():
         topic, _, hexpayload = line.partition(" ")
         if not hexpayload:
@@ -156,4 +163,19 @@ def test_a_real_mosquitto_carries_the_documented_topics_and_payloads(tmp_path: P
         kind = topic.split("/")[3]
         assert TOPICS[kind].kind == message.KIND
         seen[kind] = seen.get(kind, 0) + 1
-    assert set(seen) == set(TOPICS), f"topics seen: {seen}"
+        if isinstance(message, Metrics) and message.stats:
+            carried.append(message)
+    if mode == "barrier":
+        assert set(seen) == set(TOPICS), f"topics seen: {seen}"
+        assert not carried
+    else:
+        assert set(seen) == set(TOPICS) - {"stats"}, f"topics seen: {seen}"
+        # every peer's controlled steps: all of them carry their rounds' statistics
+        steps = _steps(tmp_path / "processes" / "peers" / "peer-0" / "metrics.jsonl")
+        controlled = {r["step"] for r in steps if r["control"] is not None}
+        for peer in range(4):
+            mine = {m.step: m for m in carried if m.peer == peer}
+            assert set(mine) == controlled, f"peer {peer}"
+            for step, m in mine.items():
+                assert [s.round for s in m.stats] == list(range(1, int(m.values["rounds"]) + 1))
+                assert m.values["theta"] >= 0, step
