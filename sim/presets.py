@@ -38,7 +38,7 @@ from typing import Any
 from rich.console import Console
 
 from sim.report import read_summary
-from sim.sweep import RunFn, SweepRun, _csv_row, _slug, _write_csv, run_sweep
+from sim.sweep import RunFn, SweepRun, csv_row, run_sweep, slug, write_csv
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class PresetGrid:
                 over.update({"optim.lr": lr, "seed": seed})
                 key = f"{row.key}-lr{lr:g}" if self.tune else row.key
                 label = f"{row.label}, lr {lr:g}" if self.tune else row.label
-                name = "_".join(_slug(p) for p in (key, col.key, f"s{seed}"))
+                name = "_".join(slug(p) for p in (key, col.key, f"s{seed}"))
                 topology = str(row.overrides.get("topology", "")) or None
                 run = SweepRun(
                     name=name,
@@ -229,7 +229,7 @@ def _finished(grid: PresetGrid, out: Path) -> dict[str, dict[str, Any]]:
         run_dir = out / "runs" / run.name
         summary = read_summary(run_dir)
         if summary is not None:
-            rows[run.name] = _csv_row(run, {"status": "ok", "summary": summary}, run_dir)
+            rows[run.name] = csv_row(run, {"status": "ok", "summary": summary}, run_dir)
     return rows
 
 
@@ -375,7 +375,7 @@ def preset_main(
                 wall += float(json.loads(previous.read_text(encoding="utf-8"))["wall_seconds"])
             by_name = {r["name"]: r for r in fresh} | done
             table = [by_name[r.name] for r in grid.runs()]
-            _write_csv(out / "table.csv", table)
+            write_csv(out / "table.csv", table)
         else:
             table = fresh
         meta = {"preset": name, "command": command, "wall_seconds": wall, "tune": tune,

@@ -162,7 +162,7 @@ def _split(items: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "x"
 
 
@@ -226,7 +226,7 @@ class Sweep:
                 if k != plan and k.isdigit():
                     over["control.phases"] = [int(k)]
             tag = "none" if factor is None else f"{mode[0]}{factor:g}"
-            name = "_".join(_slug(p) for p in (plan, tag, topology, f"s{seed}"))
+            name = "_".join(slug(p) for p in (plan, tag, topology, f"s{seed}"))
             group = (plan, topology, seed) if mode == "constant" else None
             runs.append(
                 SweepRun(name, "plan", plan, plan, topology, factor, mode, seed, over, group)
@@ -239,7 +239,7 @@ class Sweep:
                 if topo is not None:
                     over["topology"] = topo
                 parts = [key, f"s{seed}"] if topo is None else [key, topo, f"s{seed}"]
-                name = "_".join(_slug(p) for p in parts)
+                name = "_".join(slug(p) for p in parts)
                 mode = str(base.overrides.get("control.mode", "none"))
                 runs.append(
                     SweepRun(name, "baseline", base.label, None, topo, None, mode, seed, over)
@@ -307,7 +307,7 @@ def _default_run_fn() -> RunFn:
 # Parent side.
 
 
-def _csv_row(run: SweepRun, outcome: Mapping[str, Any] | None, run_dir: Path) -> dict[str, Any]:
+def csv_row(run: SweepRun, outcome: Mapping[str, Any] | None, run_dir: Path) -> dict[str, Any]:
     summary: Mapping[str, Any] = outcome.get("summary", {}) if outcome else {}
     row: dict[str, Any] = {
         "name": run.name,
@@ -331,7 +331,7 @@ def _csv_row(run: SweepRun, outcome: Mapping[str, Any] | None, run_dir: Path) ->
     return row
 
 
-def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -376,9 +376,9 @@ def run_sweep(
     threads = max(1, (os.cpu_count() or 1) // jobs)
     cache = out_dir / "calibration"
     cache.mkdir(parents=True, exist_ok=True)
-    rows = {run.name: _csv_row(run, None, out_dir / "runs" / run.name) for run in runs}
+    rows = {run.name: csv_row(run, None, out_dir / "runs" / run.name) for run in runs}
     csv_path = out_dir / "table.csv"
-    _write_csv(csv_path, list(rows.values()))
+    write_csv(csv_path, list(rows.values()))
     ready: deque[SweepRun] = deque(first)
     args: dict[str, tuple[Any, ...]] = {}
     finished = 0
@@ -386,8 +386,8 @@ def run_sweep(
     def finish(run: SweepRun, outcome: Mapping[str, Any]) -> None:
         nonlocal finished
         finished += 1
-        row = rows[run.name] = _csv_row(run, outcome, out_dir / "runs" / run.name)
-        _write_csv(csv_path, list(rows.values()))
+        row = rows[run.name] = csv_row(run, outcome, out_dir / "runs" / run.name)
+        write_csv(csv_path, list(rows.values()))
         if run.calibration_group is not None:
             ready.extend(held.pop(run.calibration_group, []))
         if row["status"] == "ok":

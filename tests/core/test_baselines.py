@@ -4,7 +4,7 @@ errors, and the heterogeneous-quadratics reproduction of ALGORITHMS.md §9.5."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -12,13 +12,13 @@ import torch
 
 from core.algorithms import Algorithm, LocalSGD, SGDConfig, StepContext, make_algorithm
 from core.algorithms.gradient_tracking import GradientTracking
-from core.comm import Edge, MixResult
-from core.compress import Codec, make_codec
+from core.compress import make_codec
 from core.config import ConfigError, load_config
 from core.loop import check_algorithm
 from core.plan import Phase
 from core.topology import make_schedule
 from sim.vectorized import VectorizedComm
+from tests.spies import SpyComm
 
 torch.set_num_threads(1)
 GOSSIP = Phase(index=1, start=0, end=10**9, mode="gossip", topology=None, controlled=False)
@@ -36,42 +36,6 @@ def _sgd(momentum: float = 0.0, weight_decay: float = 0.0) -> LocalSGD:
 
 def _ring(n: int, kappa: float = 1.0) -> Callable[[int], np.ndarray]:
     return make_schedule("ring", n, kappa=kappa).matrix
-
-
-class SpyComm(VectorizedComm):
-    """The vectorized Comm, recording every call (name, step)."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__(n)
-        self.calls: list[tuple[str, int]] = []
-
-    def mix(
-        self,
-        x: torch.Tensor,
-        W: np.ndarray,
-        *,
-        codec: Codec | None = None,
-        step: int = 0,
-        round: int = 0,
-        push: torch.Tensor | None = None,
-    ) -> MixResult:
-        self.calls.append(("mix", step))
-        return super().mix(x, W, codec=codec, step=step, round=round, push=push)
-
-    def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
-        self.calls.append(("allreduce", step))
-        return super().allreduce_mean(x, step=step)
-
-    def exchange(
-        self,
-        outgoing: Mapping[Edge, torch.Tensor],
-        incoming: Sequence[Edge],
-        *,
-        step: int = 0,
-        round: int = 0,
-    ) -> dict[Edge, torch.Tensor]:
-        self.calls.append(("exchange", step))
-        return super().exchange(outgoing, incoming, step=step, round=round)
 
 
 class Repeat:
@@ -177,7 +141,7 @@ def test_gradient_tracking_extra_rounds_remix_the_model_only() -> None:
             y = W @ y + grads[t + 1] - g
     torch.testing.assert_close(run.x, x, rtol=0, atol=ROUNDOFF)
     assert run.comm.counters.rounds == 3 * len(grads)
-    assert run.comm.calls.count(("exchange", 0)) == 1  # one tracker message per step
+    assert run.comm.steps.count(("exchange", 0)) == 1  # one tracker message per step
 
 
 def _d2_reference(
@@ -251,11 +215,11 @@ def test_local_sgd_communicates_every_h_steps_only(average: str) -> None:
             x = x.mean(0, keepdim=True).expand(n, d) if average == "exact" else W @ x
             assert run.comm.counters.bytes_raw > before
             assert rounds == (1 if average == "gossip" else 0)
-            assert run.comm.calls[-1] == ("allreduce" if average == "exact" else "mix", t)
+            assert run.comm.steps[-1] == ("allreduce" if average == "exact" else "mix", t)
         else:
             assert rounds == 0
             assert run.comm.counters.bytes_raw == before
-            assert all(step != t for _, step in run.comm.calls)
+            assert all(step != t for _, step in run.comm.steps)
         torch.testing.assert_close(run.x, x, rtol=0, atol=ROUNDOFF)
     assert len(run.comm.calls) == len(grads) // h
     assert run.comm.counters.rounds == (len(grads) // h if average == "gossip" else 0)
@@ -388,7 +352,7 @@ def test_gradient_tracking_exact_phase_averages_and_resets_the_tracker() -> None
     run.step(3, grads[3], phase=EXACT)
     torch.testing.assert_close(run.x, expected.expand(n, d), rtol=0, atol=ROUNDOFF)
     assert torch.equal(run.algo.tracker, torch.zeros(n, d, dtype=F64))
-    assert run.comm.calls[-1] == ("allreduce", 3)
+    assert run.comm.steps[-1] == ("allreduce", 3)
 
 
 @pytest.mark.parametrize("name", ["d2", "exact-diffusion"])
@@ -437,7 +401,7 @@ def test_local_sgd_gossip_in_an_exact_phase_averages_exactly() -> None:
     run.step(0, g[0], phase=EXACT)
     assert run.comm.calls == []
     assert run.step(1, g[1], phase=EXACT) == 0
-    assert run.comm.calls == [("allreduce", 1)]
+    assert run.comm.steps == [("allreduce", 1)]
 
 
 def test_d2_rejects_a_matrix_with_lambda_min_at_minus_one_third() -> None:

@@ -6,7 +6,7 @@ errors, and the label-sorted reproduction of ALGORITHMS.md §9.9 on a convex pro
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -14,14 +14,14 @@ import torch
 
 from core.algorithms import Algorithm, LocalSGD, SGDConfig, StepContext, make_algorithm
 from core.algorithms.detag import DeTAG, accelerated_eta, group_contraction
-from core.comm import Edge, MixResult
-from core.compress import Codec, make_codec
+from core.compress import make_codec
 from core.config import ConfigError, load_config
 from core.data.partition import sorted_partition
 from core.loop import check_algorithm
 from core.plan import Phase
 from core.topology import make_schedule
 from sim.vectorized import VectorizedComm
+from tests.spies import SpyComm
 
 torch.set_num_threads(1)
 GOSSIP = Phase(index=1, start=0, end=10**9, mode="gossip", topology=None, controlled=False)
@@ -38,42 +38,6 @@ def _sgd(momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = Fals
 
 def _ring(n: int, kappa: float = 1.0) -> Callable[[int], np.ndarray]:
     return make_schedule("ring", n, kappa=kappa).matrix
-
-
-class SpyComm(VectorizedComm):
-    """The vectorized Comm, recording every call as (kind, step, round)."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__(n)
-        self.calls: list[tuple[str, int, int]] = []
-
-    def mix(
-        self,
-        x: torch.Tensor,
-        W: np.ndarray,
-        *,
-        codec: Codec | None = None,
-        step: int = 0,
-        round: int = 0,
-        push: torch.Tensor | None = None,
-    ) -> MixResult:
-        self.calls.append(("mix", step, round))
-        return super().mix(x, W, codec=codec, step=step, round=round, push=push)
-
-    def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
-        self.calls.append(("allreduce", step, -1))
-        return super().allreduce_mean(x, step=step)
-
-    def exchange(
-        self,
-        outgoing: Mapping[Edge, torch.Tensor],
-        incoming: Sequence[Edge],
-        *,
-        step: int = 0,
-        round: int = 0,
-    ) -> dict[Edge, torch.Tensor]:
-        self.calls.append(("exchange", step, round))
-        return super().exchange(outgoing, incoming, step=step, round=round)
 
 
 class Runner:
