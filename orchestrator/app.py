@@ -58,6 +58,7 @@ from protos.control_plane import (
     Message,
     Metrics,
     Plan,
+    Presence,
     RunControl,
     Schedule,
     Stats,
@@ -400,6 +401,11 @@ class Orchestrator:
                     self.topics,
                     subscribe=["status", "heartbeat", "stats", "metrics"],
                     handler=self.on_message,
+                    will=(
+                        "orchestrator",
+                        None,
+                        Presence(state="offline", reason="connection lost"),
+                    ),
                 )
             )
             self._write_json(
@@ -409,6 +415,8 @@ class Orchestrator:
                 raise OrchestratorError(f"cannot reach the MQTT broker at {url}")
             for kind in ("control", "schedule", "plan"):
                 await self.bus.clear(kind)
+            # retained, and re-published by the Bus after every reconnect
+            await self.bus.publish("orchestrator", Presence(state="online", ts=time.time()))
             watchdog = asyncio.create_task(self._liveness(), name="orchestrator-liveness")
             try:
                 return await self._run_inner()
@@ -418,6 +426,9 @@ class Orchestrator:
                     await watchdog
                 await self.bus.publish(
                     "control", RunControl(action="stop", ts=time.time(), reason="run finished")
+                )
+                await self.bus.publish(
+                    "orchestrator", Presence(state="offline", ts=time.time(), reason="run finished")
                 )
                 if self._tasks:
                     await asyncio.wait(list(self._tasks), timeout=5)

@@ -13,8 +13,9 @@ planned by the decision that closed step t − lag (``control.lag``) without wai
 (`core.control`) — and the step's statistics ride on its metrics message (`publish_metrics`;
 the contract's docstring says why the control plane counts messages).
 
-When the broker is away (or a decision does not come within ``orchestrator.decision_timeout``)
-the peer keeps going on what it knows: barrier mode stops after the round (one round per step,
+When the broker is away, the orchestrator is offline (its presence, a Last-Will when it crashed),
+or a decision does not come within ``orchestrator.decision_timeout``, the peer keeps going on
+what it knows: barrier mode stops after the round (one round per step,
 plain gossip), lagged mode keeps the last planned number of rounds; control resumes as soon as
 decisions arrive again. Each step records how its rounds were decided ("orchestrator",
 "lagged-plan", "fallback").
@@ -44,6 +45,7 @@ from protos.control_plane import (
     Message,
     Metrics,
     Plan,
+    Presence,
     RunControl,
     Schedule,
     Stats,
@@ -67,17 +69,18 @@ class ControlClient:
             url,
             f"peer-{run_id}-{peer_id}",
             self.topics,
-            subscribe=["schedule", "plan", "control", "decision"],
+            subscribe=["schedule", "plan", "control", "decision", "orchestrator"],
             handler=self._on_message,
             will=("status", peer_id, Status(peer=peer_id, state="offline")),
         )
         self.schedule: Schedule | None = None
         self.plan: Plan | None = None
         self.control: RunControl | None = None
+        self.orchestrator: Presence | None = None  # its presence (retained; None: not seen yet)
         self.changed = asyncio.Event()
         self.decisions: dict[tuple[int, int], Decision] = {}
         self.last_of_step: dict[int, Decision] = {}  # lagged: the decision carrying rounds_next
-        self._waiters: dict[tuple[int, int] | int, asyncio.Future[Decision]] = {}
+        self._waiters: dict[tuple[int, int] | int, asyncio.Future[Decision | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._beat: asyncio.Task[None] | None = None
 
@@ -109,6 +112,8 @@ class ControlClient:
             self.plan = message
         elif isinstance(message, RunControl):
             self.control = message
+        elif isinstance(message, Presence):
+            self._on_presence(message)
         elif isinstance(message, Decision):
             self._on_decision(message)
             return
@@ -124,6 +129,23 @@ class ControlClient:
             del self.decisions[old]
         for s in [s for s in self.last_of_step if s < d.step - 4]:
             del self.last_of_step[s]
+
+    @property
+    def orchestrator_gone(self) -> bool:
+        """The orchestrator said, or its Last-Will did, that it is offline: nobody decides."""
+        return self.orchestrator is not None and self.orchestrator.state == "offline"
+
+    def _on_presence(self, p: Presence) -> None:
+        was_gone = self.orchestrator_gone
+        self.orchestrator = p
+        if self.orchestrator_gone and not was_gone:
+            log.warning("orchestrator.offline", reason=p.reason)
+            for fut in self._waiters.values():  # nobody will answer: stop waiting now
+                if not fut.done():
+                    fut.set_result(None)
+            self._waiters.clear()
+        elif was_gone and not self.orchestrator_gone:
+            log.info("orchestrator.online")
 
     def _wake(self, key: tuple[int, int] | int, d: Decision) -> None:
         fut = self._waiters.pop(key, None)
@@ -143,11 +165,12 @@ class ControlClient:
 
     async def decision(self, key: tuple[int, int] | int, timeout: float) -> Decision | None:
         """The decision for (step, round), or — key = step — the step's last (lagged) decision;
-        None at once when the broker is away, or after ``timeout``."""
+        None at once when the broker or the orchestrator is away (or goes away while this
+        waits), or after ``timeout``."""
         have = self.decisions.get(key) if isinstance(key, tuple) else self.last_of_step.get(key)
         if have is not None:
             return have
-        if not self.connected:
+        if not self.connected or self.orchestrator_gone:
             return None
         fut = self._waiters.get(key)
         if fut is None or fut.done():
@@ -300,9 +323,14 @@ class OrchestratedControl:
 
     def wait_for_schedule(self, predicate: Callable[[], bool]) -> bool:
         """Block the training thread until ``predicate`` holds (checked on the event loop at
-        every control-plane message), at most the decision timeout; False (a fallback, counted)
-        when it does not."""
-        ok = bool(self._call(self.client.wait_for(predicate, self.timeout)))
+        every control-plane message), at most the decision timeout and not at all while the
+        orchestrator is offline; False (a fallback, counted) when it does not."""
+        client = self.client
+
+        def settled() -> bool:
+            return predicate() or client.orchestrator_gone
+
+        ok = bool(self._call(client.wait_for(settled, self.timeout))) and predicate()
         if not ok:
             self.fallbacks += 1
             log.warning("graph.schedule_timeout", step=self.step, waited=self.timeout)

@@ -202,10 +202,11 @@ async def follow(p: PeerProcess) -> int:
                 return 1
             summary, code = await _stages(p, ctl, transport, membership, task)
             if not p.stop.is_set():
-                await ctl.wait_for(
+                await ctl.wait_for(  # (nobody will say stop when the orchestrator is gone)
                     lambda: (
                         p.stop.is_set()
                         or (ctl.control is not None and ctl.control.action == "stop")
+                        or ctl.orchestrator_gone
                     ),
                     _STOP_WAIT,
                 )

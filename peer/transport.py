@@ -55,6 +55,7 @@ SERVER_OPTIONS = [
 RAW_METHOD = "/concord.v1.Gossip/ExchangeRaw"
 Wire = Literal["raw", "protobuf"]
 log = structlog.get_logger("peer.transport")
+_STOP_LIMIT = 10.0  # seconds `Transport.stop` may take beyond its grace
 
 
 class Fanout:
@@ -419,7 +420,17 @@ class Transport:
         outcome = MixOutcome(answered=[sorted(arrived)], missing=[missing], rejected=[rejected])
         return arrived, outcome
 
-    async def stop(self, grace: float) -> None:
+    async def stop(self, grace: float, *, limit: float = _STOP_LIMIT) -> None:
+        """Drain the outgoing links (``grace`` seconds), close them, stop the server. Bounded:
+        a finished peer must exit even if a close never completes (seen once, not reproduced:
+        a peer stuck here for minutes after its neighbours exited) — after ``grace + limit``
+        seconds it logs what it gave up on and returns."""
+        try:
+            await asyncio.wait_for(self._stop(grace), grace + limit)
+        except TimeoutError:
+            log.warning("transport.stop_timeout", waited=grace + limit, links=sorted(self.links))
+
+    async def _stop(self, grace: float) -> None:
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))

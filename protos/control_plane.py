@@ -12,6 +12,7 @@ cross the broker.
 | ``plan``                        | Plan       | 1   | yes      | orchestrator                   |
 | ``control``                     | RunControl | 1   | yes      | orchestrator (start / stop)    |
 | ``status/<peer>``               | Status     | 1   | yes      | peer; broker (Last-Will)       |
+| ``orchestrator``                | Presence   | 1   | yes      | orchestrator; broker (Will)    |
 | ``heartbeat/<peer>``            | Heartbeat  | 0   | no       | peer                           |
 | ``stats/<peer>``                | Stats      | 0   | no       | peer, after every gossip round |
 |                                 |            |     |          | of a barrier-controlled step,  |
@@ -24,7 +25,9 @@ cross the broker.
 
 Retained topics give a late or reconnecting subscriber the current schedule, plan, run state and
 every peer's last status at once. The Last-Will on ``status/<peer>`` is a Status with state
-"offline", so a crashed peer is announced by the broker itself. This module is torch-free (the
+"offline", so a crashed peer is announced by the broker itself; the orchestrator's Last-Will on
+``orchestrator`` likewise tells the peers that nobody will decide any more (they stop waiting
+for decisions at once, and wait again when it is back online). This module is torch-free (the
 orchestrator imports it).
 
 **QoS 0 on the per-step topics** (stats, decision, metrics, heartbeat), QoS 1 on the state:
@@ -42,8 +45,8 @@ orchestrator imports it).
   on a timeout (`orchestrator.rounds`), a peer without its decision falls back
   (`peer.control`), a missed metrics record is written from the peers that reported.
 
-The state (schedule, plan, control, status with its Last-Will) stays QoS 1 and retained: it is
-rare, and a retained message is what a late or reconnecting client starts from.
+The state (schedule, plan, control, status and presence with their Last-Wills) stays QoS 1 and
+retained: it is rare, and a retained message is what a late or reconnecting client starts from.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from typing import Any, ClassVar, Literal, TypeVar, get_args
 
 import msgpack
 
-SCHEMA_VERSION = 2  # 2: Metrics.stats (lagged statistics ride on the step record)
+SCHEMA_VERSION = 2  # 2: Metrics.stats (lagged statistics ride on the step record), Presence
 ROOT = "concord/v1"
 MAX_PAYLOAD_BYTES = 256 * 1024  # control messages are small; anything bigger is rejected
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -77,6 +80,8 @@ class PayloadError(ValueError):
 PeerState = Literal["starting", "ready", "training", "done", "failed", "offline"]
 PEER_STATES: tuple[str, ...] = get_args(PeerState)
 RunAction = Literal["start", "stop"]
+PresenceState = Literal["online", "offline"]
+PRESENCE_STATES: tuple[str, ...] = get_args(PresenceState)
 Stage = Literal["calibrate", "train"]
 STAGES: tuple[str, ...] = get_args(Stage)
 
@@ -193,6 +198,24 @@ class Status(Message):
 
 
 @dataclass(frozen=True)
+class Presence(Message):
+    """The orchestrator's presence: "online" once connected (retained, re-published after a
+    reconnect), "offline" when it leaves — published by itself at the end of a run, by the
+    broker (its Last-Will) when it crashes or its connection breaks."""
+
+    KIND: ClassVar[str] = "orchestrator"
+    state: str
+    ts: float = 0.0
+    reason: str = ""
+
+    def validate(self) -> None:
+        if self.state not in PRESENCE_STATES:
+            raise ValueError(
+                f"state must be one of {', '.join(PRESENCE_STATES)}; got {self.state!r}"
+            )
+
+
+@dataclass(frozen=True)
 class Heartbeat(Message):
     KIND: ClassVar[str] = "heartbeat"
     peer: int
@@ -295,7 +318,7 @@ class Metrics(Message):
 
 MESSAGES: dict[str, type[Message]] = {
     cls.KIND: cls
-    for cls in (Schedule, Plan, RunControl, Status, Heartbeat, Stats, Decision, Metrics)
+    for cls in (Schedule, Plan, RunControl, Status, Presence, Heartbeat, Stats, Decision, Metrics)
 }
 
 
@@ -335,6 +358,7 @@ TOPICS: dict[str, TopicSpec] = {
     "plan": TopicSpec("plan", 1, True, False),
     "control": TopicSpec("control", 1, True, False),
     "status": TopicSpec("status", 1, True, True),
+    "orchestrator": TopicSpec("orchestrator", 1, True, False),
     "heartbeat": TopicSpec("heartbeat", 0, False, True),
     "stats": TopicSpec("stats", 0, False, True),
     "decision": TopicSpec("decision", 0, False, False),

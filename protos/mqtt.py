@@ -91,7 +91,7 @@ class Bus:
         *,
         subscribe: Sequence[str],
         handler: Handler,
-        will: tuple[str, int, Message] | None = None,
+        will: tuple[str, int | None, Message] | None = None,
         backoff: tuple[float, float] = (0.2, 5.0),
         keepalive: int = 10,
     ) -> None:

@@ -16,6 +16,7 @@ from protos.control_plane import (
     Metrics,
     PayloadError,
     Plan,
+    Presence,
     RunControl,
     Schedule,
     Stats,
@@ -43,6 +44,7 @@ EXAMPLES = [
         control={"mode": "adaptive"},
     ),
     RunControl(action="start", ts=1.5),
+    Presence(state="offline", ts=4.0, reason="connection lost"),
     Status(peer=2, state="training", step=10, address="127.0.0.1:5000", ts=2.0),
     Heartbeat(peer=2, step=10, ts=3.0),
     Stats(peer=1, step=5, round=2, theta=0.25, grad_norm=1.5, bytes_sent=4096),
@@ -109,7 +111,8 @@ def test_qos_and_retain_match_the_documented_table() -> None:
     for name, spec in TOPICS.items():
         assert rows[name] == (MESSAGES[name].__name__, spec.qos, spec.retain), name
     # the state is reliable and retained; the per-step hot path is QoS 0 (docstring: why)
-    assert {n for n, s in TOPICS.items() if s.qos == 1} == {"schedule", "plan", "control", "status"}
+    state = {"schedule", "plan", "control", "status", "orchestrator"}
+    assert {n for n, s in TOPICS.items() if s.qos == 1} == state
 
 
 def _stats_map(**over: object) -> dict[str, object]:
@@ -209,6 +212,7 @@ def _raw(**fields: object) -> bytes:
             "unknown field",
         ),
         (_raw(v=SCHEMA_VERSION, kind="status", peer=1, state="sleepy"), "state must be one of"),
+        (_raw(v=SCHEMA_VERSION, kind="orchestrator", state="away"), "online, offline; got 'away'"),
         (b"\x00" * (300 * 1024), "exceeds"),
     ],
 )
@@ -220,7 +224,7 @@ def test_malformed_payloads_are_rejected_with_specific_errors(payload: bytes, ma
 
 def test_wrong_kind_for_expected_type() -> None:
     with pytest.raises(PayloadError, match="expected a 'decision' message, got 'stats'"):
-        decode("t", encode(EXAMPLES[5]), expect=Decision)
+        decode("t", encode(next(m for m in EXAMPLES if isinstance(m, Stats))), expect=Decision)
 
 
 def test_encode_refuses_invalid_messages() -> None:

@@ -246,3 +246,74 @@ def test_an_orchestrator_stuck_after_its_work_is_stopped_and_not_counted_failed(
     assert time.monotonic() - t0 < 15
     assert children.failed() == {}
     assert children.running() == []
+
+
+@pytest.mark.parametrize("lagged", [False, True], ids=["barrier", "lagged"])
+def test_peers_stop_waiting_for_a_crashed_orchestrator_and_finish(
+    tmp_path: Path, lagged: bool
+) -> None:
+    """Peers on their own machines, an external Mosquitto, the orchestrator killed (SIGKILL)
+    mid-run: its Last-Will tells the peers at once, so they finish on plain gossip (barrier:
+    one round per step; lagged: the last plan) instead of waiting out the decision timeout
+    (30 s here) at every round or step."""
+    if mosquitto_binary() is None:
+        pytest.fail("mosquitto is not installed; scripts/bootstrap installs it (root, Debian)")
+    broker = MosquittoBroker()
+    broker.start()
+    config = tmp_path / "run.toml"
+    config.write_text(
+        'name = "orphaned"\npeers = 3\nepochs = 2\n'
+        "[dataset]\nsamples = 3000\n[eval]\nevery = 4\n[optim]\nmilestones = []\n"
+        f'[control]\nmode = "adaptive"\nfactor = 0.1\nlagged = {str(lagged).lower()}\n'
+        "[orchestrator]\nheartbeat = 0.2\nliveness_timeout = 3\ndecision_timeout = 30\n"
+        "[network]\ndeadline = 5\n"
+    )
+    common = ["--config", str(config), "--broker", broker.url]
+    commands = {"orchestrator": ["orchestrator", "--out", str(tmp_path / "orchestrator")]}
+    for i in range(3):
+        out = str(tmp_path / f"peer-{i}")
+        commands[f"peer-{i}"] = ["peer", "--id", str(i), "--listen", "127.0.0.1:0", "--out", out]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = []
+    try:
+        for name, args in commands.items():
+            log = open(tmp_path / f"{name}.out", "wb")  # noqa: SIM115 - closed below
+            logs.append(log)
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "sim.cli", *args, *common],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        _wait(_training(tmp_path / "peer-0", 20), 120, "20 training steps")
+        procs["orchestrator"].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        codes = {n: p.wait(timeout=150) for n, p in procs.items() if n != "orchestrator"}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()
+        broker.stop()
+    assert codes == {f"peer-{i}": 0 for i in range(3)}, (tmp_path / "peer-0.out").read_text()[
+        -3000:
+    ]
+    for i in range(3):
+        peer = tmp_path / f"peer-{i}"
+        assert json.loads((peer / "summary.json").read_text())["completed"]
+        events = [json.loads(x) for x in (peer / "log.jsonl").open()]
+        offline = [e for e in events if e["event"] == "orchestrator.offline"]
+        assert offline, f"peer {i} never heard that the orchestrator left"
+        rows = [json.loads(x) for x in (peer / "metrics.jsonl").open()]
+        steps = [r for r in rows if r["kind"] == "step"]
+        decided = [r for r in steps if r["control"] != "fallback"]
+        after = steps[len(decided) :]
+        assert decided, f"peer {i}: control never worked"
+        assert len(after) >= 20, f"peer {i}: the kill came too late to test anything"
+        assert all(r["control"] == "fallback" for r in after), f"peer {i}: control came back?"
+        # no step waited for the decision timeout (30 s); the slowest is far below it
+        slowest = max(r["step_ms"] for r in after)
+        assert slowest < 10_000, f"peer {i}: a step took {slowest:.0f} ms"
+        if not lagged:  # barrier fallback: plain gossip (the step of the kill may have more)
+            assert {r["rounds"] for r in after[1:]} == {1}
+    assert time.time() - killed_at < 150

@@ -141,6 +141,39 @@ def test_a_step_without_its_last_decision_times_out() -> None:
     run(body)
 
 
+def test_an_offline_orchestrator_ends_every_wait_at_once_and_online_restores_them() -> None:
+    """Its Last-Will ("offline") arrives while peers wait for a decision: they get None now,
+    not after the decision timeout; further asks return at once; once it is online again,
+    peers wait for decisions as before."""
+    from protos.control_plane import Presence
+
+    async def body(c: ControlClient) -> None:
+        c.bus.connected.set()
+        c._on_message("orchestrator", None, Presence(state="online"))
+        waiting = [
+            asyncio.create_task(c.decision((7, 1), timeout=30.0), name="barrier"),
+            asyncio.create_task(c.decision(6, timeout=30.0), name="lagged"),
+        ]
+        await asyncio.sleep(0.05)
+        assert not any(w.done() for w in waiting)
+        t0 = time.monotonic()
+        c._on_message("orchestrator", None, Presence(state="offline", reason="connection lost"))
+        assert await asyncio.wait_for(asyncio.gather(*waiting), T) == [None, None]
+        assert c.orchestrator_gone
+        assert await c.decision((8, 1), timeout=30.0) is None
+        assert time.monotonic() - t0 < T / 2  # at once, not after the 30 s timeout
+        c._on_message("orchestrator", None, Presence(state="online"))
+        assert not c.orchestrator_gone
+        again = asyncio.create_task(c.decision((8, 1), timeout=T), name="again")
+        await asyncio.sleep(0.05)
+        assert not again.done()  # waits again
+        d = decision(8, 1, reason="at-target")
+        c._on_message("decision", None, d)
+        assert await asyncio.wait_for(again, T) == d
+
+    run(body)
+
+
 def test_no_wait_when_not_connected() -> None:
     async def body(c: ControlClient) -> None:
         assert not c.connected

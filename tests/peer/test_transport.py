@@ -202,3 +202,28 @@ def test_a_fanout_builds_each_chunk_once_for_all_its_links() -> None:
     assert fan.message(0) is not first[0]  # dropped once both links took it
     frames = Fanout(out, readers=1, wire="protobuf")
     assert frames.message(1) == out.frame(1)
+
+
+def test_stop_is_bounded_when_a_link_never_closes() -> None:
+    """A finished peer must exit: a link whose close never returns costs grace + limit, then
+    `stop` logs what it gave up on and returns."""
+
+    async def body() -> None:
+        t0, _t1 = _pair(deadline=1.0)
+        await t0.start(t0.addresses[0])
+        await t0.connect([1], timeout=0.2)
+        never = asyncio.Event()
+
+        async def stuck() -> None:
+            await never.wait()
+
+        link = t0.links[1]
+        link.close = stuck  # type: ignore[method-assign]
+        start = time.monotonic()
+        await t0.stop(0.1, limit=0.5)
+        assert 0.5 <= time.monotonic() - start < 5.0
+        never.set()
+        if t0.server is not None:
+            await t0.server.stop(None)
+
+    _run(body)
