@@ -425,15 +425,24 @@ class Transport:
         a finished peer must exit even if a close never completes (seen once, not reproduced:
         a peer stuck here for minutes after its neighbours exited) — after ``grace + limit``
         seconds it logs what it gave up on and returns."""
+        stage = ["health"]  # what `_stop` is doing: named in the log line if it never ends
         try:
-            await asyncio.wait_for(self._stop(grace), grace + limit)
+            await asyncio.wait_for(self._stop(grace, stage), grace + limit)
         except TimeoutError:
-            log.warning("transport.stop_timeout", waited=grace + limit, links=sorted(self.links))
+            log.warning(
+                "transport.stop_timeout",
+                waited=grace + limit,
+                stuck_in=stage[0],
+                links=sorted(self.links),
+            )
 
-    async def _stop(self, grace: float) -> None:
+    async def _stop(self, grace: float, stage: list[str]) -> None:
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
+        stage[0] = "drain"
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
+        stage[0] = "close links"
         await asyncio.gather(*(link.close() for link in self.links.values()), *self._closing)
+        stage[0] = "server stop"
         if self.server is not None:
             await self.server.stop(grace)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+import structlog
 import torch
 
 from core.comm import MixOutcome
@@ -220,8 +221,11 @@ def test_stop_is_bounded_when_a_link_never_closes() -> None:
         link = t0.links[1]
         link.close = stuck  # type: ignore[method-assign]
         start = time.monotonic()
-        await t0.stop(0.1, limit=0.5)
+        with structlog.testing.capture_logs() as logs:
+            await t0.stop(0.1, limit=0.5)
         assert 0.5 <= time.monotonic() - start < 5.0
+        (line,) = [e for e in logs if e["event"] == "transport.stop_timeout"]
+        assert line["stuck_in"] == "close links"
         never.set()
         if t0.server is not None:
             await t0.server.stop(None)
