@@ -245,7 +245,7 @@ class OrchestratedControl:
         self.how = ""  # how this step's rounds were decided (metrics)
         self.fallbacks = 0
         self.wait_s = 0.0  # time this step spent blocked on the orchestrator (metrics)
-        self._held: list[Stats] = []  # lagged: this step's statistics, sent after its last round
+        self._held: list[Stats] = []  # lagged: this step's statistics, for its metrics record
         self._plan_of: int | None = None  # lagged: the step whose decision plans this one
 
     def _call(self, coro: Any) -> Any:
@@ -333,7 +333,8 @@ class OrchestratedControl:
         ok = bool(self._call(client.wait_for(settled, self.timeout))) and predicate()
         if not ok:
             self.fallbacks += 1
-            log.warning("graph.schedule_timeout", step=self.step, waited=self.timeout)
+            why = "orchestrator offline" if client.orchestrator_gone else "timeout"
+            log.warning("graph.schedule_timeout", step=self.step, waited=self.wait_s, why=why)
         return ok
 
     def publish_metrics(self, step: int, event: str, values: dict[str, Any]) -> None:
