@@ -282,6 +282,7 @@ class Transport:
         self.links: dict[int, Link] = {}
         self.set_addresses(dict(enumerate(self.addresses)))
         self._closing: set[asyncio.Future[None]] = set()
+        self._stopping = ""  # the stage `stop` is in (drain, close links, server stop)
         self.server: grpc.aio.Server | None = None
         self.health: health.aio.HealthServicer | None = None
         self.port = 0
@@ -425,24 +426,24 @@ class Transport:
         a finished peer must exit even if a close never completes (seen once, not reproduced:
         a peer stuck here for minutes after its neighbours exited) — after ``grace + limit``
         seconds it logs what it gave up on and returns."""
-        stage = ["health"]  # what `_stop` is doing: named in the log line if it never ends
         try:
-            await asyncio.wait_for(self._stop(grace, stage), grace + limit)
+            await asyncio.wait_for(self._stop(grace), grace + limit)
         except TimeoutError:
             log.warning(
                 "transport.stop_timeout",
                 waited=grace + limit,
-                stuck_in=stage[0],
+                stuck_in=self._stopping,
                 links=sorted(self.links),
             )
 
-    async def _stop(self, grace: float, stage: list[str]) -> None:
+    async def _stop(self, grace: float) -> None:
+        self._stopping = "health"  # named in the timeout's log line
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
-        stage[0] = "drain"
+        self._stopping = "drain"
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
-        stage[0] = "close links"
+        self._stopping = "close links"
         await asyncio.gather(*(link.close() for link in self.links.values()), *self._closing)
-        stage[0] = "server stop"
+        self._stopping = "server stop"
         if self.server is not None:
             await self.server.stop(grace)
