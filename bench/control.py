@@ -1,16 +1,17 @@
 """The control plane's cost, with Mosquitto and with the orchestrator's embedded amqtt broker, all
 measured in one run on this machine.
 
-1. **Barrier decision round trip.** The real orchestrator (``python -m sim.cli orchestrator``, a
+1. **Barrier decision round trip.** The real orchestrator (``python -m concord.lab.cli
+orchestrator``, a
    separate process; with ``--broker`` pointing at a private Mosquitto, or without it so that it
    embeds amqtt in its own event loop) runs a one-phase plan under adaptive control with a tiny
    factor (1e-9): every round is above target, so the orchestrator answers "repeat" after every
    round up to ``max_rounds`` — every round needs a decision. ``--peers`` synthetic peers in this
-   process (one `protos.mqtt.Bus` each, TCP_NODELAY) play the peer side exactly as
-   `peer.follow` / `peer.control` do: retained status "ready" (address, steps per epoch,
-   fingerprint), heartbeats, wait for the schedule and the "train" start, then per round every
-   synthetic peer publishes its `Stats` at the same instant and waits for the `Decision` of that
-   (step, round), following repeat/stop; at the end status "done" and the orchestrator exits.
+   process (one `concord.protos.mqtt.Bus` each, TCP_NODELAY) play the peer side exactly as
+   `concord.peer.follow` / `concord.peer.control` do: retained status "ready" (address, steps per
+   epoch, fingerprint), heartbeats, wait for the schedule and the "train" start, then per round
+   every synthetic peer publishes its `Stats` at the same instant and waits for the `Decision` of
+   that (step, round), following repeat/stop; at the end status "done" and the orchestrator exits.
    RTT sample = from the *last* stats publish of the round to the decision's arrival at a peer
    (its Bus handler); median and p90 over peers and rounds, the first step discarded (warm-up).
    "To the first peer" is the same from the round's first arrival (the synthetic peers share
@@ -19,26 +20,28 @@ measured in one run on this machine.
    MQTT ping-pong between two NODELAY clients in two processes, one broker pass each way at the
    QoS the contract gives stats and decisions (0) — the same two hops as stats → orchestrator →
    decision.
-2. **Lagged-control overhead.** ``sim.processes.run_processes``: orchestrator + 4 peer processes,
+2. **Lagged-control overhead.** ``concord.sim.processes.run_processes``: orchestrator + 4 peer
+processes,
    ring, D-SGD, ~1.09M-parameter MLP on mnist1d, 1 torch thread each, evaluation only at the end.
    The run's plan has ``--blocks`` phases (LR milestones at i/blocks): phase 1 warms up (not timed),
    then controlled (adaptive, ``lagged = true``, factor 1e6) and uncontrolled blocks alternate
    *within one run*, starting with a controlled block in odd repeats and with an uncontrolled one in
    even repeats (so neither side always comes first). The factor keeps exactly one round per step,
    so communication is identical; in a controlled step the peers' per-step metrics message
-   carries their statistics (`protos.control_plane.Metrics`) and they take
+   carries their statistics (`concord.protos.control_plane.Metrics`) and they take
    the rounds from the decision that closed step t − lag, in an uncontrolled step the control hook
-   is not called at all (`core.loop`), which is what ``control.mode = "none"`` runs. Comparing
-   blocks of one run removes the between-run variance of this shared 2-CPU machine (separate runs of
-   the same config differ by up to ±8 % in step time, more than the 3 % to resolve). Step time =
-   the peers' own ``step_ms`` (wall time of the step, control waits included; the arrival times of
-   the metrics over MQTT are no clock: publishing is deferred to the peer's event loop); the first
-   ``SKIP`` steps of every block are left out;
+   is not called at all (`concord.core.loop`), which is what ``control.mode = "none"`` runs.
+   Comparing blocks of one run removes the between-run variance of this shared 2-CPU machine
+   (separate runs of the same config differ by up to ±8 % in step time, more than the 3 % to
+   resolve). Step time = the peers' own ``step_ms`` (wall time of the step, control waits included;
+   the arrival times of the metrics over MQTT are no clock: publishing is deferred to the peer's
+   event loop); the first ``SKIP`` steps of every block are left out;
    overhead fraction = mean over controlled steps / mean over uncontrolled steps − 1, per run,
    median over ``--repeats`` runs. One run per ``control.lag`` in ``--lags`` and repeat (default
    lags 1 and 2; the headline ``lagged_overhead_fraction`` is the largest lag's): with lag 1 a
    step needs every peer's previous step, a global barrier a peer meets after its step's first
-   round, with lag 2 the decision a peer needs is published long before it asks (`core.control`).
+   round, with lag 2 the decision a peer needs is published long before it asks
+   (`concord.core.control.controller`).
    Also: the mean ``control_wait_ms`` per controlled step (time peers blocked on the
    orchestrator), and with ``--observe`` (a passive MQTT client on a
    thread of this process; it receives every statistic and decision and so takes CPU from the peers:
@@ -53,8 +56,7 @@ Targets (printed, never asserted): barrier RTT ≤ 5 ms median with Mosquitto; l
 
     python bench/control.py [--peers 8] [--steps 50] [--max-rounds 20] [--lagged-peers 4]
                             [--lagged-steps 280] [--blocks 7] [--repeats 5] [--lags 1,2]
-                            [--quick] [--keep DIR]
-                            [--run-timeout 600]
+                            [--quick] [--keep DIR] [--run-timeout 600]
 
 The numbers are only comparable within one run: on a shared 2-vCPU machine they move by ±20 %.
 The table's header prints the 1-minute load average before and after (this bench alone takes it
@@ -91,9 +93,9 @@ sys.path.insert(0, str(ROOT))
 import aiomqtt  # noqa: E402
 import structlog  # noqa: E402
 
-from orchestrator.broker import MosquittoBroker  # noqa: E402
-from protos.control_plane import ROOT as TOPIC_ROOT  # noqa: E402
-from protos.control_plane import (  # noqa: E402
+from concord.orchestrator.broker import MosquittoBroker  # noqa: E402
+from concord.protos.control_plane import ROOT as TOPIC_ROOT  # noqa: E402
+from concord.protos.control_plane import (  # noqa: E402
     TOPICS,
     Decision,
     Heartbeat,
@@ -108,7 +110,7 @@ from protos.control_plane import (  # noqa: E402
     Topics,
     decode,
 )
-from protos.mqtt import Bus, client  # noqa: E402
+from concord.protos.mqtt import Bus, client  # noqa: E402
 
 HIDDEN = [1024, 1024]  # 40·1024 + 1024·1024 + 1024·10 + biases ≈ 1.09 M parameters
 SAMPLES = 8000
@@ -217,7 +219,8 @@ def _barrier_config(n: int, max_rounds: int) -> str:
 
 
 class SyntheticPeer:
-    """The MQTT side of one peer (`peer.control.ControlClient`), with timestamped decisions."""
+    """The MQTT side of one peer (`concord.peer.control.ControlClient`), with timestamped
+    decisions."""
 
     def __init__(self, url: str, run_id: str, peer: int) -> None:
         self.peer = peer
@@ -309,7 +312,7 @@ def barrier_rtt(
     config = out / "run.toml"
     config.write_text(_barrier_config(n, max_rounds))
     run_id = f"bench-control-{uuid.uuid4().hex[:8]}"
-    args = [sys.executable, "-m", "sim.cli", "orchestrator", "--config", str(config)]
+    args = [sys.executable, "-m", "concord.lab.cli", "orchestrator", "--config", str(config)]
     args += ["--out", str(out), "--run-id", run_id] + (["--broker", broker] if broker else [])
     env = {**os.environ, "CONCORD_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
     with open(out / "orchestrator.out", "wb") as log:
@@ -435,7 +438,7 @@ def _lagged_config(
 ) -> Any:
     """``blocks`` phases; phases first, first + 2, … (first ∈ {2, 3}) under lagged control with
     ``control.lag = lag``; phase 1 is the warm-up."""
-    from core.config import build_config
+    from concord.core.config import build_config
 
     per_epoch = max(1, round(samples * 0.8 / n / 16))
     phases = list(range(first, blocks + 1, 2))
@@ -588,7 +591,7 @@ def lagged_run(
     """One `run_processes` run; after ``timeout`` seconds a SIGTERM to this process makes
     `run_processes` stop every child (its own Ctrl-C path) and this raises. ``observe``: run
     the `RunObserver` (its MQTT client takes CPU from the peers, so only for diagnosis)."""
-    from sim.processes import ProcessesError, run_processes
+    from concord.sim.processes import ProcessesError, run_processes
 
     fired = threading.Event()
 

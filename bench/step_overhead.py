@@ -4,7 +4,7 @@ training with 4 processes on the same model — all measured in one run, on this
 
 * peers: ``concord peer`` × 4 on loopback gRPC (static config), time per step from each peer's
   training wall time (after the start-up handshake), median over peers;
-* compute only: 4 processes running the identical local work (`core.task.ClassificationTask`
+* compute only: 4 processes running the identical local work (`concord.core.task.ClassificationTask`
   forward/backward + the local Nesterov step), no communication;
 * gloo: 4 processes, ``torch.nn.parallel.DistributedDataParallel`` over gloo, plain nn.Module MLP
   of the same shape, same local batch, SGD with Nesterov momentum.
@@ -68,7 +68,7 @@ def run_peers(n: int, steps: int, workdir: Path) -> float:
             [
                 sys.executable,
                 "-m",
-                "sim.cli",
+                "concord.lab.cli",
                 "peer",
                 "--config",
                 str(config),
@@ -97,9 +97,9 @@ def _compute_worker(rank: int, n: int, steps: int, epochs: float, out: Any) -> N
     import torch
 
     torch.set_num_threads(1)
-    from core.config import load_config
-    from core.loop import make_local_optimizer
-    from core.task import ClassificationTask
+    from concord.core.config import load_config
+    from concord.core.loop import make_local_optimizer
+    from concord.core.task import ClassificationTask
 
     with tempfile.TemporaryDirectory() as d:
         cfg_path = Path(d) / "run.toml"

@@ -9,8 +9,8 @@ process as TRANSPORT.md §4.1 says, all on 127.0.0.1):
 * ``best_raw_tcp``: 1 MiB ``write`` + ``drain`` slices; the receiver an `asyncio.BufferedProtocol`
   filling a preallocated buffer — the fastest asyncio variant of TRANSPORT.md §3b;
 * ``grpc``: ``grpc_exchange(size_bytes, repeats) -> list[float]`` (seconds per exchange, its
-  own spawned processes and warm-up), imported lazily from ``peer.bench_support``. If that fails,
-  the run prints ``grpc contender unavailable: <reason>`` and the baselines alone.
+  own spawned processes and warm-up), imported lazily from ``concord.peer.bench_support``. If that
+  fails, the run prints ``grpc contender unavailable: <reason>`` and the baselines alone.
 
 Time per exchange = from the first byte sent to the receiver's acknowledgement; ``--warmup``
 discarded exchanges, then the median of ``--repeats`` (halved, at least 3, for sizes > 64 MiB).
@@ -49,12 +49,13 @@ RATIO_AT_MIB = 64
 
 
 def load_grpc_contender() -> tuple[GrpcExchange | None, str]:
-    """``(peer.bench_support.grpc_exchange, "peer.bench_support")``, or ``(None, why not)``."""
+    """``(concord.peer.bench_support.grpc_exchange, "concord.peer.bench_support")``, or ``(None, why
+    not)``."""
     try:
-        from peer.bench_support import grpc_exchange
+        from concord.peer.bench_support import grpc_exchange
     except Exception as exc:  # ImportError, or anything the module raises while importing
         return None, f"{type(exc).__name__}: {exc}"
-    return grpc_exchange, "peer.bench_support"
+    return grpc_exchange, "concord.peer.bench_support"
 
 
 def _repeats(size_mib: int, repeats: int) -> int:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's universal alias)
 from torch import Tensor, nn
 
-from core.models import FlatParams, ReplicaModel, build_model, loss_and_grad
+from concord.core.models import FlatParams, ReplicaModel, build_model, loss_and_grad
 
 INPUT_SHAPE = (40,)
 NUM_CLASSES = 10

@@ -3,13 +3,13 @@
 Tensors passed here have a leading dimension of *the replicas this process holds*, k:
 
 * in the vectorized engine k = n (all replicas, one process) and communication is in-memory
-  linear algebra (`sim.vectorized.VectorizedComm`);
+  linear algebra (`concord.sim.vectorized.VectorizedComm`);
 * in a peer process k = 1 and the same calls go over gRPC (`peer` package).
 
 Row ``r`` of a local tensor belongs to the global replica ``comm.ranks[r]``. Mixing matrices are
-always the *global* n×n matrices from `core.topology`; each backend only uses the rows of its
-local replicas. Weights are float64 numpy arrays (the topology code is torch-free); tensors stay
-in the dtype/device they come in.
+always the *global* n×n matrices from `concord.core.graphs.topology`; each backend only uses the
+rows of its local replicas. Weights are float64 numpy arrays (the topology code is torch-free);
+tensors stay in the dtype/device they come in.
 
 A gossip round never raises because a neighbour is slow, dead or sends garbage: it returns a
 `MixOutcome` saying who answered and what weight was renormalised, and the mix uses what arrived.
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from core.compress import Codec
+    from concord.core.compress import Codec
 
 Edge = tuple[int, int]
 """A directed edge (src, dst) between global replica ids."""
@@ -147,7 +147,7 @@ class Comm(ABC):
         """
 
     def begin_step(self, step: int) -> None:  # noqa: B027 - optional hook
-        """The local replicas enter training step ``step`` (called by `core.loop.StepRunner`
+        """The local replicas enter training step ``step`` (called by `concord.core.loop.StepRunner`
         before every step, whether or not it communicates; a network backend uses it to accept
         neighbours' messages for the steps ahead, e.g. after local-only steps)."""
 

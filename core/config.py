@@ -20,10 +20,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core.adagraph import ADA_ALGORITHMS, hyper_problems
-from core.graph import TopologyError
-from core.topology import DIRECTED_TOPOLOGIES, TOPOLOGY_NAMES, build_graph, exponential_k
-from core.trees import relay_trees
+from concord.core.graphs.adagraph import ADA_ALGORITHMS, hyper_problems
+from concord.core.graphs.graph import TopologyError
+from concord.core.graphs.topology import (
+    DIRECTED_TOPOLOGIES,
+    TOPOLOGY_NAMES,
+    build_graph,
+    exponential_k,
+)
+from concord.core.graphs.trees import relay_trees
 
 ALGORITHM_NAMES: tuple[str, ...] = (
     "allreduce",
@@ -181,7 +186,7 @@ class ControlSection(_Section):
         return self
 
 
-# every codec name, the registry `core.compress` fills (tests check both agree)
+# every codec name, the registry `concord.core.compress` fills (tests check both agree)
 CODEC_NAMES: tuple[str, ...] = (
     "none",
     "fp16",
@@ -581,7 +586,8 @@ def _exponential_problems(cfg: RunConfig) -> list[str]:
 
 
 def _ada_problems(cfg: RunConfig, n_phases: int) -> list[str]:
-    """The Ada interpretations choose every phase's graph themselves (`core.adagraph`)."""
+    """The Ada interpretations choose every phase's graph themselves
+    (`concord.core.graphs.adagraph`)."""
     algo = cfg.algorithm
     if algo not in ADA_ALGORITHMS:
         return []

@@ -8,10 +8,12 @@ differs between engines comes in from outside:
 * the `Comm` (in-memory in the vectorized engine, gRPC in a peer);
 * the `ControlHook`, which turns a controlled step into a `RoundControl`: the vectorized engine
   decides from the global statistic at once; a peer asks the orchestrator;
-* the `GraphHook` of the adaptive-graph algorithms (`core.adagraph`), which sees every gossip
+* the `GraphHook` of the adaptive-graph algorithms (`concord.core.graphs.adagraph`), which sees
+every gossip
   step's θ_i and ‖g_i‖: the vectorized engine feeds its graph controller, a peer publishes them
   to the orchestrator. The topology overrides themselves are applied by the engine
-  (`core.runplan.Schedules.set_topologies`) before a step; the record names the graph used.
+  (`concord.core.control.runplan.Schedules.set_topologies`) before a step; the record names the
+  graph used.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from core.adagraph import ADA_ALGORITHMS
-from core.algorithms import (
+from concord.core.algorithms import (
     Algorithm,
     LocalSGD,
     RoundControl,
@@ -32,14 +33,15 @@ from core.algorithms import (
     StepReport,
     make_algorithm,
 )
-from core.comm import Comm
-from core.compress import PLAIN_GOSSIP_CODECS, Codec, make_codec
-from core.config import RunConfig
-from core.consensus import theta
-from core.plan import Phase
-from core.runplan import Schedules, make_lr_schedule, make_plan
-from core.task import ClassificationTask
-from core.topology import exponential_k
+from concord.core.comm import Comm
+from concord.core.compress import PLAIN_GOSSIP_CODECS, Codec, make_codec
+from concord.core.config import RunConfig
+from concord.core.control.consensus import theta
+from concord.core.control.plan import Phase
+from concord.core.control.runplan import Schedules, make_lr_schedule, make_plan
+from concord.core.graphs.adagraph import ADA_ALGORITHMS
+from concord.core.graphs.topology import exponential_k
+from concord.core.task import ClassificationTask
 
 
 class ControlHook(Protocol):

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.config import RunConfig
-from core.data import (
+from concord.core.config import RunConfig
+from concord.core.data import (
     Dataset,
     ReplicaSampler,
     augment_cifar,
@@ -28,7 +28,7 @@ from core.data import (
     partition,
     partition_stats,
 )
-from core.models import FlatParams, build_model, evaluate, loss_and_grad
+from concord.core.models import FlatParams, build_model, evaluate, loss_and_grad
 
 
 @dataclass

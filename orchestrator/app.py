@@ -10,12 +10,13 @@ The run, as seen from here:
    addresses) and the manifest;
 3. constant targets: a ``calibrate`` stage — peers run the controlled phases uncontrolled, the
    max Θ per phase becomes the calibration (``calibration.json``);
-4. the ``train`` stage: statistics in, decisions out (`orchestrator.rounds.RoundBook`), barrier
+4. the ``train`` stage: statistics in, decisions out (`concord.orchestrator.rounds.RoundBook`),
+barrier
    or lagged; per-step metrics aggregated into ``metrics.jsonl``, every decided round into
-   ``control.jsonl``. Adaptive graphs (`core.adagraph`): the schedule's per-phase topologies are
-   ada-schedule's graphs, or ada-feedback's ``exponential:K``; in an ada-feedback run the
-   statistics of uncontrolled steps go to `orchestrator.graphs.GraphBook` instead, and every
-   decision point publishes a schedule version effective at its step + lag (``graphs.jsonl``);
+   ``control.jsonl``. Adaptive graphs (`concord.core.graphs.adagraph`): the schedule's per-phase
+   topologies are ada-schedule's graphs, or ada-feedback's ``exponential:K``; in an ada-feedback run
+   the statistics of uncontrolled steps go to `concord.orchestrator.graphs.GraphBook` instead, and
+   every decision point publishes a schedule version effective at its step + lag (``graphs.jsonl``);
 5. liveness: a peer whose Last-Will ("offline") arrives, that reports "failed", or that is
    silent for ``orchestrator.liveness_timeout`` is dropped: pending rounds stop waiting for it
    and a repaired schedule (version + 1, the live peers, effective a couple of steps ahead) is
@@ -42,17 +43,27 @@ from typing import IO, Any, TextIO
 
 import structlog
 
-from core.adagraph import FeedbackDecision, GraphFeedback, feedback_config, initial_topologies
-from core.config import RunConfig, to_toml
-from core.control import CalibrationRecorder, ConsensusController
-from core.plan import PhasePlan
-from core.runplan import calibration_steps, control_config, make_lr_schedule, make_plan
-from core.topology import describe, exponential_name, max_exponential_k
-from orchestrator.broker import EmbeddedBroker
-from orchestrator.graphs import GraphBook
-from orchestrator.metrics import MetricsTable
-from orchestrator.rounds import RoundBook
-from protos.control_plane import (
+from concord.core.config import RunConfig, to_toml
+from concord.core.control.controller import CalibrationRecorder, ConsensusController
+from concord.core.control.plan import PhasePlan
+from concord.core.control.runplan import (
+    calibration_steps,
+    control_config,
+    make_lr_schedule,
+    make_plan,
+)
+from concord.core.graphs.adagraph import (
+    FeedbackDecision,
+    GraphFeedback,
+    feedback_config,
+    initial_topologies,
+)
+from concord.core.graphs.topology import describe, exponential_name, max_exponential_k
+from concord.orchestrator.broker import EmbeddedBroker
+from concord.orchestrator.graphs import GraphBook
+from concord.orchestrator.metrics import MetricsTable
+from concord.orchestrator.rounds import RoundBook
+from concord.protos.control_plane import (
     Decision,
     Heartbeat,
     Message,
@@ -65,9 +76,9 @@ from protos.control_plane import (
     Status,
     Topics,
 )
-from protos.mqtt import Bus
+from concord.protos.mqtt import Bus
 
-log = structlog.get_logger("orchestrator.app")
+log = structlog.get_logger("concord.orchestrator.app")
 
 
 class OrchestratorError(RuntimeError):
@@ -548,7 +559,7 @@ def dump_tasks() -> None:
 
 
 def run_orchestrator(cfg: RunConfig, out: Path, *, broker: str | None, run_id: str | None) -> int:
-    from core.lifecycle import die_with_parent
+    from concord.runtime.lifecycle import die_with_parent
 
     die_with_parent()
     out.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-log = structlog.get_logger("orchestrator.broker")
+log = structlog.get_logger("concord.orchestrator.broker")
 
 _BIND_ATTEMPTS = 5
 

@@ -1,10 +1,11 @@
-"""The orchestrator's side of ``ada-feedback`` (`core.adagraph`), sans-io: statistics in, graph
-decisions out (no MQTT, no clock).
+"""The orchestrator's side of ``ada-feedback`` (`concord.core.graphs.adagraph`), sans-io: statistics
+in, graph decisions out (no MQTT, no clock).
 
 In an ada-feedback run every peer publishes, after each gossip step, the θ_i of the step's last
 round and its ‖g_i‖ (a `Stats`). `GraphBook` files them by step; a step is complete when every
 *expected* peer (live, still training) reported it, or ``timeout`` seconds after its first
-statistic (decided on what arrived). Complete steps feed `core.adagraph.GraphFeedback` in step
+statistic (decided on what arrived). Complete steps feed
+`concord.core.graphs.adagraph.GraphFeedback` in step
 order — the very controller the vectorized engine runs — and each decision it takes (one per
 decision point, K changed or not) is returned for the orchestrator to publish as a new schedule
 version effective at the decision's step + lag. A step that completes after a later one was fed
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.adagraph import FeedbackDecision, GraphFeedback
-from core.plan import PhasePlan
-from protos.control_plane import Stats
+from concord.core.control.plan import PhasePlan
+from concord.core.graphs.adagraph import FeedbackDecision, GraphFeedback
+from concord.protos.control_plane import Stats
 
 
 @dataclass

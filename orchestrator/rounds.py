@@ -4,14 +4,17 @@
 complete, i.e. every *expected* peer (live and still training) reported it. Then:
 
 * stage ``calibrate`` (constant targets): the round's Θ is recorded per phase
-  (`core.control.CalibrationRecorder`); no decision is sent, peers run uncontrolled;
-* stage ``train``, barrier mode: `core.control.ConsensusController` answers repeat/stop after
+  (`concord.core.control.controller.CalibrationRecorder`); no decision is sent, peers run
+  uncontrolled;
+* stage ``train``, barrier mode: `concord.core.control.controller.ConsensusController` answers
+repeat/stop after
   every round and the decision is published for that (step, round);
 * stage ``train``, lagged mode: peers run the rounds planned for the step without waiting; after
   the planned last round the controller's ``rounds_next`` is published and peers use it for step
   + ``control.lag`` (also when the step is closed incomplete because the next one began).
 
-Θ of a round is ``sqrt(mean_i θ_i)`` over the peers that reported (`core.consensus.theta`, the
+Θ of a round is ``sqrt(mean_i θ_i)`` over the peers that reported
+(`concord.core.control.consensus.theta`, the
 same float arithmetic as the vectorized engine), the adaptive target's gradient norm the mean of
 the peers' ‖g_i‖ of round 1. A round that stays incomplete for ``timeout`` seconds (a peer
 vanished without a Last-Will yet, a lost message) is decided on what arrived, so one slow peer
@@ -24,13 +27,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from core.control import Calibration, CalibrationRecorder, ConsensusController
-from core.plan import PhasePlan
-from protos.control_plane import Decision, Stats
+from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
+from concord.core.control.plan import PhasePlan
+from concord.protos.control_plane import Decision, Stats
 
 
 def estimator(thetas: Iterable[float]) -> float:
-    """Θ = sqrt(mean θ_i) exactly as `core.consensus.theta` computes it (fsum is exact)."""
+    """Θ = sqrt(mean θ_i) exactly as `concord.core.control.consensus.theta` computes it (fsum is
+    exact)."""
     values = [float(v) for v in thetas]
     return math.sqrt(math.fsum(values) / len(values))
 

@@ -1,10 +1,10 @@
 """The peer process: ``concord peer --config RUN.toml --id I``.
 
 One asyncio event loop runs the gRPC server and the neighbour links; ONE worker thread runs the
-training loop — `core.loop.StepRunner` over `core.task.ClassificationTask` for this peer's replica,
-the very code the vectorized engine runs for all replicas at once — and talks to the loop only
-through `peer.comm.PeerComm`. Static mode (no orchestrator yet): the topology, the phase plan and
-every peer's address come from the config (``network.addresses``).
+training loop — `concord.core.loop.StepRunner` over `concord.core.task.ClassificationTask` for this
+peer's replica, the very code the vectorized engine runs for all replicas at once — and talks to the
+loop only through `concord.peer.comm.PeerComm`. Static mode (no orchestrator yet): the topology, the
+phase plan and every peer's address come from the config (``network.addresses``).
 
 Run directory (``--out``, default ``runs/peer-<id>``): ``metrics.jsonl`` (the step records of the
 vectorized engine plus this peer's round outcomes, and evaluations of its replica), ``log.jsonl``
@@ -27,18 +27,18 @@ from typing import IO, Any
 import structlog
 import torch
 
-from core.adagraph import initial_topologies
-from core.config import RunConfig, to_toml
-from core.loop import StepRunner
-from core.task import ClassificationTask
-from core.topology import exponential_name, max_exponential_k
-from peer.certs import CertError
-from peer.comm import PeerComm
-from peer.memory import tune_malloc
-from peer.serde import TENSOR_ALLREDUCE
-from peer.tls import load_credentials
-from peer.transport import Transport
-from peer.validate import STEP_WINDOW
+from concord.core.config import RunConfig, to_toml
+from concord.core.graphs.adagraph import initial_topologies
+from concord.core.graphs.topology import exponential_name, max_exponential_k
+from concord.core.loop import StepRunner
+from concord.core.task import ClassificationTask
+from concord.peer.certs import CertError
+from concord.peer.comm import PeerComm
+from concord.peer.memory import tune_malloc
+from concord.peer.serde import TENSOR_ALLREDUCE
+from concord.peer.tls import load_credentials
+from concord.peer.transport import Transport
+from concord.peer.validate import STEP_WINDOW
 
 
 class PeerConfigError(ValueError):
@@ -93,7 +93,7 @@ def check_orchestrated(
     cfg: RunConfig, peer_id: int, listen: str | None, advertise: str | None, run_id: str
 ) -> str:
     """The listen address of a peer that follows an orchestrator, or a PeerConfigError."""
-    from protos.control_plane import Topics
+    from concord.protos.control_plane import Topics
 
     if not 0 <= peer_id < cfg.peers:
         raise PeerConfigError(f"--id {peer_id} is not a peer of this run (0..{cfg.peers - 1})")
@@ -117,7 +117,8 @@ def check_orchestrated(
 
 
 class _Writer:
-    """This peer's run directory. Not `sim.rundir.RunWriter`: peer may not import sim (layering),
+    """This peer's run directory. Not `concord.runtime.rundir.RunWriter`: peer may not import sim
+    (layering),
     and a peer flushes every metrics line, so a killed peer leaves every completed step behind."""
 
     def __init__(self, out: Path, cfg: RunConfig, peer_id: int, run: str) -> None:
@@ -144,7 +145,7 @@ class _Writer:
             logger_factory=structlog.WriteLoggerFactory(file=self._log),
             cache_logger_on_first_use=False,
         )
-        self.log = structlog.get_logger("peer.app")
+        self.log = structlog.get_logger("concord.peer.app")
 
     def metric(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(record) + "\n")
@@ -252,7 +253,7 @@ class PeerProcess:
 
     async def main(self) -> int:
         if self.broker is not None:
-            from peer.follow import follow
+            from concord.peer.follow import follow
 
             return await follow(self)
         cfg, i = self.cfg, self.peer_id
@@ -406,7 +407,7 @@ def run_peer(
     advertise: str | None = None,
     run_id: str | None = None,
 ) -> int:
-    from core.lifecycle import die_with_parent
+    from concord.runtime.lifecycle import die_with_parent
 
     die_with_parent()
     process = PeerProcess(

@@ -1,11 +1,11 @@
 """One tensor exchange between two peer transports in two processes, for ``bench/transport.py``.
 
 `grpc_exchange` spawns (never forks) a receiver and a sender process on loopback. Both run the
-real `peer.transport.Transport`: handshake, one long-lived ExchangeRaw stream, ≤ 1 MiB chunks
-(`peer.serde`) built as they are written (`Transport.round_`), receiver-side validation (header
-checks, part table, finiteness), the mailbox, and one Ack per tensor. Time per exchange = from the
-sender packing the tensor to the receiver's Ack arriving back. glibc malloc is tuned in both
-processes (TRANSPORT.md §4.1).
+real `concord.peer.transport.Transport`: handshake, one long-lived ExchangeRaw stream, ≤ 1 MiB
+chunks (`concord.peer.serde`) built as they are written (`Transport.round_`), receiver-side
+validation (header checks, part table, finiteness), the mailbox, and one Ack per tensor. Time per
+exchange = from the sender packing the tensor to the receiver's Ack arriving back. glibc malloc is
+tuned in both processes (TRANSPORT.md §4.1).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _TIMEOUT = 300.0  # per exchange; a 256 MiB tensor on a loaded 2-vCPU box takes 
 
 
 def _transport(peer_id: int, addresses: list[str], dim: int) -> Any:
-    from peer.transport import Transport
+    from concord.peer.transport import Transport
 
     return Transport(
         run_id="bench",
@@ -41,7 +41,7 @@ def _transport(peer_id: int, addresses: list[str], dim: int) -> Any:
 def _receiver(dim: int, total: int, ports: Any) -> None:
     import torch
 
-    from peer.memory import tune_malloc
+    from concord.peer.memory import tune_malloc
 
     tune_malloc()
     torch.set_num_threads(1)  # as in a peer (threads = 1): the finiteness check runs on the loop
@@ -61,7 +61,7 @@ def _receiver(dim: int, total: int, ports: Any) -> None:
 def _sender(port: int, dim: int, repeats: int, warmup: int, out: Any) -> None:
     import torch
 
-    from peer.memory import tune_malloc
+    from concord.peer.memory import tune_malloc
 
     tune_malloc()
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""`PeerComm`: the `core.comm.Comm` interface of one peer, backed by the gRPC transport.
+"""`PeerComm`: the `concord.core.comm.Comm` interface of one peer, backed by the gRPC transport.
 
 The training thread calls these methods synchronously; each submits one coroutine to the peer's
 event loop (`asyncio.run_coroutine_threadsafe`) and waits for it. All tensor arithmetic (packing,
@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
-from core.compress import CodecError, Encoded, codec_key
-from peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
+from concord.core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
+from concord.core.compress import CodecError, Encoded, codec_key
+from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 
 if TYPE_CHECKING:
-    from core.compress import Codec
-    from peer.transport import Arrival, Transport
+    from concord.core.compress import Codec
+    from concord.peer.transport import Arrival, Transport
 
 
 class PeerComm(Comm):

@@ -1,17 +1,18 @@
 """A peer's side of the control plane: follow the orchestrator over MQTT.
 
-`ControlClient` runs on the peer's event loop: one reconnecting `protos.mqtt.Bus` session with a
-Last-Will (retained status "offline"), a heartbeat task, the latest schedule / plan / run control
-(all retained, so a late or reconnecting peer gets them at once), and the decisions, filed by
-(step, round) for the training thread to wait on.
+`ControlClient` runs on the peer's event loop: one reconnecting `concord.protos.mqtt.Bus` session
+with a Last-Will (retained status "offline"), a heartbeat task, the latest schedule / plan / run
+control (all retained, so a late or reconnecting peer gets them at once), and the decisions, filed
+by (step, round) for the training thread to wait on.
 
-`OrchestratedControl` is the `core.loop.ControlHook` (and `core.algorithms.RoundControl`) the
+`OrchestratedControl` is the `concord.core.loop.ControlHook` (and
+`concord.core.algorithms.RoundControl`) the
 training thread uses in a controlled step: after each gossip round it publishes θ_i and ‖g_i‖
 and, in barrier mode, waits for the orchestrator's repeat/stop; in lagged mode it runs the rounds
 planned by the decision that closed step t − lag (``control.lag``) without waiting between rounds
 — it needs that decision only after the step's first round, and it is normally in by then
-(`core.control`) — and the step's statistics ride on its metrics message (`publish_metrics`;
-the contract's docstring says why the control plane counts messages).
+(`concord.core.control.controller`) — and the step's statistics ride on its metrics message
+(`publish_metrics`; the contract's docstring says why the control plane counts messages).
 
 When the broker is away, the orchestrator is offline (its presence, a Last-Will when it crashed),
 or a decision does not come within ``orchestrator.decision_timeout``, the peer keeps going on
@@ -20,7 +21,8 @@ plain gossip), lagged mode keeps the last planned number of rounds; control resu
 decisions arrive again. Each step records how its rounds were decided ("orchestrator",
 "lagged-plan", "fallback").
 
-`GraphStats` is the `core.loop.GraphHook` of an ``ada-feedback`` run (`core.adagraph`): after
+`GraphStats` is the `concord.core.loop.GraphHook` of an ``ada-feedback`` run
+(`concord.core.graphs.adagraph`): after
 every gossip step it publishes θ_i of the step's last round and ‖g_i‖, which the orchestrator's
 graph controller turns into schedules; `OrchestratedControl.wait_for_schedule` is how the peer
 waits for such a schedule at a decision's effective step (same timeout, same fallback count).
@@ -37,9 +39,9 @@ from typing import Any
 import structlog
 import torch
 
-from core.algorithms import RoundControl, StepReport
-from core.plan import Phase
-from protos.control_plane import (
+from concord.core.algorithms import RoundControl, StepReport
+from concord.core.control.plan import Phase
+from concord.protos.control_plane import (
     Decision,
     Heartbeat,
     Message,
@@ -52,9 +54,9 @@ from protos.control_plane import (
     Status,
     Topics,
 )
-from protos.mqtt import Bus
+from concord.protos.mqtt import Bus
 
-log = structlog.get_logger("peer.control")
+log = structlog.get_logger("concord.peer.control")
 
 
 class ControlClient:
@@ -365,7 +367,8 @@ class OrchestratedControl:
 
 
 class GraphStats:
-    """`core.loop.GraphHook` of a peer in an ada-feedback run (module docstring). Called from the
+    """`concord.core.loop.GraphHook` of a peer in an ada-feedback run (module docstring). Called
+    from the
     training thread; publishing happens on the event loop without waiting."""
 
     def __init__(

@@ -1,18 +1,20 @@
 """A peer that follows the orchestrator (``concord peer … --broker mqtt://HOST:PORT``).
 
-The same training loop as a static peer (`peer.app.PeerProcess`), driven by the control plane:
+The same training loop as a static peer (`concord.peer.app.PeerProcess`), driven by the control
+plane:
 
 1. start the gRPC server (``--listen``, port 0 = any free port) and announce, as a retained
    status "ready": the address the others reach us at, the steps per epoch of our partition and
    the model fingerprint;
 2. take the neighbours' addresses from the orchestrator's schedule and connect;
 3. run each stage the orchestrator starts: ``calibrate`` (the controlled phases, uncontrolled,
-   reporting θ_i) and ``train`` (rounds decided by the orchestrator, `peer.control`); data-plane
-   step numbers of a stage start at its ``step_base`` so stages never share a frame key;
+   reporting θ_i) and ``train`` (rounds decided by the orchestrator, `concord.peer.control`);
+   data-plane step numbers of a stage start at its ``step_base`` so stages never share a frame key;
 4. apply a repaired schedule (a peer left) at its ``effective_step``; frames for a step are checked
    against the schedule in force at that step. Each phase's topology is taken from the published
-   schedule (adaptive graphs, `core.adagraph`), not from this peer's config. In an ada-feedback
-   run the peer publishes θ_i and ‖g_i‖ after every step (`peer.control.GraphStats`) and, at a
+   schedule (adaptive graphs, `concord.core.graphs.adagraph`), not from this peer's config. In an
+   ada-feedback run the peer publishes θ_i and ‖g_i‖ after every step
+   (`concord.peer.control.GraphStats`) and, at a
    decision's effective step, waits (at most ``orchestrator.decision_timeout``) until it holds
    that decision's schedule, so every peer switches graphs at the same step as the vectorized
    engine; on a timeout it keeps its graph and records a fallback;
@@ -29,21 +31,21 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from core.adagraph import FeedbackConfig, feedback_config
-from core.loop import StepRunner
-from core.plan import Phase
-from core.task import ClassificationTask
-from core.topology import exponential_name, max_exponential_k
-from peer.app import StepHooks
-from peer.comm import PeerComm
-from peer.control import ControlClient, GraphStats, OrchestratedControl
-from peer.serde import TENSOR_ALLREDUCE
-from peer.transport import Transport
-from peer.validate import STEP_WINDOW
-from protos.control_plane import Schedule
+from concord.core.control.plan import Phase
+from concord.core.graphs.adagraph import FeedbackConfig, feedback_config
+from concord.core.graphs.topology import exponential_name, max_exponential_k
+from concord.core.loop import StepRunner
+from concord.core.task import ClassificationTask
+from concord.peer.app import StepHooks
+from concord.peer.comm import PeerComm
+from concord.peer.control import ControlClient, GraphStats, OrchestratedControl
+from concord.peer.serde import TENSOR_ALLREDUCE
+from concord.peer.transport import Transport
+from concord.peer.validate import STEP_WINDOW
+from concord.protos.control_plane import Schedule
 
 if TYPE_CHECKING:
-    from peer.app import PeerProcess
+    from concord.peer.app import PeerProcess
 
 _STOP_WAIT = 60.0  # seconds a finished peer keeps serving until the run's "stop"
 
@@ -141,7 +143,7 @@ class FollowHooks(StepHooks):
         if decision is not None and not self.control.wait_for_schedule(
             lambda: self.membership.holds(decision)
         ):
-            self.graph_fallback = True  # keep the current graph (peer.control docstring)
+            self.graph_fallback = True  # keep the current graph (concord.peer.control docstring)
             self.p.log.warning("graph.fallback", step=step, decision=decision)
         s = self.membership.before_step(step)
         if s is not None:

@@ -1,20 +1,20 @@
 """Received tensors waiting for the training thread, keyed by (sender, step, round, tensor id).
 
-The event loop fills the mailbox (`peer.transport`), the training thread's coroutine waits on it
-(`Transport.round_`). A tensor may arrive before its round starts here — a neighbour one or two
-steps ahead — and then waits in its slot; a tensor of a step this peer has already left is
+The event loop fills the mailbox (`concord.peer.transport`), the training thread's coroutine waits
+on it (`Transport.round_`). A tensor may arrive before its round starts here — a neighbour one or
+two steps ahead — and then waits in its slot; a tensor of a step this peer has already left is
 refused as late (the sender gets ``ACK_LATE``); entering a step drops every older slot.
 
 A slot resolves to either the `Arrival` or a `Rejection` (the tensor was refused by
-`peer.validate`): the round then records the neighbour as *rejected* instead of waiting for it
-until the deadline.
+`concord.peer.validate`): the round then records the neighbour as *rejected* instead of waiting for
+it until the deadline.
 
 Receive buffers: each tensor is assembled into one uninitialised ``numpy.empty`` buffer of exactly
 its byte length (no zero fill: every byte is written by a chunk before the tensor is filed, and
 a tensor whose chunks do not cover it is rejected); no per-chunk objects are kept, and the parts
 are zero-copy ``torch.frombuffer`` views of it. The peer tunes glibc malloc at start
-(`peer.memory.tune_malloc`, TRANSPORT.md §4.1), so these buffers come from the heap without page
-faulting every time; the training thread drops its reference after the mix, which returns the
+(`concord.peer.memory.tune_malloc`, TRANSPORT.md §4.1), so these buffers come from the heap without
+page faulting every time; the training thread drops its reference after the mix, which returns the
 memory for the next round's buffer. Buffers are never reused by the receiver itself: the
 training thread may still read an earlier `Arrival` of the same sender.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from peer import serde
+from concord.peer import serde
 
 Key = tuple[int, int, int, int]  # (sender, step, round, tensor id)
 

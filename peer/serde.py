@@ -1,6 +1,6 @@
 """The only module that converts between data-plane wire messages and domain types.
 
-Wire messages are the generated `protos.data_plane_pb2` classes, and for the raw method
+Wire messages are the generated `concord.protos.data_plane_pb2` classes, and for the raw method
 (``ExchangeRaw``, framing in protos/data_plane.proto) ``varint + FrameHeader + body`` bytes; domain
 types are the plain dataclasses below and torch tensors. Outgoing chunks are built one at a time
 (`Outgoing`), each body copied once into the ``bytes`` gRPC takes; incoming raw bodies are
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from google.protobuf.message import DecodeError
 
-from protos import data_plane_pb2 as pb
+from concord.protos import data_plane_pb2 as pb
 
 PROTOCOL_VERSION = 2  # 2: FrameHeader.push_weight (SGP), CODEC_QSGD, DTYPE_INT16
 TENSOR_MIX = 0  # tensor ids within a round (see FrameHeader.tensor_id)

@@ -2,9 +2,10 @@
 
 Two methods, one receiving loop (`GossipServicer._serve`): ``Exchange`` (protobuf TensorFrames)
 and ``ExchangeRaw`` (varint + FrameHeader + raw body, identity serializers; the framing is in
-protos/data_plane.proto). Thin: decode with `peer.serde`, check with the pure functions of
-`peer.validate` (the finiteness of each chunk as it lands, `peer.validate.FiniteScan`), copy each
-body once into the tensor's buffer, file into the `peer.mailbox.Mailbox`, encode an Ack.
+protos/data_plane.proto). Thin: decode with `concord.peer.serde`, check with the pure functions of
+`concord.peer.validate` (the finiteness of each chunk as it lands,
+`concord.peer.validate.FiniteScan`), copy each
+body once into the tensor's buffer, file into the `concord.peer.mailbox.Mailbox`, encode an Ack.
 `STATUS_OF` is the one place where a domain rejection becomes a gRPC status code; a rejected
 frame (or a message that is no frame at all) ends its stream with that code and the reason, is
 logged with sender and reason, counted, and — when it belongs to a round this peer is in or about
@@ -15,21 +16,32 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 import numpy as np
 import structlog
 from google.protobuf.message import DecodeError
 
-from peer import serde
-from peer.mailbox import Arrival
-from peer.validate import FiniteScan, RejectedError, check_frame, check_hello
-from protos import data_plane_pb2 as pb
-from protos import data_plane_pb2_grpc as pb_grpc
+from concord.peer import serde
+from concord.peer.mailbox import Arrival, Counters, Mailbox
+from concord.peer.validate import FiniteScan, ReceiverView, RejectedError, check_frame, check_hello
+from concord.protos import data_plane_pb2 as pb
+from concord.protos import data_plane_pb2_grpc as pb_grpc
 
-if TYPE_CHECKING:
-    from peer.transport import Transport
+
+class ServedPeer(Protocol):
+    """What the servicers need of the peer they serve (`concord.peer.transport.Transport`)."""
+
+    peer_id: int
+    step_window: int
+    mailbox: Mailbox
+    counters: Counters
+    greeted: set[int]
+    rejections: dict[int, tuple[int, str]]
+
+    def view(self) -> ReceiverView: ...
+
 
 STATUS_OF: dict[str, grpc.StatusCode] = {  # the one place domain rejections become gRPC codes
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
@@ -43,7 +55,7 @@ _M = TypeVar("_M", pb.TensorFrame, bytes)
 PROTOBUF_FRAME = "a concord.v1.TensorFrame"
 RAW_FRAME = "a raw frame: varint header length, concord.v1.FrameHeader, body"
 
-log = structlog.get_logger("peer.servicer")
+log = structlog.get_logger("concord.peer.servicer")
 
 
 @dataclass
@@ -71,7 +83,7 @@ class _Assembly:
 class _Stream:
     """The receiving state of one Exchange stream: its sender, the tensor being assembled."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: ServedPeer) -> None:
         self.t = transport
         self.sender: int | None = None  # set by the first frame that passes the checks
         self.asm: _Assembly | None = None
@@ -88,7 +100,9 @@ class _Stream:
         check_frame(info, n, t.view(), expected_sender=self.sender)
         asm = self.asm
         if info.chunk_index == 0:
-            buf = np.empty(info.byte_length, dtype=np.uint8)  # no zero fill (see peer.mailbox)
+            buf = np.empty(
+                info.byte_length, dtype=np.uint8
+            )  # no zero fill (see concord.peer.mailbox)
             parts = info.parts or ()  # check_frame rejected chunk 0 without a valid part table
             scan = FiniteScan(serde.tensors_from_payload(buf, parts), parts)
             asm = self.asm = _Assembly(info, buf, buf.data, scan)
@@ -136,7 +150,7 @@ class _Stream:
 class GossipServicer(pb_grpc.GossipServicer):
     """Thin: decode, call the transport's checks, encode; rejections abort the stream."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: ServedPeer) -> None:
         self.t = transport
 
     def add_to_server(self, server: grpc.aio.Server) -> None:

@@ -8,7 +8,8 @@ only as an opaque ``UNAVAILABLE`` handshake failure on the *other* peer (TRANSPO
 Server credentials require a client certificate (``require_client_auth=True``): a client without
 one, with one from another CA, or in plaintext gets ``UNAVAILABLE``. Channel credentials trust only
 the run CA. gRPC checks the server's subjectAltNames against the dialled host: dialling
-127.0.0.1 needs an IP SAN, localhost a DNS SAN (`peer.certs.issue_peer` writes both by default).
+127.0.0.1 needs an IP SAN, localhost a DNS SAN (`concord.peer.certs.issue_peer` writes both by
+default).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from peer.certs import (
+from concord.peer.certs import (
     CertError,
     check_key_pair,
     check_usage,

@@ -1,13 +1,13 @@
-"""The gRPC data plane of one peer: an aio server (`peer.servicer`) receiving tensors into a
-mailbox (`peer.mailbox`), the standard grpc.health.v1 service, and one channel with one long-lived
-bidirectional stream per neighbour (`Link`) for sending: ``ExchangeRaw`` (raw chunks behind
-identity serializers, the default) or the protobuf ``Exchange`` (``wire="protobuf"``).
+"""The gRPC data plane of one peer: an aio server (`concord.peer.servicer`) receiving tensors into a
+mailbox (`concord.peer.mailbox`), the standard grpc.health.v1 service, and one channel with one
+long-lived bidirectional stream per neighbour (`Link`) for sending: ``ExchangeRaw`` (raw chunks
+behind identity serializers, the default) or the protobuf ``Exchange`` (``wire="protobuf"``).
 
 Everything here runs on the peer's event loop and only moves bytes: the training thread packs its
 tensor (`Transport.frames`: zero-copy for a single part), the loop cuts it into chunks as it
 writes them (one ≤ 1 MiB copy each, shared by all neighbours receiving the tensor, so the first
 chunk is on the wire before the last is built), copies incoming chunks into one buffer per tensor
-and files it; all tensor arithmetic happens in the training thread (`peer.comm.PeerComm`).
+and files it; all tensor arithmetic happens in the training thread (`concord.peer.comm.PeerComm`).
 Failure is data: `Transport.round_` returns who answered, who is missing and who was rejected
 (with the reason). A neighbour whose connection failed (refused, reset, timed out) is marked down
 and not waited for; the next send to it reconnects, at most once per backoff interval (0.2 s
@@ -28,13 +28,13 @@ import structlog
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from core.comm import MixOutcome
-from peer import serde
-from peer.mailbox import Arrival, Counters, Mailbox, Rejection
-from peer.servicer import REJECTION_CODES, GossipServicer
-from peer.validate import STEP_WINDOW, ReceiverView
-from protos import data_plane_pb2 as pb
-from protos import data_plane_pb2_grpc as pb_grpc
+from concord.core.comm import MixOutcome
+from concord.peer import serde
+from concord.peer.mailbox import Arrival, Counters, Mailbox, Rejection
+from concord.peer.servicer import REJECTION_CODES, GossipServicer
+from concord.peer.validate import STEP_WINDOW, ReceiverView
+from concord.protos import data_plane_pb2 as pb
+from concord.protos import data_plane_pb2_grpc as pb_grpc
 
 MAX_MESSAGE = 16 << 20
 CHANNEL_OPTIONS = [
@@ -54,7 +54,7 @@ SERVER_OPTIONS = [
 ]
 RAW_METHOD = "/concord.v1.Gossip/ExchangeRaw"
 Wire = Literal["raw", "protobuf"]
-log = structlog.get_logger("peer.transport")
+log = structlog.get_logger("concord.peer.transport")
 _STOP_LIMIT = 10.0  # seconds `Transport.stop` may take beyond its grace
 
 

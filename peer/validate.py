@@ -1,8 +1,8 @@
 """Checks on every incoming frame and tensor, as pure functions.
 
 A failed check raises `RejectedError` with a domain reason; the transport maps reasons to gRPC
-status codes in one place (`peer.servicer.STATUS_OF`), logs sender and reason, counts it, and keeps
-serving everyone else.
+status codes in one place (`concord.peer.servicer.STATUS_OF`), logs sender and reason, counts it,
+and keeps serving everyone else.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Literal
 
 import torch
 
-from core.compress import make_codec
-from peer.serde import PROTOCOL_VERSION, FrameInfo, Hello, PartSpec
+from concord.core.compress import make_codec
+from concord.peer.serde import PROTOCOL_VERSION, FrameInfo, Hello, PartSpec
 
 Reason = Literal["invalid", "precondition", "permission", "too-big"]
 

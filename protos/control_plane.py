@@ -32,7 +32,7 @@ orchestrator imports it).
 
 **QoS 0 on the per-step topics** (stats, decision, metrics, heartbeat), QoS 1 on the state:
 
-* Every session is a clean session and a reconnect opens a new client (`protos.mqtt.Bus`): a
+* Every session is a clean session and a reconnect opens a new client (`concord.protos.mqtt.Bus`): a
   message in flight when a connection breaks is lost at QoS 1 as at QoS 0, and the broker keeps
   nothing for a disconnected client. Over a live connection TCP delivers QoS 0 in order. QoS 1
   would add no guarantee here, only a PUBACK per message and hop.
@@ -42,8 +42,8 @@ orchestrator imports it).
   wake-ups on top of the step's metrics; with QoS 0 and the lagged statistics riding on the
   metrics message it is n + 1, the decision's fan-out (bench/control.py measures the result).
 * Loss is already part of the protocol: a round whose statistics do not all arrive is decided
-  on a timeout (`orchestrator.rounds`), a peer without its decision falls back
-  (`peer.control`), a missed metrics record is written from the peers that reported.
+  on a timeout (`concord.orchestrator.rounds`), a peer without its decision falls back
+  (`concord.peer.control`), a missed metrics record is written from the peers that reported.
 
 The state (schedule, plan, control, status and presence with their Last-Wills) stays QoS 1 and
 retained: it is rare, and a retained message is what a late or reconnecting client starts from.
@@ -101,9 +101,9 @@ class Schedule(Message):
     """Which peers gossip, over which topology, per phase. ``version`` grows with every change
     (a repaired schedule after a peer left has a higher version). Peers take each phase's
     topology from ``phases`` (None: the run's ``topology``). Adaptive graphs (``ada-feedback``,
-    `core.adagraph`) publish a new version at every decision point, even when the graph stays:
-    ``decided_at`` is the step whose statistics the phases' topologies reflect, and a peer
-    reaching that decision's effective step waits until it holds a schedule with
+    `concord.core.graphs.adagraph`) publish a new version at every decision point, even when the
+    graph stays: ``decided_at`` is the step whose statistics the phases' topologies reflect, and a
+    peer reaching that decision's effective step waits until it holds a schedule with
     ``decided_at`` ≥ that step."""
 
     KIND: ClassVar[str] = "schedule"
@@ -145,7 +145,8 @@ class Schedule(Message):
 
 @dataclass(frozen=True)
 class Plan(Message):
-    """The phase plan (`core.plan.PhasePlan.to_dict`), LR schedule and control settings."""
+    """The phase plan (`concord.core.control.plan.PhasePlan.to_dict`), LR schedule and control
+    settings."""
 
     KIND: ClassVar[str] = "plan"
     total_steps: int

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import data_plane_pb2 as protos_dot_data__plane__pb2
+from concord.protos import data_plane_pb2 as concord_dot_protos_dot_data__plane__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/data_plane_pb2_grpc.py depends on'
+        + ' but the generated code in concord/protos/data_plane_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,13 +37,13 @@ class GossipStub:
         """
         self.Hello = channel.unary_unary(
                 '/concord.v1.Gossip/Hello',
-                request_serializer=protos_dot_data__plane__pb2.HelloRequest.SerializeToString,
-                response_deserializer=protos_dot_data__plane__pb2.HelloReply.FromString,
+                request_serializer=concord_dot_protos_dot_data__plane__pb2.HelloRequest.SerializeToString,
+                response_deserializer=concord_dot_protos_dot_data__plane__pb2.HelloReply.FromString,
                 _registered_method=True)
         self.Exchange = channel.stream_stream(
                 '/concord.v1.Gossip/Exchange',
-                request_serializer=protos_dot_data__plane__pb2.TensorFrame.SerializeToString,
-                response_deserializer=protos_dot_data__plane__pb2.Ack.FromString,
+                request_serializer=concord_dot_protos_dot_data__plane__pb2.TensorFrame.SerializeToString,
+                response_deserializer=concord_dot_protos_dot_data__plane__pb2.Ack.FromString,
                 _registered_method=True)
 
 
@@ -70,13 +70,13 @@ def add_GossipServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Hello': grpc.unary_unary_rpc_method_handler(
                     servicer.Hello,
-                    request_deserializer=protos_dot_data__plane__pb2.HelloRequest.FromString,
-                    response_serializer=protos_dot_data__plane__pb2.HelloReply.SerializeToString,
+                    request_deserializer=concord_dot_protos_dot_data__plane__pb2.HelloRequest.FromString,
+                    response_serializer=concord_dot_protos_dot_data__plane__pb2.HelloReply.SerializeToString,
             ),
             'Exchange': grpc.stream_stream_rpc_method_handler(
                     servicer.Exchange,
-                    request_deserializer=protos_dot_data__plane__pb2.TensorFrame.FromString,
-                    response_serializer=protos_dot_data__plane__pb2.Ack.SerializeToString,
+                    request_deserializer=concord_dot_protos_dot_data__plane__pb2.TensorFrame.FromString,
+                    response_serializer=concord_dot_protos_dot_data__plane__pb2.Ack.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -105,8 +105,8 @@ class Gossip:
             request,
             target,
             '/concord.v1.Gossip/Hello',
-            protos_dot_data__plane__pb2.HelloRequest.SerializeToString,
-            protos_dot_data__plane__pb2.HelloReply.FromString,
+            concord_dot_protos_dot_data__plane__pb2.HelloRequest.SerializeToString,
+            concord_dot_protos_dot_data__plane__pb2.HelloReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -132,8 +132,8 @@ class Gossip:
             request_iterator,
             target,
             '/concord.v1.Gossip/Exchange',
-            protos_dot_data__plane__pb2.TensorFrame.SerializeToString,
-            protos_dot_data__plane__pb2.Ack.FromString,
+            concord_dot_protos_dot_data__plane__pb2.TensorFrame.SerializeToString,
+            concord_dot_protos_dot_data__plane__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-"""The MQTT binding of the control contract (`protos.control_plane`): aiomqtt 2.x clients
+"""The MQTT binding of the control contract (`concord.protos.control_plane`): aiomqtt 2.x clients
 configured as TRANSPORT.md prescribes, and `Bus`, the reconnecting session every participant
 (orchestrator, peer, the sim's progress view) runs.
 
@@ -26,9 +26,9 @@ from urllib.parse import urlparse
 import aiomqtt
 import structlog
 
-from protos.control_plane import TOPICS, Message, PayloadError, Topics, decode, encode
+from concord.protos.control_plane import TOPICS, Message, PayloadError, Topics, decode, encode
 
-log = structlog.get_logger("protos.mqtt")
+log = structlog.get_logger("concord.protos.mqtt")
 
 NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 

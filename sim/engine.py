@@ -3,7 +3,7 @@
 `run` is the entry point used by ``concord sim --engine vectorized`` and by sweeps. It builds the
 task (data, partition, replica-batched model), the topology schedules of the phase plan, the
 algorithm and the consensus controller, trains, evaluates the averaged model and every replica,
-and leaves a run directory behind (see `sim.rundir`).
+and leaves a run directory behind (see `concord.runtime.rundir`).
 
 With ``control.mode = "constant"`` the target is factor × (max statistic of an *uncontrolled*
 pass over the same phases). That calibration pass is run automatically (and cached by the
@@ -21,18 +21,18 @@ from typing import Any
 
 import torch
 
-from core.adagraph import GraphFeedback, feedback_config, initial_topologies
-from core.algorithms import Algorithm, RoundControl, StepReport
-from core.config import RunConfig, apply_overrides
-from core.consensus import consensus_distance, theta
-from core.control import Calibration, CalibrationRecorder, ConsensusController
-from core.loop import StepRunner
-from core.plan import Phase
-from core.runplan import Schedules, control_config, make_lr_schedule, make_plan
-from core.task import ClassificationTask
-from core.topology import exponential_name
-from sim.rundir import RunWriter
-from sim.vectorized import VectorizedComm
+from concord.core.algorithms import Algorithm, RoundControl, StepReport
+from concord.core.config import RunConfig, apply_overrides
+from concord.core.control.consensus import consensus_distance, theta
+from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
+from concord.core.control.plan import Phase
+from concord.core.control.runplan import Schedules, control_config, make_lr_schedule, make_plan
+from concord.core.graphs.adagraph import GraphFeedback, feedback_config, initial_topologies
+from concord.core.graphs.topology import exponential_name
+from concord.core.loop import StepRunner
+from concord.core.task import ClassificationTask
+from concord.runtime.rundir import RunWriter
+from concord.sim.vectorized import VectorizedComm
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -112,8 +112,8 @@ class Trainer:
         self.plan = make_plan(cfg, self.schedule)
         self.controller = ConsensusController(control_config(cfg), self.plan, calibration)
         self.control = VectorizedControl(self.controller, cfg.control.statistic, cfg.control.lagged)
-        # adaptive graphs (core.adagraph): ada-schedule's per-phase graphs from the config,
-        # ada-feedback's exponential:K from its controller (a peer takes both from the
+        # adaptive graphs (concord.core.graphs.adagraph): ada-schedule's per-phase graphs from the
+        # config, ada-feedback's exponential:K from its controller (a peer takes both from the
         # orchestrator's published schedule instead)
         self.feedback: GraphFeedback | None = None
         graphs = None
@@ -211,7 +211,8 @@ def run(
 ) -> dict[str, Any]:
     """Train one run with the vectorized engine and write its run directory; returns the summary.
 
-    ``plots``: also draw the run's PNGs (`sim.plots`); preset sweeps plot in their report instead.
+    ``plots``: also draw the run's PNGs (`concord.runtime.plots`); preset sweeps plot in their
+    report instead.
     """
     if cfg.engine != "vectorized":  # this *is* the vectorized engine; the run dir says so
         cfg = apply_overrides(cfg, {"engine": "vectorized"})

@@ -3,8 +3,8 @@
 One orchestrator process (embedding an MQTT broker unless ``--broker`` names one) and n
 ``concord peer`` processes on loopback, each started as a fresh interpreter (never forked from
 this torch process), one torch thread each by default, ``cuda:(i mod G)`` when G GPUs are present.
-Every child arms a parent-death signal (`core.lifecycle`), and Ctrl-C / SIGTERM here stop them
-all (SIGTERM, then SIGKILL after a grace period): no orphans.
+Every child arms a parent-death signal (`concord.runtime.lifecycle`), and Ctrl-C / SIGTERM here stop
+them all (SIGTERM, then SIGKILL after a grace period): no orphans.
 
 While the run goes, a progress view follows the control plane like any other MQTT client:
 step, loss, accuracy of the latest evaluation, Θ against its target, rounds and the peers' states.
@@ -34,13 +34,13 @@ import structlog
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from core.config import RunConfig, to_toml
-from core.consensus import consensus_distance
-from core.loop import check_algorithm
-from core.task import ClassificationTask, load_task_data, make_partition
-from protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
-from protos.mqtt import Bus
-from sim.rundir import load_checkpoint
+from concord.core.config import RunConfig, to_toml
+from concord.core.control.consensus import consensus_distance
+from concord.core.loop import check_algorithm
+from concord.core.task import ClassificationTask, load_task_data, make_partition
+from concord.protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
+from concord.protos.mqtt import Bus
+from concord.runtime.rundir import load_checkpoint
 
 _GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
 # seconds the orchestrator may take to exit once every peer has and its summary is written (its
@@ -79,7 +79,7 @@ class Children:
         log = open(self.run_dir / "logs" / f"{name}.out", "wb")  # noqa: SIM115 - closed in stop()
         self._logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sim.cli", *args],
+            [sys.executable, "-m", "concord.lab.cli", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
@@ -229,7 +229,7 @@ async def _follow(
                 elif peers_gone is None:
                     peers_gone = now
                 elif children.orchestrator_stuck(peers_gone, now):
-                    structlog.get_logger("sim.processes").warning(
+                    structlog.get_logger("concord.sim.processes").warning(
                         "orchestrator.teardown_stuck", seconds=round(now - peers_gone, 1)
                     )
                     children.abandon("orchestrator")
@@ -371,7 +371,7 @@ def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]
         "run_dir": str(run_dir),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    from sim.plots import write_plots
+    from concord.runtime.plots import write_plots
 
     with contextlib.suppress(Exception):  # plots never lose a finished run's numbers
         write_plots(run_dir)

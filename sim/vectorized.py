@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
-from core.compress import codec_key
+from concord.core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
+from concord.core.compress import codec_key
 
 if TYPE_CHECKING:
-    from core.compress import Codec
+    from concord.core.compress import Codec
 
 
 _SPARSE_BELOW = 0.25  # use a sparse product when W has fewer nonzeros than this fraction …

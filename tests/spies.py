@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from core.comm import Edge, MixResult
-from core.compress import Codec
-from sim.vectorized import VectorizedComm
+from concord.core.comm import Edge, MixResult
+from concord.core.compress import Codec
+from concord.sim.vectorized import VectorizedComm
 
 
 class SpyComm(VectorizedComm):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from core.algorithms import (  # noqa: F401  (register)
+from concord.core.algorithms import (  # noqa: F401  (register)
     ada,
     allreduce,
     choco,
@@ -19,7 +19,7 @@ from core.algorithms import (  # noqa: F401  (register)
     relaysgd,
     sgp,
 )
-from core.algorithms.base import (
+from concord.core.algorithms.base import (
     ALGORITHMS,
     Algorithm,
     RoundControl,
@@ -30,7 +30,7 @@ from core.algorithms.base import (
     gossip_rounds,
     sent_rows,
 )
-from core.algorithms.optim import LocalSGD, SGDConfig
+from concord.core.algorithms.optim import LocalSGD, SGDConfig
 
 
 def make_algorithm(name: str, optimizer: LocalSGD, **hyper: Any) -> Algorithm:

@@ -4,7 +4,7 @@ Every replica takes its local optimizer step, then parameters are averaged exact
 replicas: x_i ← (1/n) Σ_j x_j. With plain SGD this is mini-batch SGD on the union of the local
 batches. Reference: ALGORITHMS.md §3.1 (``algorithms.py::allreduce`` of epfml/relaysgd).
 
-Hyperparameters: those of the local optimizer (`core.algorithms.optim.SGDConfig`).
+Hyperparameters: those of the local optimizer (`concord.core.algorithms.optim.SGDConfig`).
 Invariant: after every step all rows of ``x`` are equal.
 """
 
@@ -14,8 +14,8 @@ from typing import ClassVar
 
 import torch
 
-from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
-from core.algorithms.optim import LocalSGD
+from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.optim import LocalSGD
 
 
 @ALGORITHMS.register("allreduce")

@@ -2,15 +2,15 @@
 
 An algorithm sees the parameters of the replicas its process holds as one tensor ``x`` of shape
 [k, d] (k = n in the vectorized engine, k = 1 in a peer), their stochastic gradients ``grad`` of
-the same shape, and a `StepContext` carrying the communication interface (`core.comm.Comm`), the
-current phase, the mixing-matrix schedule and the round controller. It updates ``x`` in place.
+the same shape, and a `StepContext` carrying the communication interface (`concord.core.comm.Comm`),
+the current phase, the mixing-matrix schedule and the round controller. It updates ``x`` in place.
 
 Gossip rounds under consensus control are run by `gossip_rounds`: one round, the local statistic
 θ_i = ‖x_i(after) − x_i(before)‖² (Kong et al. 2021, App. A), then the `RoundControl` answers
 repeat or stop — in the vectorized engine directly, in a peer after the orchestrator's decision.
 
-Plain gossip may travel as a cast (``ctx.codec`` fp16/bf16, `core.compress`). A replica then mixes
-its neighbours' cast values but keeps its own full-precision remainder,
+Plain gossip may travel as a cast (``ctx.codec`` fp16/bf16, `concord.core.compress`). A replica then
+mixes its neighbours' cast values but keeps its own full-precision remainder,
 
     x_i ← x_i + Σ_j w_ij Q(x_j) − Q(x_i)      (= Σ_j w_ij Q(x_j) + (x_i − Q(x_i))),
 
@@ -18,7 +18,8 @@ which preserves the mean (W doubly stochastic) and, unlike x_i ← Σ_j w_ij Q(x
 re-round every model to 16 bits each round: that loses SGD updates smaller than half a unit in
 the last place (measured on a 1000-d quadratic, ring of 8, lr 1e-3, 3000 steps: error ratio
 0.038 with fp32, 0.184 fp16 / 0.575 bf16 re-rounded, 0.038 for both with the remainder kept).
-Lossy codecs need error feedback and are used by CHOCO-SGD (`core.algorithms.choco`) instead.
+Lossy codecs need error feedback and are used by CHOCO-SGD (`concord.core.algorithms.choco`)
+instead.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from typing import ClassVar, Protocol
 import numpy as np
 import torch
 
-from core.comm import Comm, MixOutcome, MixResult
-from core.compress import Codec, codec_key
-from core.consensus import local_theta
-from core.plan import Phase
-from core.registry import Registry
+from concord.core.comm import Comm, MixOutcome, MixResult
+from concord.core.compress import Codec, codec_key
+from concord.core.control.consensus import local_theta
+from concord.core.control.plan import Phase
+from concord.core.registry import Registry
 
 
 class RoundControl(Protocol):

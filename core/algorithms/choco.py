@@ -9,7 +9,7 @@ State per local replica i (tensors [k, d], rows = local replicas):
 * s_i = Σ_j w_ij x̂_j — the mix of the public copies of i's neighbourhood (itself included);
   s⁰ = x⁰ (every replica starts from the common x⁰, so Σ_j w_ij x⁰ = x⁰).
 
-Per step, with Q the codec's encode→decode (`core.compress`):
+Per step, with Q the codec's encode→decode (`concord.core.compress`):
 
     x_i ← x_i − η d_i                      local optimizer step (local momentum, weight decay)
     q_i = x_i − x̂_i                        what changed since the last published copy
@@ -43,7 +43,7 @@ Hyperparameters: γ ∈ (0, 1], ``compression.gamma`` — smaller for more aggre
 convex problems; ALGORITHMS.md §3.7; measured on average consensus over a ring of 16, d = 1000:
 top-1 % needs γ ≤ 0.05 — 0.1 drifts, 1 diverges — sign does best near 0.2, qsgd 4-bit contracts
 by 0.982 per round at the reported 0.34); the codec (``compression.codec``/``ratio``/``levels``,
-any of `core.compress.CODEC_NAMES`); the local optimizer (`LocalSGD`).
+any of `concord.core.compress.CODEC_NAMES`); the local optimizer (`LocalSGD`).
 """
 
 from __future__ import annotations
@@ -53,16 +53,16 @@ from typing import ClassVar
 
 import torch
 
-from core.algorithms.base import (
+from concord.core.algorithms.base import (
     ALGORITHMS,
     Algorithm,
     StepContext,
     StepReport,
     sent_rows,
 )
-from core.algorithms.optim import LocalSGD
-from core.comm import Comm
-from core.compress import Codec, make_codec
+from concord.core.algorithms.optim import LocalSGD
+from concord.core.comm import Comm
+from concord.core.compress import Codec, make_codec
 
 
 @ALGORITHMS.register("choco")

@@ -3,7 +3,7 @@
 They keep a per-replica correction [k, d] next to the local optimizer and take the optimizer's
 *update* u = x(after its step) − x(before) rather than its step, as the RelaySGD code does
 (ALGORITHMS.md §3.4–3.5), so momentum and weight decay compose with the correction unchanged.
-Everything here goes through the `core.comm.Comm` interface only.
+Everything here goes through the `concord.core.comm.Comm` interface only.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from core.algorithms.base import StepContext, sent_rows
-from core.algorithms.optim import LocalSGD
-from core.comm import Comm, Edge, MixOutcome
+from concord.core.algorithms.base import StepContext, sent_rows
+from concord.core.algorithms.optim import LocalSGD
+from concord.core.comm import Comm, Edge, MixOutcome
 
 
 def local_update(
@@ -42,7 +42,7 @@ def gossip_once(
 ) -> tuple[torch.Tensor, MixOutcome]:
     """One gossip round Σ_j w_ij x_j with round index ``ctx.round_offset`` ([k, d], a new
     tensor). With a cast codec the own remainder x_i − Q(x_i) is kept, exactly as in
-    `core.algorithms.base.gossip_rounds`, so the mean is preserved."""
+    `concord.core.algorithms.base.gossip_rounds`, so the mean is preserved."""
     index = ctx.round_offset
     result = ctx.comm.mix(x, W, codec=ctx.codec, step=ctx.step, round=index)
     mixed = result.x

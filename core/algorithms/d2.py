@@ -51,11 +51,11 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
-from core.algorithms.correction import check_state, gossip_once, local_update
-from core.algorithms.optim import LocalSGD
-from core.comm import Comm, MixOutcome
-from core.consensus import local_theta
+from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.correction import check_state, gossip_once, local_update
+from concord.core.algorithms.optim import LocalSGD
+from concord.core.comm import Comm, MixOutcome
+from concord.core.control.consensus import local_theta
 
 LAMBDA_MIN_BOUND = -1.0 / 3.0
 LAMBDA_MIN_MARGIN = 1e-9

@@ -28,7 +28,7 @@ So the two orders agree on step 0.
 
 DSGT: order "detag*" with R = 1, η = 0 is *exactly* the classical recursion of §3.4,
 y^t = W y^{t−1} + g^t − g^{t−1} (y^0 = g^0), x^{t+1} = W(x^t − α y^t); with the local optimizer's
-direction for g and a constant α it is also exactly `core.algorithms.gradient_tracking` (its
+direction for g and a constant α it is also exactly `concord.core.algorithms.gradient_tracking` (its
 correction c = α(d − y)). The order "detag" with R = 1, η = 0 is DSGT with a tracker one step
 older, x^{t+1} = W(x^t − α y^{t−1}) — the price of overlapping the phase's gradient with its
 gossip. The registered name ``dsgt`` is this class with R = 1, η = 0 and order "detag*" fixed.
@@ -61,7 +61,7 @@ float32 per-edge messages, at the same (step, round) and W: two d-vectors per di
 and round, R rounds per step with the global round indices ctx.round_offset … + R − 1, and
 ``StepReport.rounds`` = R, so schedules, round counters and metrics stay consistent. (One
 concatenated [x, y] message of 2d values per round would be a single `Comm.mix`, but a peer's
-transport accepts only tensors of the model's dimension d — `peer.validate.check_parts`; the
+transport accepts only tensors of the model's dimension d — `concord.peer.validate.check_parts`; the
 bytes are the same.) The acceleration's previous iterate z_{r−1} is local state of the step.
 
 Topology: DeTAG assumes one fixed W; the config rejects time-varying topologies. Each phase of
@@ -88,11 +88,11 @@ from typing import Any, ClassVar, Literal, cast
 import numpy as np
 import torch
 
-from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, sent_rows
-from core.algorithms.correction import check_state, exchange_mix
-from core.algorithms.optim import LocalSGD
-from core.consensus import local_theta
-from core.mixing import consensus_contraction
+from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, sent_rows
+from concord.core.algorithms.correction import check_state, exchange_mix
+from concord.core.algorithms.optim import LocalSGD
+from concord.core.control.consensus import local_theta
+from concord.core.graphs.mixing import consensus_contraction
 
 Order = Literal["detag", "detag*"]
 ORDERS: tuple[str, ...] = ("detag", "detag*")

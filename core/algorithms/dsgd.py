@@ -6,7 +6,8 @@
 
 Each replica keeps its own momentum buffer; it is not gossiped. In an "exact" phase of the plan
 the gossip is replaced by exact averaging (dec-phase-k experiments), and in a controlled phase the
-gossip is repeated until the consensus statistic meets its target (`core.control`).
+gossip is repeated until the consensus statistic meets its target
+(`concord.core.control.controller`).
 
 Hyperparameters: lr η > 0 (from the schedule), momentum μ ∈ [0, 1), weight decay ≥ 0.
 Invariants: W symmetric and doubly stochastic, so gossip preserves the mean x̄ exactly.
@@ -18,8 +19,8 @@ from typing import ClassVar
 
 import torch
 
-from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, communicate
-from core.algorithms.optim import LocalSGD
+from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, communicate
+from concord.core.algorithms.optim import LocalSGD
 
 
 @ALGORITHMS.register("dsgd")

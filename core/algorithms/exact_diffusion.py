@@ -7,7 +7,7 @@ x^{t+1} = W̄ φ^{t+1} — which is D²'s recursion with W̄ = (W + I)/2 in plac
 
     x^{t+1} = W̄ (2 x^t − x^{t−1} − η g^t + η g^{t−1}),        W̄ = (W + I) / 2
 
-Implemented exactly as `core.algorithms.d2` (correction form of the RelaySGD code,
+Implemented exactly as `concord.core.algorithms.d2` (correction form of the RelaySGD code,
 ``paper-figures/algorithms.py::exact_diffusion``): u_i the local optimizer's update, c⁰ = 0,
 
     x_i ← [W̄ (x + u + c)]_i = ½ (x_i + u_i + c_i) + ½ Σ_j w_ij (x_j + u_j + c_j)
@@ -18,8 +18,8 @@ directed edge, like D-SGD. λ_min(W̄) = (1 + λ_min(W)) / 2 ≥ 0 > −1/3 for 
 stochastic W, so — unlike D² — any topology of the schedule works (ring with weights 1/3
 included); the price is a slower mixing (spectral gap halved).
 
-Shapes, invariants, phases and control: as `core.algorithms.d2` — tensors [k, d]; Σ_i c_i = 0
-and x̄ ← x̄ + ū; an exact phase uses W = 11ᵀ/n itself (exact averaging, not (11ᵀ/n + I)/2) and
+Shapes, invariants, phases and control: as `concord.core.algorithms.d2` — tensors [k, d]; Σ_i c_i =
+0 and x̄ ← x̄ + ū; an exact phase uses W = 11ᵀ/n itself (exact averaging, not (11ᵀ/n + I)/2) and
 keeps the correction; consensus control does not repeat rounds (one round per step, its θ_i
 reported once, "repeat" ignored). Hyperparameters: none of its own; the local optimizer's.
 """
@@ -30,10 +30,10 @@ from typing import ClassVar
 
 import torch
 
-from core.algorithms.base import ALGORITHMS, StepContext
-from core.algorithms.correction import gossip_once
-from core.algorithms.d2 import D2
-from core.comm import MixOutcome
+from concord.core.algorithms.base import ALGORITHMS, StepContext
+from concord.core.algorithms.correction import gossip_once
+from concord.core.algorithms.d2 import D2
+from concord.core.comm import MixOutcome
 
 
 @ALGORITHMS.register("exact-diffusion")

@@ -51,10 +51,16 @@ from typing import ClassVar
 
 import torch
 
-from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, gossip_rounds
-from core.algorithms.correction import check_state, exchange_mix, local_update
-from core.algorithms.optim import LocalSGD
-from core.comm import Comm
+from concord.core.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    StepContext,
+    StepReport,
+    gossip_rounds,
+)
+from concord.core.algorithms.correction import check_state, exchange_mix, local_update
+from concord.core.algorithms.optim import LocalSGD
+from concord.core.comm import Comm
 
 
 @ALGORITHMS.register("gradient-tracking")

@@ -40,10 +40,10 @@ from typing import ClassVar
 
 import torch
 
-from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
-from core.algorithms.correction import gossip_once
-from core.algorithms.optim import LocalSGD
-from core.consensus import local_theta
+from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.correction import gossip_once
+from concord.core.algorithms.optim import LocalSGD
+from concord.core.control.consensus import local_theta
 
 AVERAGES = ("exact", "gossip")
 

@@ -38,10 +38,10 @@ from typing import ClassVar
 
 import torch
 
-from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, communicate
-from core.algorithms.correction import check_state
-from core.algorithms.optim import LocalSGD
-from core.comm import Comm
+from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, communicate
+from concord.core.algorithms.correction import check_state
+from concord.core.algorithms.optim import LocalSGD
+from concord.core.comm import Comm
 
 MOMENTUM_ATOL = 1e-12  # optim.momentum and hyper.beta are "equal" up to float parsing
 

@@ -1,5 +1,5 @@
 """The RelaySum mechanism (Vogels et al., "RelaySum for Decentralized Deep Learning on
-Heterogeneous Data", NeurIPS 2021; ALGORITHMS.md §5.1) over `core.comm.Comm.exchange`.
+Heterogeneous Data", NeurIPS 2021; ALGORITHMS.md §5.1) over `concord.core.comm.Comm.exchange`.
 
 On a spanning tree T every directed edge i → j carries, at step t,
 
@@ -12,8 +12,8 @@ message received on each incoming edge, and after the exchange
 
 holds every node's value exactly once, delayed by (tree distance − 1) steps; with fixed values
 S_i/n is the exact mean after diameter(T) steps. No counts travel: the algorithms relay
-quantities whose "not arrived yet" value is 0 (`core.algorithms.relaysgd`), which keeps every
-message a d-vector — the size peers accept on the wire.
+quantities whose "not arrived yet" value is 0 (`concord.core.algorithms.relaysgd`), which keeps
+every message a d-vector — the size peers accept on the wire.
 
 Two trees (``double-binary-tree``): coordinate c travels over tree c mod 2 (even coordinates over
 the binary tree, odd ones over its mirror, §5.4). Each directed edge of the union carries one
@@ -33,8 +33,8 @@ from collections.abc import Sequence
 
 import torch
 
-from core.comm import Comm, Edge, MixOutcome
-from core.graph import Graph
+from concord.core.comm import Comm, Edge, MixOutcome
+from concord.core.graphs.graph import Graph
 
 
 class RelaySum:

@@ -3,8 +3,8 @@ Koloskova, Karimireddy, Lin, Stich & Jaggi, "RelaySum for Decentralized Deep Lea
 Heterogeneous Data", NeurIPS 2021 (code: epfml/relaysgd). ALGORITHMS.md §5.1–5.4.
 
 Both relay a d-vector per directed edge of a spanning tree with the RelaySum rule
-(`core.algorithms.relay`), one `Comm.exchange` per step, and every replica receives every other
-replica's value exactly once, delayed by (tree distance − 1) steps.
+(`concord.core.algorithms.relay`), one `Comm.exchange` per step, and every replica receives every
+other replica's value exactly once, delayed by (tree distance − 1) steps.
 
 **relaysgd** (RelaySum/Model, §5.2; all replicas start from the same x⁰):
 
@@ -32,14 +32,14 @@ every replica applies every update exactly once with weight 1/n; replicas differ
 the delays (so a constant step leaves an O(η) disagreement on heterogeneous data, while relaysgd
 reaches the optimum exactly: tests/core/test_relaysgd.py).
 
-Trees (`core.trees`, hyperparameters ``hyper.tree`` ∈ {auto, chain, binary-tree,
+Trees (`concord.core.graphs.trees`, hyperparameters ``hyper.tree`` ∈ {auto, chain, binary-tree,
 double-binary-tree, bfs}, default auto, and ``hyper.root`` ∈ {"center", node id}, default
 "center"): the topology itself if it is a tree, the two trees of ``double-binary-tree`` (even
 coordinates over one, odd over the other), else the BFS spanning tree from a center of the
 graph. The tree is built at the first gossip step from the support of the phase's mixing matrix
 (weights are not used) and kept for the run: the topology must be static and the same in every
-phase (`core.config` enforces both). Bytes per step and replica: (tree degree) × d values; on
-``double-binary-tree`` each edge of the union sends a full d-vector (zeros on the other tree's
+phase (`concord.core.config` enforces both). Bytes per step and replica: (tree degree) × d values;
+on ``double-binary-tree`` each edge of the union sends a full d-vector (zeros on the other tree's
 coordinates), about twice the d/2 per tree edge of the paper's implementation.
 
 Other hyperparameters: those of the local optimizer; the learning rate is usually scaled up
@@ -59,12 +59,12 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
-from core.algorithms.optim import LocalSGD
-from core.algorithms.relay import RelaySum
-from core.comm import Comm
-from core.graph import Graph
-from core.trees import check_tree_choice, relay_trees
+from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.optim import LocalSGD
+from concord.core.algorithms.relay import RelaySum
+from concord.core.comm import Comm
+from concord.core.graphs.graph import Graph
+from concord.core.graphs.trees import check_tree_choice, relay_trees
 
 
 def support_graph(W: np.ndarray) -> Graph:

@@ -45,10 +45,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
-from core.algorithms.optim import LocalSGD
-from core.comm import Comm
-from core.consensus import local_theta
+from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.optim import LocalSGD
+from concord.core.comm import Comm
+from concord.core.control.consensus import local_theta
 
 
 @ALGORITHMS.register("sgp")

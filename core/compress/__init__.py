@@ -37,8 +37,8 @@ Sign bits are little-endian within a byte: coordinate 8b + i is bit i of byte b 
 padding bits are 0. Scalar parts come first so every part of a payload stays 4-byte aligned.
 """
 
-from core.compress import quantize, sparse  # noqa: F401  (register the codecs)
-from core.compress.base import (
+from concord.core.compress import quantize, sparse  # noqa: F401  (register the codecs)
+from concord.core.compress.base import (
     CODEC_NAMES,
     CODECS,
     MAX_SENDERS,
@@ -50,8 +50,8 @@ from core.compress.base import (
     make_codec,
     message_generator,
 )
-from core.compress.quantize import BF16, FP16, QSGD, Int8, NoCodec, Sign
-from core.compress.sparse import RandomK, TopK
+from concord.core.compress.quantize import BF16, FP16, QSGD, Int8, NoCodec, Sign
+from concord.core.compress.sparse import RandomK, TopK
 
 __all__ = [
     "BF16",

@@ -1,4 +1,5 @@
-"""Codec interface, wire container, message keys and the codec registry (see `core.compress`)."""
+"""Codec interface, wire container, message keys and the codec registry (see
+`concord.core.compress`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import ClassVar
 
 import torch
 
-from core.config import CODEC_NAMES as CODEC_NAMES  # the one list; core.config is torch-free
-from core.registry import Registry
+from concord.core.config import (
+    CODEC_NAMES as CODEC_NAMES,  # the one list; concord.core.config is torch-free
+)
+from concord.core.registry import Registry
 
 PLAIN_GOSSIP_CODECS: tuple[str, ...] = ("none", "fp16", "bf16")  # usable without error feedback
 MAX_SENDERS = 1 << 16  # codec_key packs sender ids below this (config allows ≤ 4096 peers)
@@ -176,7 +179,7 @@ def make_codec(
     name: str, *, ratio: float = 0.01, seed: int = 0, levels: int = 16, unbiased: bool = False
 ) -> Codec:
     """The codec registered as ``name`` (see `CODEC_NAMES`). ``levels`` and ``unbiased`` are
-    qsgd's (`core.compress.quantize.QSGD`); the other codecs ignore them."""
+    qsgd's (`concord.core.compress.quantize.QSGD`); the other codecs ignore them."""
     cls = CODECS.get(name)
     if cls.takes_levels:
         return cls(ratio=ratio, seed=seed, levels=levels, unbiased=unbiased)  # type: ignore[call-arg]

@@ -1,4 +1,5 @@
-"""Casts (none, fp16, bf16) and quantisers (int8, sign, qsgd); see the table in `core.compress`."""
+"""Casts (none, fp16, bf16) and quantisers (int8, sign, qsgd); see the table in
+`concord.core.compress`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from core.compress.base import (
+from concord.core.compress.base import (
     CODECS,
     Codec,
     CodecError,

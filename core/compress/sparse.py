@@ -1,4 +1,4 @@
-"""Sparsifiers (top-k, random-k); see the table in `core.compress`."""
+"""Sparsifiers (top-k, random-k); see the table in `concord.core.compress`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ from collections.abc import Sequence
 
 import torch
 
-from core.compress.base import CODECS, Codec, CodecError, Parts, float_rows, message_generator
+from concord.core.compress.base import (
+    CODECS,
+    Codec,
+    CodecError,
+    Parts,
+    float_rows,
+    message_generator,
+)
 
 _PERMUTE_UP_TO = 1 << 16  # random-k draws a full permutation up to this d
 

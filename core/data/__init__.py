@@ -11,16 +11,16 @@
 
 from __future__ import annotations
 
-from core.data.base import Dataset, DatasetFormatError, DatasetNotFoundError
-from core.data.cifar import (
+from concord.core.data.base import Dataset, DatasetFormatError, DatasetNotFoundError
+from concord.core.data.cifar import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     RestrictedUnpickler,
     UnsafePickleError,
     augment_cifar,
 )
-from core.data.datasets import DATASET_NAMES, DATASETS, dataset_options, load_dataset
-from core.data.partition import (
+from concord.core.data.datasets import DATASET_NAMES, DATASETS, dataset_options, load_dataset
+from concord.core.data.partition import (
     PARTITION_NAMES,
     PARTITIONERS,
     PartitionError,
@@ -29,8 +29,8 @@ from core.data.partition import (
     partition_stats,
     validate_partition,
 )
-from core.data.sampler import ReplicaSampler
-from core.data.synthetic import HeterogeneousQuadratics
+from concord.core.data.sampler import ReplicaSampler
+from concord.core.data.synthetic import HeterogeneousQuadratics
 
 __all__ = [
     "CIFAR10_MEAN",

@@ -30,7 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.data.base import Dataset, DatasetFormatError, DatasetNotFoundError, default_data_dir
+from concord.core.data.base import (
+    Dataset,
+    DatasetFormatError,
+    DatasetNotFoundError,
+    default_data_dir,
+)
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)

@@ -5,8 +5,8 @@ name                source                                                     i
 ==================  =========================================================  ===============
 mnist1d             generated locally (Greydanus 2020), cached as .npz          (40,)
 digits              scikit-learn ``load_digits`` (ships with sklearn), ÷ 16      (1, 8, 8)
-gaussian-mixture    generated (`core.data.synthetic`)                           (dim,)
-cifar10             local ``cifar-10-batches-py`` files (`core.data.cifar`)     (3, 32, 32)
+gaussian-mixture    generated (`concord.core.data.synthetic`)                           (dim,)
+cifar10             local ``cifar-10-batches-py`` files (`concord.core.data.cifar`)     (3, 32, 32)
 ==================  =========================================================  ===============
 
 Nothing is downloaded. ``root`` is used by on-disk datasets and ``cache_dir`` by generated ones that
@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.data.base import Dataset, check_fraction, stratified_split
-from core.data.cifar import load_cifar10
-from core.data.mnist1d import load_mnist1d
-from core.data.synthetic import load_gaussian_mixture
-from core.registry import Registry
+from concord.core.data.base import Dataset, check_fraction, stratified_split
+from concord.core.data.cifar import load_cifar10
+from concord.core.data.mnist1d import load_mnist1d
+from concord.core.data.synthetic import load_gaussian_mixture
+from concord.core.registry import Registry
 
 DatasetLoader = Callable[..., Dataset]
 DATASETS: Registry[DatasetLoader] = Registry("dataset")
@@ -73,7 +73,7 @@ def dataset_options(name: str) -> list[str]:
     params = inspect.signature(loader).parameters
     names = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
     if loader is load_mnist1d:
-        from core.data.mnist1d import DEFAULTS
+        from concord.core.data.mnist1d import DEFAULTS
 
         names += list(DEFAULTS)
     return [n for n in names if n not in _CONTEXT_ARGS]
@@ -89,8 +89,8 @@ def load_dataset(
 ) -> Dataset:
     """Load a dataset by name (see the module table); deterministic given (name, seed, options).
 
-    Raises `core.registry.UnknownNameError` for an unknown name, ValueError for an unknown or
-    invalid option or a negative seed, `DatasetNotFoundError` when on-disk files are missing.
+    Raises `concord.core.registry.UnknownNameError` for an unknown name, ValueError for an unknown
+    or invalid option or a negative seed, `DatasetNotFoundError` when on-disk files are missing.
     """
     loader = DATASETS.get(name)
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:

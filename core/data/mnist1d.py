@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.data.base import (
+from concord.core.data.base import (
     Dataset,
     check_fraction,
     check_positive_int,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from core.registry import Registry
+from concord.core.registry import Registry
 
 Partitioner = Callable[..., list[np.ndarray]]
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner")

@@ -27,7 +27,8 @@ _STREAM_TAG = 0x5A4D50  # domain separation: sampler streams differ from other u
 class ReplicaSampler:
     """Per-replica minibatch index streams for the ranks this process holds.
 
-    ``parts``: the n shards of global dataset indices (from `core.data.partition.partition`);
+    ``parts``: the n shards of global dataset indices (from
+    `concord.core.data.partition.partition`);
     ``ranks``: the k ranks held here (distinct, in 0..n−1; every held shard must be non-empty);
     ``batch_size`` ≥ 1; ``seed`` ≥ 0.
     """

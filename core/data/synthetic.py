@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from core.data.base import Dataset, check_fraction, check_positive_int, stratified_split
+from concord.core.data.base import Dataset, check_fraction, check_positive_int, stratified_split
 
 
 def load_gaussian_mixture(

@@ -14,10 +14,10 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from core.models.flat import FlatParams, evaluate, loss_and_grad
-from core.models.generic import GenericReplicaModel, build_generic
-from core.models.layers import ReplicaModel
-from core.models.zoo import MODEL_NAMES, MODELS
+from concord.core.models.flat import FlatParams, evaluate, loss_and_grad
+from concord.core.models.generic import GenericReplicaModel, build_generic
+from concord.core.models.layers import ReplicaModel
+from concord.core.models.zoo import MODEL_NAMES, MODELS
 
 __all__ = [
     "MODELS",
@@ -51,10 +51,10 @@ def build_model(
 ) -> ReplicaModel:
     """Build ``k`` identically initialised replicas of model ``name``.
 
-    ``name`` is one of ``MODEL_NAMES`` (options: see :mod:`core.models.zoo`) or
-    ``"module:callable"`` for a user model (see :mod:`core.models.generic`). ``input_shape`` is
-    one sample's shape, ``num_classes`` ≥ 1, ``seed`` any int ≥ 0: the initial weights depend only
-    on (name, options, input_shape, num_classes, seed), never on k.
+    ``name`` is one of ``MODEL_NAMES`` (options: see :mod:`concord.core.models.zoo`) or
+    ``"module:callable"`` for a user model (see :mod:`concord.core.models.generic`). ``input_shape``
+    is one sample's shape, ``num_classes`` ≥ 1, ``seed`` any int ≥ 0: the initial weights depend
+    only on (name, options, input_shape, num_classes, seed), never on k.
 
     Raises ``UnknownNameError`` (from the registry) for an unknown name and ``ValueError`` naming
     the offending argument for anything else invalid.

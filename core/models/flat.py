@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's universal alias)
 from torch import Tensor
 
-from core.models.layers import ReplicaModel
+from concord.core.models.layers import ReplicaModel
 
 __all__ = ["FlatParams", "evaluate", "loss_and_grad"]
 

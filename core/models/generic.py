@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from core.models.layers import ReplicaModel
+from concord.core.models.layers import ReplicaModel
 
 __all__ = ["GenericReplicaModel", "build_generic", "resolve_callable"]
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's universal alias)
 from torch import Tensor, nn
 
-from core.models.layers import (
+from concord.core.models.layers import (
     ReplicaBatchNorm,
     ReplicaConv1d,
     ReplicaConv2d,
@@ -47,7 +47,7 @@ from core.models.layers import (
     flatten_features,
     fold,
 )
-from core.registry import Registry
+from concord.core.registry import Registry
 
 ModelBuilder = Callable[..., ReplicaModel]
 MODELS: Registry[ModelBuilder] = Registry("model")

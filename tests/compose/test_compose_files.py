@@ -25,7 +25,7 @@ import pytest
 import yaml  # PyYAML (an amqtt dependency)
 from click.testing import CliRunner
 
-from core.config import load_config
+from concord.core.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"  # the project directory: relative paths in every file resolve here
@@ -441,8 +441,8 @@ def test_tls_material_from_the_readme_commands_works_for_every_peer(
     the peer does (chain, key pair, usage) and that its certificate names its advertised host."""
     from cryptography import x509
 
-    from peer.tls import expand, load_material
-    from sim.cli import main
+    from concord.lab.cli import main
+    from concord.peer.tls import expand, load_material
 
     readme = _certs_commands((COMPOSE / "README.md").read_text(encoding="utf-8"))
     overlay = _certs_commands((COMPOSE / files[-1]).read_text(encoding="utf-8"))
@@ -486,7 +486,7 @@ def test_tls_material_from_the_readme_commands_works_for_every_peer(
 def test_command_parses_with_the_concord_cli(files: tuple[str, ...], service: str) -> None:
     """Option names, types and required options of each command, checked by click itself
     (`make_context` parses and validates without running the command)."""
-    from sim.cli import main
+    from concord.lab.cli import main
 
     name, *args = dict(_stack(files).concord())[service]
     command = main.commands.get(name)

@@ -7,7 +7,7 @@ import math
 import msgpack
 import pytest
 
-from protos.control_plane import (
+from concord.protos.control_plane import (
     MESSAGES,
     SCHEMA_VERSION,
     TOPICS,
@@ -99,7 +99,7 @@ def test_topic_names_and_qos_are_documented_values() -> None:
 
 def test_qos_and_retain_match_the_documented_table() -> None:
     """The contract's docstring table is the documentation users read: code must agree."""
-    import protos.control_plane as cp
+    import concord.protos.control_plane as cp
 
     rows = {}
     for line in (cp.__doc__ or "").splitlines():

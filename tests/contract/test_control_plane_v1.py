@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from protos.control_plane import (
+from concord.protos.control_plane import (
     SCHEMA_VERSION,
     TOPICS,
     Message,

@@ -1,5 +1,6 @@
-"""`core.adagraph`: the two Ada interpretations — the feedback controller (decisions, hysteresis,
-clamping, lag, gaps), the dense → sparse schedule, hyperparameter validation, and the config
+"""`concord.core.graphs.adagraph`: the two Ada interpretations — the feedback controller (decisions,
+hysteresis, clamping, lag, gaps), the dense → sparse schedule, hyperparameter validation, and the
+config
 errors of ada-schedule / ada-feedback."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from core.adagraph import (
+from concord.core.algorithms import ALGORITHMS, LocalSGD, SGDConfig, make_algorithm
+from concord.core.config import ConfigError, load_config
+from concord.core.graphs.adagraph import (
     FeedbackConfig,
     FeedbackDecision,
     GraphFeedback,
@@ -21,8 +24,6 @@ from core.adagraph import (
     initial_topologies,
     schedule_graphs,
 )
-from core.algorithms import ALGORITHMS, LocalSGD, SGDConfig, make_algorithm
-from core.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -329,7 +330,7 @@ def test_exponential_k_topology_config() -> None:
 
 def test_module_is_torch_free() -> None:
     code = (
-        "import sys, core.adagraph, orchestrator.graphs; "
+        "import sys, concord.core.graphs.adagraph, concord.orchestrator.graphs; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from core.algorithms import LocalSGD, SGDConfig, StepContext, make_algorithm
-from core.consensus import consensus_distance
-from core.plan import Phase
-from core.registry import UnknownNameError
-from core.topology import make_schedule
-from sim.vectorized import VectorizedComm
+from concord.core.algorithms import LocalSGD, SGDConfig, StepContext, make_algorithm
+from concord.core.control.consensus import consensus_distance
+from concord.core.control.plan import Phase
+from concord.core.graphs.topology import make_schedule
+from concord.core.registry import UnknownNameError
+from concord.sim.vectorized import VectorizedComm
 
 torch.set_num_threads(1)
 

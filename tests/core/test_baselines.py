@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from core.algorithms import Algorithm, LocalSGD, SGDConfig, StepContext, make_algorithm
-from core.algorithms.gradient_tracking import GradientTracking
-from core.compress import make_codec
-from core.config import ConfigError, load_config
-from core.loop import check_algorithm
-from core.plan import Phase
-from core.topology import make_schedule
-from sim.vectorized import VectorizedComm
+from concord.core.algorithms import Algorithm, LocalSGD, SGDConfig, StepContext, make_algorithm
+from concord.core.algorithms.gradient_tracking import GradientTracking
+from concord.core.compress import make_codec
+from concord.core.config import ConfigError, load_config
+from concord.core.control.plan import Phase
+from concord.core.graphs.topology import make_schedule
+from concord.core.loop import check_algorithm
+from concord.sim.vectorized import VectorizedComm
 from tests.spies import SpyComm
 
 torch.set_num_threads(1)

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from core.algorithms import LocalSGD, SGDConfig, StepContext, make_algorithm
-from core.algorithms.choco import Choco
-from core.compress import make_codec
-from core.config import ConfigError, load_config
-from core.consensus import consensus_distance
-from core.plan import Phase
-from core.topology import make_schedule
-from sim.engine import run
-from sim.vectorized import VectorizedComm
+from concord.core.algorithms import LocalSGD, SGDConfig, StepContext, make_algorithm
+from concord.core.algorithms.choco import Choco
+from concord.core.compress import make_codec
+from concord.core.config import ConfigError, load_config
+from concord.core.control.consensus import consensus_distance
+from concord.core.control.plan import Phase
+from concord.core.graphs.topology import make_schedule
+from concord.sim.engine import run
+from concord.sim.vectorized import VectorizedComm
 
 torch.set_num_threads(1)
 GOSSIP = Phase(index=1, start=0, end=10**9, mode="gossip", topology=None, controlled=False)
@@ -202,8 +202,8 @@ def test_bad_use_is_rejected() -> None:
 
 def test_dsgd_with_casts_keeps_full_precision() -> None:
     """D-SGD on a quadratic with fp16/bf16 gossip keeps each replica's remainder x_i − Q(x_i)
-    (core.algorithms.base), so the mean model progresses exactly as with float32 gossip, while
-    re-rounding the models every round (x ← W Q(x), computed here for contrast) loses the SGD
+    (concord.core.algorithms.base), so the mean model progresses exactly as with float32 gossip,
+    while re-rounding the models every round (x ← W Q(x), computed here for contrast) loses the SGD
     updates below half an ulp (lr 1e-4: measured 80 % of the progress with fp16, 10 % bf16)."""
     n, d, steps, lr = 8, 1000, 500, 1e-4
     gen = torch.Generator().manual_seed(0)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from core.compress import (
+from concord.core.compress import (
     CODEC_NAMES,
     CODECS,
     Codec,
@@ -19,7 +19,7 @@ from core.compress import (
     make_codec,
     message_generator,
 )
-from core.config import CODEC_NAMES as CONFIG_CODECS
+from concord.core.config import CODEC_NAMES as CONFIG_CODECS
 
 torch.set_num_threads(1)
 D = 1000

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import (
+from concord.core.config import (
     ALGORITHM_NAMES,
     DATASET_NAMES,
     MODEL_NAMES,
@@ -143,10 +143,10 @@ def test_parse_value_and_env() -> None:
 
 
 def test_config_names_match_registries() -> None:
-    from core.algorithms import ALGORITHMS
-    from core.data import DATASET_NAMES as DATA_IMPL
-    from core.data import PARTITION_NAMES as PART_IMPL
-    from core.models import MODEL_NAMES as MODEL_IMPL
+    from concord.core.algorithms import ALGORITHMS
+    from concord.core.data import DATASET_NAMES as DATA_IMPL
+    from concord.core.data import PARTITION_NAMES as PART_IMPL
+    from concord.core.models import MODEL_NAMES as MODEL_IMPL
 
     assert set(ALGORITHM_NAMES) == set(ALGORITHMS.names())
     assert set(DATASET_NAMES) == set(DATA_IMPL)
@@ -159,7 +159,7 @@ def test_the_readme_configuration_example_is_a_valid_config() -> None:
     section (a key placed after a table header silently belongs to that table)."""
     import tomllib
 
-    from core.config import build_config
+    from concord.core.config import build_config
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("### Configuration") :]

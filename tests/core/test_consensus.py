@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.consensus import consensus_distance, grad_norms, local_theta, theta
+from concord.core.control.consensus import consensus_distance, grad_norms, local_theta, theta
 
 torch.set_num_threads(1)
 

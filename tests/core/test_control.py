@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.consensus import consensus_distance, local_theta, theta
-from core.control import (
+from concord.core.control.consensus import consensus_distance, local_theta, theta
+from concord.core.control.controller import (
     CONTROL_MODES,
     TARGET_POLICIES,
     Calibration,
@@ -21,7 +21,7 @@ from core.control import (
     Decision,
     lagged_rounds,
 )
-from core.plan import LRSchedule, PhasePlan, build_plan
+from concord.core.control.plan import LRSchedule, PhasePlan, build_plan
 
 torch.set_num_threads(1)
 
@@ -325,5 +325,5 @@ def test_every_control_mode_has_an_implementation() -> None:
 
 
 def test_control_does_not_import_torch() -> None:
-    code = "import sys, core.control; sys.exit('torch' in sys.modules)"
+    code = "import sys, concord.core.control.controller; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.data import (
+from concord.core.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     DATASET_NAMES,
@@ -26,9 +26,9 @@ from core.data import (
     dataset_options,
     load_dataset,
 )
-from core.data import mnist1d as m1d
-from core.data.cifar import TEST_FILE, TRAIN_FILES, restricted_load
-from core.registry import UnknownNameError
+from concord.core.data import mnist1d as m1d
+from concord.core.data.cifar import TEST_FILE, TRAIN_FILES, restricted_load
+from concord.core.registry import UnknownNameError
 
 torch.set_num_threads(1)
 

@@ -1,5 +1,5 @@
-"""DeTAG / DeTAGM / DeTAG* and DSGT (`core.algorithms.detag`): the accelerated gossip alone, the
-algorithms against direct transcriptions of Lu & De Sa's Algorithm 2 and of the classical DSGT
+"""DeTAG / DeTAGM / DeTAG* and DSGT (`concord.core.algorithms.detag`): the accelerated gossip alone,
+the algorithms against direct transcriptions of Lu & De Sa's Algorithm 2 and of the classical DSGT
 recursion (float64 round-off), their invariants, round indices, phases, state and hyperparameter
 errors, and the label-sorted reproduction of ALGORITHMS.md §9.9 on a convex problem."""
 
@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from core.algorithms import Algorithm, LocalSGD, SGDConfig, StepContext, make_algorithm
-from core.algorithms.detag import DeTAG, accelerated_eta, group_contraction
-from core.compress import make_codec
-from core.config import ConfigError, load_config
-from core.data.partition import sorted_partition
-from core.loop import check_algorithm
-from core.plan import Phase
-from core.topology import make_schedule
-from sim.vectorized import VectorizedComm
+from concord.core.algorithms import Algorithm, LocalSGD, SGDConfig, StepContext, make_algorithm
+from concord.core.algorithms.detag import DeTAG, accelerated_eta, group_contraction
+from concord.core.compress import make_codec
+from concord.core.config import ConfigError, load_config
+from concord.core.control.plan import Phase
+from concord.core.data.partition import sorted_partition
+from concord.core.graphs.topology import make_schedule
+from concord.core.loop import check_algorithm
+from concord.sim.vectorized import VectorizedComm
 from tests.spies import SpyComm
 
 torch.set_num_threads(1)
@@ -258,7 +258,7 @@ def test_dsgt_is_gradient_tracking_at_a_constant_lr() -> None:
     any local optimizer at a constant lr — here Nesterov momentum and weight decay. With a
     varying lr they differ by design: the correction form tracks the update −α_t d, DSGT the
     direction d (the paper's α_k multiplies the tracker)."""
-    pytest.importorskip("core.algorithms.gradient_tracking")
+    pytest.importorskip("concord.core.algorithms.gradient_tracking")
     n, d = 8, 5
     f = Quadratics(n, d, seed=3)
 

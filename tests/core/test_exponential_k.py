@@ -1,5 +1,5 @@
-"""The k-peer exponential graphs ``exponential:K`` (`core.topology`): the family the Ada
-interpretations move along — nested, valid Metropolis weights, spectral gap growing with K, the
+"""The k-peer exponential graphs ``exponential:K`` (`concord.core.graphs.topology`): the family the
+Ada interpretations move along — nested, valid Metropolis weights, spectral gap growing with K, the
 ring and the full exponential graph at its ends, clear errors, and ``concord topology``."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from core.graph import TopologyError
-from core.mixing import validate_mixing
-from core.runplan import Schedules
-from core.topology import (
+from concord.core.control.runplan import Schedules
+from concord.core.graphs.graph import TopologyError
+from concord.core.graphs.mixing import validate_mixing
+from concord.core.graphs.topology import (
     build_graph,
     describe,
     exponential_k,
@@ -22,7 +22,7 @@ from core.topology import (
     make_schedule,
     max_exponential_k,
 )
-from sim.cli import main
+from concord.lab.cli import main
 
 # Doubly-stochastic checks sum ≤ 2⌈log2 n⌉ + 1 weights like 1/(deg + 1): a few ulps, ≪ 1e-12.
 ATOL = 1e-12
@@ -123,8 +123,8 @@ def test_concord_topology_describes_exponential_k() -> None:
 
 
 def test_schedules_cap_k_over_fewer_live_members() -> None:
-    from core.config import load_config
-    from core.runplan import make_lr_schedule, make_plan
+    from concord.core.config import load_config
+    from concord.core.control.runplan import make_lr_schedule, make_plan
 
     cfg = load_config(None, ["peers=8", "topology=exponential:3", "epochs=2"], environ={})
     phase = make_plan(cfg, make_lr_schedule(cfg, 10)).phases[0]

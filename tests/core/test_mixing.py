@@ -1,4 +1,4 @@
-"""Weight rules, lazy matrices, validation and spectral helpers (core.mixing)."""
+"""Weight rules, lazy matrices, validation and spectral helpers (concord.core.graphs.mixing)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from core.graph import Graph, TopologyError, UnknownTopologyError
-from core.mixing import (
+from concord.core.graphs.graph import Graph, TopologyError, UnknownTopologyError
+from concord.core.graphs.mixing import (
     WEIGHT_RULES,
     consensus_contraction,
     lazy,
@@ -21,7 +21,7 @@ from core.mixing import (
     validate_mixing,
     weights_for,
 )
-from core.topology import build_graph
+from concord.core.graphs.topology import build_graph
 
 # Matrices built from a handful of float additions are exact to ~1e-15; 1e-12 leaves margin
 # without hiding a wrong weight (the smallest weight difference tested is ≥ 1e-3).

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's universal alias)
 from torch import Tensor, nn
 
-from core.models import (
+from concord.core.models import (
     MODEL_NAMES,
     FlatParams,
     GenericReplicaModel,
@@ -21,7 +21,7 @@ from core.models import (
     evaluate,
     loss_and_grad,
 )
-from core.registry import UnknownNameError
+from concord.core.registry import UnknownNameError
 
 torch.set_num_threads(1)
 

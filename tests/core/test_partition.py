@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.data import (
+from concord.core.data import (
     PARTITION_NAMES,
     PARTITIONERS,
     PartitionError,
@@ -19,7 +19,7 @@ from core.data import (
     partition_stats,
     validate_partition,
 )
-from core.registry import UnknownNameError
+from concord.core.registry import UnknownNameError
 
 RNG_LABELS = np.random.default_rng(0).integers(0, 10, size=1003)  # N = 1003: no n divides it
 BALANCED = np.repeat(np.arange(10), 1000)  # 10 000 labels, 1000 per class

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from core.plan import LRSchedule, Phase, PhasePlan, build_plan
+from concord.core.control.plan import LRSchedule, Phase, PhasePlan, build_plan
 
 # lr values are products of a few decimal constants: equal up to float64 round-off (~1e-16)
 LR_REL = 1e-12
@@ -197,5 +197,8 @@ def test_plan_from_dict_errors(sched: LRSchedule) -> None:
 
 
 def test_plan_and_control_do_not_import_torch() -> None:
-    code = "import sys, core.plan, core.control; sys.exit('torch' in sys.modules)"
+    code = (
+        "import sys, concord.core.control.plan, concord.core.control.controller; "
+        "sys.exit('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

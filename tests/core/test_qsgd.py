@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from core.compress import QSGD, CodecError, Encoded, codec_key, make_codec
-from core.config import ConfigError, load_config
-from core.loop import make_run_codec
+from concord.core.compress import QSGD, CodecError, Encoded, codec_key, make_codec
+from concord.core.config import ConfigError, load_config
+from concord.core.loop import make_run_codec
 
 torch.set_num_threads(1)
 

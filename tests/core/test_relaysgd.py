@@ -13,16 +13,21 @@ import numpy as np
 import pytest
 import torch
 
-from core.algorithms import LocalSGD, SGDConfig, StepContext, make_algorithm
-from core.algorithms.relay import RelaySum
-from core.algorithms.relaysgd import support_graph
-from core.comm import Comm, CommCounters, Edge
-from core.config import ConfigError, load_config
-from core.graph import Graph, TopologyError, distance_stats
-from core.plan import Phase
-from core.topology import TopologySchedule, build_graph, double_binary_trees, make_schedule
-from core.trees import graph_center, relay_trees
-from sim.vectorized import VectorizedComm
+from concord.core.algorithms import LocalSGD, SGDConfig, StepContext, make_algorithm
+from concord.core.algorithms.relay import RelaySum
+from concord.core.algorithms.relaysgd import support_graph
+from concord.core.comm import Comm, CommCounters, Edge
+from concord.core.config import ConfigError, load_config
+from concord.core.control.plan import Phase
+from concord.core.graphs.graph import Graph, TopologyError, distance_stats
+from concord.core.graphs.topology import (
+    TopologySchedule,
+    build_graph,
+    double_binary_trees,
+    make_schedule,
+)
+from concord.core.graphs.trees import graph_center, relay_trees
+from concord.sim.vectorized import VectorizedComm
 
 torch.set_num_threads(1)
 GOSSIP = Phase(index=1, start=0, end=10**9, mode="gossip", topology=None, controlled=False)
@@ -410,7 +415,7 @@ class _Mailboxes:
 
 class RankComm(Comm):
     """The k = 1 view of replica ``rank``: `exchange` posts its messages, then waits for its
-    incoming ones (as `peer.comm.PeerComm` does over gRPC)."""
+    incoming ones (as `concord.peer.comm.PeerComm` does over gRPC)."""
 
     def __init__(self, rank: int, n: int, boxes: _Mailboxes) -> None:
         self.rank, self.n, self.boxes = rank, n, boxes

@@ -1,4 +1,5 @@
-"""`core.runplan`: schedules over the live members, the plan and LR schedule from a config."""
+"""`concord.core.control.runplan`: schedules over the live members, the plan and LR schedule from a
+config."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import RunConfig, load_config
-from core.control import ControlConfig
-from core.plan import LRSchedule, Phase, build_plan
-from core.runplan import (
+from concord.core.config import RunConfig, load_config
+from concord.core.control.controller import ControlConfig
+from concord.core.control.plan import LRSchedule, Phase, build_plan
+from concord.core.control.runplan import (
     MemberSchedule,
     Schedules,
     calibration_steps,
@@ -20,7 +21,7 @@ from core.runplan import (
     make_lr_schedule,
     make_plan,
 )
-from core.topology import TopologyError, TopologySchedule, make_schedule
+from concord.core.graphs.topology import TopologyError, TopologySchedule, make_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 8
@@ -239,10 +240,10 @@ def test_calibration_steps_run_to_the_end_of_the_last_controlled_phase(
 def test_runplan_does_not_import_torch() -> None:
     """The orchestrator builds plans with this module and must never import torch."""
     code = (
-        "import sys, core.runplan\n"
-        "from core.config import load_config\n"
+        "import sys\nfrom concord.core.control import runplan\n"
+        "from concord.core.config import load_config\n"
         "cfg = load_config(None, ['epochs=2'], environ={})\n"
-        "core.runplan.make_plan(cfg, core.runplan.make_lr_schedule(cfg, 10))\n"
+        "runplan.make_plan(cfg, runplan.make_lr_schedule(cfg, 10))\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run(

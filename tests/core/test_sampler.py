@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.data import ReplicaSampler, partition
+from concord.core.data import ReplicaSampler, partition
 
 LABELS = np.random.default_rng(0).integers(0, 10, size=640)
 IID = partition(LABELS, 4, "iid", seed=0)  # 4 shards of 160 = 10 batches of 16

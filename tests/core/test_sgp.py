@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from core.algorithms import LocalSGD, SGDConfig, StepContext, make_algorithm
-from core.algorithms.sgp import SGP
-from core.config import ConfigError, load_config
-from core.graph import Graph, TopologyError
-from core.loop import check_algorithm
-from core.mixing import push_weights, validate_column_stochastic, validate_mixing
-from core.plan import Phase
-from core.schedules import TopologySchedule, check_connected_over_period
-from core.topology import DIRECTED_TOPOLOGIES, make_schedule
-from sim.vectorized import VectorizedComm
+from concord.core.algorithms import LocalSGD, SGDConfig, StepContext, make_algorithm
+from concord.core.algorithms.sgp import SGP
+from concord.core.config import ConfigError, load_config
+from concord.core.control.plan import Phase
+from concord.core.graphs.graph import Graph, TopologyError
+from concord.core.graphs.mixing import push_weights, validate_column_stochastic, validate_mixing
+from concord.core.graphs.schedules import TopologySchedule, check_connected_over_period
+from concord.core.graphs.topology import DIRECTED_TOPOLOGIES, make_schedule
+from concord.core.loop import check_algorithm
+from concord.sim.vectorized import VectorizedComm
 
 torch.set_num_threads(1)
 GOSSIP = Phase(index=1, start=0, end=10**9, mode="gossip", topology=None, controlled=False)

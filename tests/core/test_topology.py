@@ -1,4 +1,5 @@
-"""Named topologies, schedules, spectral values and edge-list files (core.topology & friends)."""
+"""Named topologies, schedules, spectral values and edge-list files (concord.core.graphs.topology &
+friends)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.graph import Graph, TopologyError, bfs_distances, distance_stats
-from core.mixing import validate_column_stochastic, validate_mixing
-from core.registry import UnknownNameError
-from core.schedules import TopologySchedule
-from core.topology import (
+from concord.core.graphs.graph import Graph, TopologyError, bfs_distances, distance_stats
+from concord.core.graphs.mixing import validate_column_stochastic, validate_mixing
+from concord.core.graphs.schedules import TopologySchedule
+from concord.core.graphs.topology import (
     TOPOLOGIES,
     TOPOLOGY_NAMES,
     UnknownTopologyError,
@@ -26,6 +26,7 @@ from core.topology import (
     double_binary_trees,
     make_schedule,
 )
+from concord.core.registry import UnknownNameError
 
 # The ALGORITHMS.md §2.3 table is printed to 4 decimals: compare at half a unit of the 4th decimal.
 TABLE_TOL = 5e-5
@@ -54,8 +55,11 @@ def test_names_match_registry() -> None:
 
 
 def test_module_is_torch_free() -> None:
-    # the orchestrator imports core.topology and must never import torch (STYLE.md)
-    code = "import sys, core.topology, core.mixing; sys.exit('torch' in sys.modules)"
+    # the orchestrator imports concord.core.graphs.topology and must never import torch (STYLE.md)
+    code = (
+        "import sys, concord.core.graphs.topology, concord.core.graphs.mixing; "
+        "sys.exit('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -46,7 +46,7 @@ class Peers:
                 [
                     sys.executable,
                     "-m",
-                    "sim.cli",
+                    "concord.lab.cli",
                     "peer",
                     "--config",
                     str(config),

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 
-from core.algorithms import ALGORITHMS
-from core.config import CODEC_NAMES, RunConfig, load_config
-from sim.engine import run as run_vectorized
-from sim.processes import run_processes
-from sim.rundir import load_checkpoint
+from concord.core.algorithms import ALGORITHMS
+from concord.core.config import CODEC_NAMES, RunConfig, load_config
+from concord.runtime.rundir import load_checkpoint
+from concord.sim.engine import run as run_vectorized
+from concord.sim.processes import run_processes
 
 BASE = ["peers=4", "dataset.samples=3000", "epochs=0.5", "eval.every=1", "control.mode=none"]
 

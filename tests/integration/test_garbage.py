@@ -13,12 +13,12 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from core.config import load_config
-from core.models import FlatParams, build_model
-from peer import serde
-from peer.validate import STEP_WINDOW
-from protos import data_plane_pb2 as pb
-from protos import data_plane_pb2_grpc as pb_grpc
+from concord.core.config import load_config
+from concord.core.models import FlatParams, build_model
+from concord.peer import serde
+from concord.peer.validate import STEP_WINDOW
+from concord.protos import data_plane_pb2 as pb
+from concord.protos import data_plane_pb2_grpc as pb_grpc
 from tests.integration.peers import Peers, write_config
 
 CONFIG = """epochs = 500

@@ -19,9 +19,9 @@ import aiomqtt
 import msgpack
 import pytest
 
-from orchestrator.broker import MosquittoBroker, mosquitto_binary
-from protos.control_plane import SCHEMA_VERSION, Topics
-from protos.mqtt import client
+from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
+from concord.protos.control_plane import SCHEMA_VERSION, Topics
+from concord.protos.mqtt import client
 
 BASE = [
     "dataset.samples=3000",
@@ -33,7 +33,7 @@ BASE = [
 
 
 def _launch(out: Path, *sets: str) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "sim.cli", "sim", "--engine", "processes", "--quiet"]
+    args = [sys.executable, "-m", "concord.lab.cli", "sim", "--engine", "processes", "--quiet"]
     args += ["--reference", "none", "--out", str(out)]
     for item in (*BASE, *sets):
         args += ["--set", item]
@@ -223,8 +223,8 @@ def test_an_orchestrator_stuck_after_its_work_is_stopped_and_not_counted_failed(
     """The launcher's answer to an orchestrator that hangs in teardown (amqtt 0.12 once kept one
     waiting for a lost PUBACK): once every peer exited and the orchestrator's summary exists,
     it is stopped — SIGKILL if it ignores SIGTERM — and its exit status is no failure."""
-    from core.config import load_config
-    from sim import processes
+    from concord.core.config import load_config
+    from concord.sim import processes
 
     cfg = load_config(None, ["peers=2"], environ={})
     (tmp_path / "logs").mkdir()
@@ -280,7 +280,7 @@ def test_peers_stop_waiting_for_a_crashed_orchestrator_and_finish(
             log = open(tmp_path / f"{name}.out", "wb")  # noqa: SIM115 - closed below
             logs.append(log)
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "sim.cli", *args, *common],
+                [sys.executable, "-m", "concord.lab.cli", *args, *common],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

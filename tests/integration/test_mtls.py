@@ -11,11 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from core.config import load_config
-from core.models import FlatParams, build_model
-from peer import serde
-from peer.certs import init_ca, issue_peer
-from protos import data_plane_pb2_grpc as pb_grpc
+from concord.core.config import load_config
+from concord.core.models import FlatParams, build_model
+from concord.peer import serde
+from concord.peer.certs import init_ca, issue_peer
+from concord.protos import data_plane_pb2_grpc as pb_grpc
 from tests.integration.peers import Peers, write_config
 
 BASE = """epochs = {epochs}

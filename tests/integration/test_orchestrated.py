@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import torch
 
-from core.config import RunConfig, load_config
-from orchestrator.broker import MosquittoBroker, mosquitto_binary
-from protos.control_plane import TOPICS, Metrics, PayloadError, decode
-from sim.engine import run as run_vectorized
-from sim.processes import run_processes
-from sim.rundir import load_checkpoint
+from concord.core.config import RunConfig, load_config
+from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
+from concord.protos.control_plane import TOPICS, Metrics, PayloadError, decode
+from concord.runtime.rundir import load_checkpoint
+from concord.sim.engine import run as run_vectorized
+from concord.sim.processes import run_processes
 
 SMALL = [
     "peers=4",

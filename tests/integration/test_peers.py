@@ -13,8 +13,8 @@ import psutil
 import pytest
 import torch
 
-from core.config import load_config
-from sim.engine import Trainer
+from concord.core.config import load_config
+from concord.sim.engine import Trainer
 from tests.integration.peers import Peers, write_config
 
 TINY = """

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
-from protos.control_plane import (
+from concord.orchestrator.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
+from concord.protos.control_plane import (
     TOPICS,
     Schedule,
     Stats,
@@ -28,7 +28,7 @@ from protos.control_plane import (
     decode,
     encode,
 )
-from protos.mqtt import client
+from concord.protos.mqtt import client
 
 T = 10.0  # seconds: generous per-await bound on a loaded 2-core machine
 
@@ -115,8 +115,8 @@ def test_qos1_stats_round_trip_is_fast_with_nodelay(kind: str) -> None:
 _WILL_CLIENT = """
 import asyncio, sys
 import aiomqtt
-from protos.mqtt import client
-from protos.control_plane import Status, encode
+from concord.protos.mqtt import client
+from concord.protos.control_plane import Status, encode
 async def main():
     topic = sys.argv[2]
     will = aiomqtt.Will(topic, encode(Status(peer=7, state="offline")), qos=1, retain=True)

@@ -1,15 +1,16 @@
-"""`orchestrator.graphs.GraphBook`: the orchestrator's ada-feedback bookkeeping — steps complete
-when every expected peer reported (or on a timeout), feed the graph controller in step order,
+"""`concord.orchestrator.graphs.GraphBook`: the orchestrator's ada-feedback bookkeeping — steps
+complete when every expected peer reported (or on a timeout), feed the graph controller in step
+order,
 and every decision point yields a decision (the same numbers as the controller fed directly)."""
 
 from __future__ import annotations
 
 import math
 
-from core.adagraph import FeedbackConfig, GraphFeedback
-from core.plan import LRSchedule, PhasePlan, build_plan
-from orchestrator.graphs import GraphBook
-from protos.control_plane import Stats
+from concord.core.control.plan import LRSchedule, PhasePlan, build_plan
+from concord.core.graphs.adagraph import FeedbackConfig, GraphFeedback
+from concord.orchestrator.graphs import GraphBook
+from concord.protos.control_plane import Stats
 
 PEERS = {0, 1, 2, 3}
 

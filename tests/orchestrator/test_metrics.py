@@ -1,4 +1,5 @@
-"""Run-level metrics from the peers' `Metrics` messages (`orchestrator.metrics`), sans-io."""
+"""Run-level metrics from the peers' `Metrics` messages (`concord.orchestrator.metrics`),
+sans-io."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.metrics import MetricsTable, eval_record, step_record
+from concord.orchestrator.metrics import MetricsTable, eval_record, step_record
 
 PEERS = {0, 1, 2}
 

@@ -1,7 +1,9 @@
-"""The orchestrator's decision logic (`orchestrator.rounds`), sans-io: statistics in, decisions out.
+"""The orchestrator's decision logic (`concord.orchestrator.rounds`), sans-io: statistics in,
+decisions out.
 
 Every decision of a `RoundBook` is checked against a `ConsensusController` fed directly with the
-same Θ (`core.consensus.theta`) and mean gradient norm: the book must add nothing but the
+same Θ (`concord.core.control.consensus.theta`) and mean gradient norm: the book must add nothing
+but the
 bookkeeping (who reported, timeouts, duplicates, lost rounds)."""
 
 from __future__ import annotations
@@ -11,13 +13,18 @@ from collections.abc import Iterable
 
 import pytest
 
-from core.config import RunConfig, load_config
-from core.consensus import theta
-from core.control import Calibration, CalibrationRecorder, ConsensusController, lagged_rounds
-from core.plan import LRSchedule, PhasePlan, build_plan
-from core.runplan import control_config, make_lr_schedule, make_plan
-from orchestrator.rounds import RoundBook, RoundRecord, estimator, mean
-from protos.control_plane import Decision, Stats
+from concord.core.config import RunConfig, load_config
+from concord.core.control.consensus import theta
+from concord.core.control.controller import (
+    Calibration,
+    CalibrationRecorder,
+    ConsensusController,
+    lagged_rounds,
+)
+from concord.core.control.plan import LRSchedule, PhasePlan, build_plan
+from concord.core.control.runplan import control_config, make_lr_schedule, make_plan
+from concord.orchestrator.rounds import RoundBook, RoundRecord, estimator, mean
+from concord.protos.control_plane import Decision, Stats
 
 PEERS = {0, 1, 2}
 STEPS_PER_EPOCH = 10  # with epochs=2: 20 steps, phases [0, 10) [10, 15) [15, 20)

@@ -1,10 +1,11 @@
-"""`peer.bench_support.grpc_exchange`: two spawned peer transports time one-tensor exchanges."""
+"""`concord.peer.bench_support.grpc_exchange`: two spawned peer transports time one-tensor
+exchanges."""
 
 from __future__ import annotations
 
 import pytest
 
-from peer.bench_support import grpc_exchange
+from concord.peer.bench_support import grpc_exchange
 
 
 def test_grpc_exchange_times_each_repeat() -> None:

@@ -19,14 +19,14 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from peer.certs import (
+from concord.peer.certs import (
     CertError,
     check_key_pair,
     init_ca,
     issue_peer,
     verify_chain,
 )
-from peer.tls import (
+from concord.peer.tls import (
     expand,
     load_channel_credentials,
     load_credentials,

@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from core.comm import MixOutcome
-from peer.comm import PeerComm
-from peer.mailbox import Arrival
-from peer.serde import PartSpec
+from concord.core.comm import MixOutcome
+from concord.peer.comm import PeerComm
+from concord.peer.mailbox import Arrival
+from concord.peer.serde import PartSpec
 
 D = 5
 
 
 class FakeTransport:
-    """Stands in for `peer.transport.Transport`: neighbours in ``values`` answer, others not."""
+    """Stands in for `concord.peer.transport.Transport`: neighbours in ``values`` answer, others
+    not."""
 
     deadline = 1.0
 

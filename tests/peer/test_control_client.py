@@ -1,5 +1,5 @@
-"""A peer's control-plane bookkeeping (`peer.control.ControlClient`) without a broker, and the
-parent-death hygiene of `core.lifecycle`.
+"""A peer's control-plane bookkeeping (`concord.peer.control.ControlClient`) without a broker, and
+the parent-death hygiene of `concord.runtime.lifecycle`.
 
 The client is built inside a running loop but never entered (no connection); messages are fed to
 its handler `_on_message` directly, as the `Bus` would after validating them. ``bus.connected``
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from core.lifecycle import die_with_parent
-from peer.control import ControlClient
-from protos.control_plane import Decision, Plan, RunControl, Schedule
+from concord.peer.control import ControlClient
+from concord.protos.control_plane import Decision, Plan, RunControl, Schedule
+from concord.runtime.lifecycle import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 5.0  # seconds: upper bound on any await that must not block (loaded 2-core machine)
@@ -145,7 +145,7 @@ def test_an_offline_orchestrator_ends_every_wait_at_once_and_online_restores_the
     """Its Last-Will ("offline") arrives while peers wait for a decision: they get None now,
     not after the decision timeout; further asks return at once; once it is online again,
     peers wait for decisions as before."""
-    from protos.control_plane import Presence
+    from concord.protos.control_plane import Presence
 
     async def body(c: ControlClient) -> None:
         c.bus.connected.set()
@@ -251,7 +251,8 @@ def test_wait_for_sees_a_plan_arriving() -> None:
     run(body)
 
 
-# -- core.lifecycle.die_with_parent -------------------------------------------------------------
+# -- concord.runtime.lifecycle.die_with_parent
+# -------------------------------------------------------------
 
 
 def test_die_with_parent_does_nothing_without_the_variable() -> None:
@@ -277,7 +278,7 @@ def test_die_with_parent_arms_with_the_real_parent_pid() -> None:
     out = _child(
         """
         import os
-        from core.lifecycle import die_with_parent
+        from concord.runtime.lifecycle import die_with_parent
         print(die_with_parent({}))
         print(die_with_parent({"CONCORD_PARENT_PID": str(os.getppid())}))
         """
@@ -292,7 +293,7 @@ def test_die_with_parent_exits_when_the_parent_is_already_gone() -> None:
     out = _child(
         """
         import os
-        from core.lifecycle import die_with_parent
+        from concord.runtime.lifecycle import die_with_parent
         die_with_parent({"CONCORD_PARENT_PID": str(os.getppid() + 1)})
         print("still alive")
         """
@@ -318,7 +319,7 @@ def test_a_child_dies_with_its_sigkilled_parent() -> None:
         child = subprocess.Popen(
             [sys.executable, "-c",
              "import os, sys, time\\n"
-             "from core.lifecycle import die_with_parent\\n"
+             "from concord.runtime.lifecycle import die_with_parent\\n"
              "ok = die_with_parent()\\n"
              "print(os.getpid(), ok, flush=True)\\n"
              "time.sleep(60)\\n"],
@@ -372,9 +373,9 @@ def test_lagged_control_plans_from_step_minus_lag_and_its_stats_ride_on_the_metr
 
     import torch
 
-    from core.plan import Phase
-    from peer.control import OrchestratedControl
-    from protos.control_plane import Message, Metrics, Stats
+    from concord.core.control.plan import Phase
+    from concord.peer.control import OrchestratedControl
+    from concord.protos.control_plane import Message, Metrics, Stats
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -466,8 +467,8 @@ def test_a_lagged_plan_is_awaited_only_after_the_steps_first_round() -> None:
 
     import torch
 
-    from core.plan import Phase
-    from peer.control import OrchestratedControl
+    from concord.core.control.plan import Phase
+    from concord.peer.control import OrchestratedControl
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

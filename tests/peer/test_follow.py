@@ -1,5 +1,5 @@
-"""`peer.follow.Membership`: which schedule, members and graph are in force at a step — adaptive
-graphs (ada-feedback) taken from the orchestrator's published schedule, the wait for a
+"""`concord.peer.follow.Membership`: which schedule, members and graph are in force at a step —
+adaptive graphs (ada-feedback) taken from the orchestrator's published schedule, the wait for a
 decision's schedule at its effective step, and the neighbour check of incoming frames."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from core.adagraph import feedback_config
-from core.config import RunConfig, load_config
-from core.runplan import Schedules, make_lr_schedule, make_plan
-from peer.follow import Membership, phase_topologies
-from peer.serde import TENSOR_ALLREDUCE
-from protos.control_plane import Schedule
+from concord.core.config import RunConfig, load_config
+from concord.core.control.runplan import Schedules, make_lr_schedule, make_plan
+from concord.core.graphs.adagraph import feedback_config
+from concord.peer.follow import Membership, phase_topologies
+from concord.peer.serde import TENSOR_ALLREDUCE
+from concord.protos.control_plane import Schedule
 
 N = 8  # ring: 0's neighbours are {1, 7}; exponential:3 adds {2, 4, 6}
 TENSOR = 0

@@ -6,8 +6,8 @@ import asyncio
 
 import torch
 
-from peer.mailbox import Arrival, Mailbox, Rejection
-from peer.serde import PartSpec
+from concord.peer.mailbox import Arrival, Mailbox, Rejection
+from concord.peer.serde import PartSpec
 
 
 def _arrival(sender: int, step: int, round: int) -> Arrival:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peer import serde
-from protos import data_plane_pb2 as pb
+from concord.peer import serde
+from concord.protos import data_plane_pb2 as pb
 
 
 def _roundtrip(parts: dict[str, torch.Tensor], chunk_bytes: int) -> dict[str, torch.Tensor]:

@@ -12,10 +12,10 @@ import pytest
 import structlog
 import torch
 
-from core.comm import MixOutcome
-from peer import serde
-from peer.mailbox import Arrival
-from peer.transport import Fanout, Transport, Wire
+from concord.core.comm import MixOutcome
+from concord.peer import serde
+from concord.peer.mailbox import Arrival
+from concord.peer.transport import Fanout, Transport, Wire
 
 DIM = 300_000  # 1.2 MB of float32: two chunks of ≤ 1 MiB
 

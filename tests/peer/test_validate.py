@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.compress import Encoded, codec_key, make_codec
-from peer.serde import (
+from concord.core.compress import Encoded, codec_key, make_codec
+from concord.peer.serde import (
     PROTOCOL_VERSION,
     FrameInfo,
     Hello,
@@ -18,7 +18,7 @@ from peer.serde import (
     frames,
     tensors_from_payload,
 )
-from peer.validate import (
+from concord.peer.validate import (
     FiniteScan,
     ReceiverView,
     RejectedError,

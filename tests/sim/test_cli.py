@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from sim.cli import main
+from concord.lab.cli import main
 
 
 def test_topology_json() -> None:

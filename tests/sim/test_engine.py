@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.config import load_config
-from sim.engine import run
+from concord.core.config import load_config
+from concord.sim.engine import run
 
 torch.set_num_threads(1)
 
@@ -75,7 +75,7 @@ def test_run_writes_everything(tmp_path: Path) -> None:
         (i, (i + s) % 4) for i in range(4) for s in (1, 3)
     }  # the ring, both ways
     assert sum(e["bytes_wire"] for e in edges) == summary["bytes_sent_total"]
-    from sim.rundir import load_checkpoint
+    from concord.runtime.rundir import load_checkpoint
 
     state = load_checkpoint(d / "checkpoint.pt")
     assert state["params"].shape[0] == 4

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.config import load_config
-from sim.engine import Trainer
+from concord.core.config import load_config
+from concord.sim.engine import Trainer
 
 GOLDEN = Path(__file__).parent / "golden" / "dsgd_ring_adaptive.json"
 OVERRIDES = [

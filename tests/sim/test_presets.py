@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from core.config import apply_overrides, load_config
-from sim.cli import main
-from sim.preset_defs import PRESETS
-from sim.presets import PresetGrid, get_preset, preset_main, select
+from concord.core.config import apply_overrides, load_config
+from concord.lab.cli import main
+from concord.lab.presets import PresetGrid, get_preset, preset_main, select
+from concord.lab.presets.catalog import PRESETS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -15,8 +15,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from sim.plots import MAX_POINTS, _decimate, write_plots
-from sim.report import (
+from concord.lab.report import (
     CellStats,
     compare_table,
     factor_label,
@@ -27,6 +26,7 @@ from sim.report import (
     read_metrics,
     run_title,
 )
+from concord.runtime.plots import MAX_POINTS, _decimate, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOT_NAMES = ["accuracy.png", "consensus.png", "rounds.png", "bytes.png"]
@@ -112,7 +112,7 @@ def test_plots_leave_pyplot_alone(tmp_path: Path) -> None:
     # In a fresh interpreter: drawing must not import pyplot (its global state belongs to users).
     _fabricate_run(tmp_path, steps=200)
     code = (
-        "import sys; from sim.plots import write_plots; "
+        "import sys; from concord.runtime.plots import write_plots; "
         f"write_plots({str(tmp_path)!r}); print('matplotlib.pyplot' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from core.config import apply_overrides, load_config
-from sim.sweep import Sweep, parse_factor, sweep_main
+from concord.core.config import apply_overrides, load_config
+from concord.lab.sweep import Sweep, parse_factor, sweep_main
 
 BASE_ACC = {"dec-phase-1": 0.90, "dec-phase-2": 0.93}
 

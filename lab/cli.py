@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import click
 
-from core.config import ConfigError, RunConfig
+from concord.core.config import ConfigError, RunConfig
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -55,7 +55,7 @@ def topology(
     name: str, peers: int, weights: str | None, kappa: float, seed: int, as_json: bool
 ) -> None:
     """Describe a topology: degree, spectral gap 1 − max(|λ₂|, |λₙ|) and p = 1 − λ²."""
-    from core.topology import describe
+    from concord.core.graphs.topology import describe
 
     try:
         info = describe(name, peers, weights=weights, kappa=kappa, seed=seed)
@@ -118,7 +118,7 @@ def sim(
     The default engine, processes, runs the real system: an orchestrator (with an embedded MQTT
     broker unless --broker is given) and n peer processes exchanging tensors over gRPC on
     loopback. The vectorized engine trains all n replicas batched in this process."""
-    from core.config import apply_overrides, load_config
+    from concord.core.config import apply_overrides, load_config
 
     items = list(overrides)
     if engine is not None:
@@ -129,15 +129,15 @@ def sim(
         _fail(str(exc))
     from rich.console import Console
 
-    from sim.report import compare_table, final_table
-    from sim.rundir import default_run_dir
+    from concord.lab.report import compare_table, final_table
+    from concord.runtime.rundir import default_run_dir
 
     def run(c: RunConfig, d: Path) -> dict[str, Any]:
         if c.engine == "processes":
-            from sim.processes import run_processes
+            from concord.sim.processes import run_processes
 
             return run_processes(c, d, progress=not quiet, broker=broker)
-        from sim.engine import run as run_vectorized
+        from concord.sim.engine import run as run_vectorized
 
         return run_vectorized(c, d, progress=not quiet)
 
@@ -239,8 +239,8 @@ def sweep(
 
     With --preset NAME: run a named grid of algorithm setups × data settings × seeds and write
     report.md, table.csv and PNG plots into --out."""
-    from core.config import load_config
-    from sim.sweep import sweep_main
+    from concord.core.config import load_config
+    from concord.lab.sweep import sweep_main
 
     if list_presets or preset is not None:
         _sweep_preset(
@@ -297,7 +297,7 @@ def _sweep_preset(
     flags: tuple[bool, bool, bool],
     subset: tuple[list[str] | None, list[str] | None],
 ) -> None:
-    from sim.presets import list_presets, preset_main
+    from concord.lab.presets import list_presets, preset_main
 
     tune, report_only, resume = flags
     if list_only or name is None:
@@ -376,8 +376,8 @@ def peer(
     out: Path | None,
 ) -> None:
     """Run one peer: its replica, a gRPC server, and links to its graph neighbours."""
-    from core.config import load_config
-    from peer.app import CertError, PeerConfigError, run_peer
+    from concord.core.config import load_config
+    from concord.peer.app import CertError, PeerConfigError, run_peer
 
     items = list(overrides)
     if broker is not None:
@@ -427,9 +427,9 @@ def orchestrator(
     out: Path | None,
 ) -> None:
     """Coordinate the peers of a run over MQTT: schedules, plan, consensus control, liveness."""
-    from core.config import load_config
-    from orchestrator.app import OrchestratorError, run_orchestrator
-    from protos.control_plane import Topics
+    from concord.core.config import load_config
+    from concord.orchestrator.app import OrchestratorError, run_orchestrator
+    from concord.protos.control_plane import Topics
 
     items = list(overrides)
     if broker is not None:
@@ -463,7 +463,7 @@ def certs() -> None:
 @click.option("--force", is_flag=True, help="replace an existing CA")
 def certs_init(directory: Path, run_id: str, days: int, force: bool) -> None:
     """Create the run CA (ca.key 0600, ca.crt)."""
-    from peer.certs import CertError, init_ca
+    from concord.peer.certs import CertError, init_ca
 
     try:
         files = init_ca(directory, run_id=run_id, days=days, overwrite=force)
@@ -490,7 +490,7 @@ def certs_init(directory: Path, run_id: str, days: int, force: bool) -> None:
 @click.option("--days", type=click.IntRange(min=1), default=365, show_default=True)
 def certs_issue(peer_id: int, directory: Path, hosts: Sequence[str], days: int) -> None:
     """Issue peer-<id>.key (0600) and peer-<id>.crt signed by the run CA."""
-    from peer.certs import CertError, issue_peer
+    from concord.peer.certs import CertError, issue_peer
 
     try:
         files = issue_peer(

@@ -15,14 +15,15 @@ two interpretations, labelled as such everywhere (config names, docs, run metric
   (`default_graphs`) is ``exponential:⌈log2 n⌉`` in phase 1, K halved (rounded up) in each middle
   phase, and ``ring`` in the last phase.
 * ``ada-feedback`` — interpretation (b), *feedback* on the measured replica variance: the graph
-  is the k-peer exponential graph ``exponential:K`` (`core.topology`; K = 1 the ring, ⌈log2 n⌉
-  the full exponential graph) and `GraphFeedback` moves K from the consensus estimator Θ.
+  is the k-peer exponential graph ``exponential:K`` (`concord.core.graphs.topology`; K = 1 the ring,
+  ⌈log2 n⌉ the full exponential graph) and `GraphFeedback` moves K from the consensus estimator Θ.
 
 The feedback rule (`GraphFeedback`), per step t with Θ_t = sqrt(mean_i θ_i) of the step's last
-gossip round (Kong et al. 2021's estimator, `core.consensus.theta`) and φ_t = mean_i ‖g_i‖:
+gossip round (Kong et al. 2021's estimator, `concord.core.control.consensus.theta`) and φ_t = mean_i
+‖g_i‖:
 
 1. φ̂ ← EMA_ema(φ_t), reset at the first step of each phase (exactly like
-   `core.control.AdaptiveTarget`); target = factor · φ̂.
+   `concord.core.control.controller.AdaptiveTarget`); target = factor · φ̂.
 2. At every decision point s ((s + 1) mod every = 0), with Θ̄ the mean of the Θ_t of the window
    (the steps since the previous decision point): Θ̄ > target → K + 1 (denser);
    Θ̄ < hysteresis · target → K − 1 (sparser); otherwise K stays; clamped to [1, ⌈log2 n⌉].
@@ -54,8 +55,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from core.graph import TopologyError
-from core.topology import (
+from concord.core.graphs.graph import TopologyError
+from concord.core.graphs.topology import (
     DIRECTED_TOPOLOGIES,
     FILE_PREFIX,
     TOPOLOGY_NAMES,

@@ -2,8 +2,9 @@
 
 A `Graph` is the *support* of a gossip round: node ids are 0…n−1 and ``edges`` lists each
 undirected link once as ``(i, j)`` with ``i < j``, sorted, without duplicates or self-loops.
-Mixing weights live in `core.mixing`; named topologies and time-varying schedules in
-`core.topology` / `core.schedules`. Traversals (BFS distances, diameter, spanning trees) are
+Mixing weights live in `concord.core.graphs.mixing`; named topologies and time-varying schedules in
+`concord.core.graphs.topology` / `concord.core.graphs.schedules`. Traversals (BFS distances,
+diameter, spanning trees) are
 plain O(n·(n + |E|)) Python, fine for the few hundred nodes Concord simulates.
 """
 
@@ -17,7 +18,7 @@ from functools import cached_property
 
 import numpy as np
 
-from core.registry import UnknownNameError
+from concord.core.registry import UnknownNameError
 
 
 class TopologyError(ValueError):

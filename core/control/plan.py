@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Literal, TypeGuard, get_args
 
-from core.control import CONTROL_MODES
-
 __all__ = [
+    "CONTROL_MODES",
     "MODE_PRESETS",
     "PHASE_MODES",
     "LRSchedule",
@@ -33,6 +32,8 @@ __all__ = [
     "build_plan",
 ]
 
+ControlMode = Literal["none", "constant", "adaptive"]
+CONTROL_MODES: tuple[str, ...] = get_args(ControlMode)
 PhaseMode = Literal["exact", "gossip"]
 PHASE_MODES: tuple[str, ...] = get_args(PhaseMode)
 MODE_PRESETS: tuple[str, ...] = ("gossip", "exact", "dec-phase-K")
@@ -360,7 +361,8 @@ def build_plan(
             phases.
         controlled_phases: 1-based indices of gossip phases run with consensus control. Empty
             with ``control_mode`` ≠ "none" means every gossip phase is controlled.
-        control_mode: "none", "constant" or "adaptive" (see `core.control`); "none" with a
+        control_mode: "none", "constant" or "adaptive" (see `concord.core.control.controller`);
+        "none" with a
             non-empty ``controlled_phases`` is an error.
     """
     bounds = schedule.phase_bounds()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.graph import Graph, TopologyError, describe_components
+from concord.core.graphs.graph import Graph, TopologyError, describe_components
 
 _SUM_ATOL = 1e-12  # float slack when checking that a node's listed weights sum to at most 1
 

@@ -26,7 +26,8 @@ import structlog
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from core.config import RunConfig, to_toml
+from concord.core.config import RunConfig, to_toml
+from concord.version import concord_version
 
 _FLUSH_EVERY = 200  # metrics lines buffered between writes
 
@@ -93,11 +94,9 @@ class RunWriter:
         return path
 
     def write_manifest(self, **fields: Any) -> None:
-        import core
-
         manifest = {
             "created": dt.datetime.now(dt.UTC).isoformat(),
-            "concord": getattr(core, "__version__", "0.1.0"),
+            "concord": concord_version(),
             "git_commit": git_commit(),
             "python": sys.version.split()[0],
             "torch": torch.__version__,
@@ -140,13 +139,14 @@ class RunWriter:
         return _Bar(total, enabled=enabled)
 
     def finish(self, summary: dict[str, Any], *, plots: bool = True) -> None:
-        """Write summary.json and (``plots``) the run's PNGs (`sim.plots.write_plots`)."""
+        """Write summary.json and (``plots``) the run's PNGs
+        (`concord.runtime.plots.write_plots`)."""
         self.flush()
         self._metrics.close()
         self.write_json("summary.json", summary)
         if plots:
             try:
-                from sim.plots import write_plots
+                from concord.runtime.plots import write_plots
 
                 files = write_plots(self.dir)
                 self.log.info("run.plots", files=[p.name for p in files])

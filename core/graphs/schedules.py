@@ -5,12 +5,12 @@ A `TopologySchedule` maps a global gossip-round index k ≥ 0 to a `Graph` and a
 built). A static topology is a schedule with ``period == 1``; periodic time-varying schedules
 (one-peer exponential, bipartite exponential) have ``period == T`` and W_k = W_{k mod T};
 random schedules (random matching) have ``period is None`` and W_k is a pure function of
-(seed, k). Build schedules with `core.topology.make_schedule`.
+(seed, k). Build schedules with `concord.core.graphs.topology.make_schedule`.
 
 A *directed* schedule (``directed=True``, push-sum / SGP) has column-stochastic matrices instead
-(`core.mixing.validate_column_stochastic`; W_k[i, j] > 0 for an arc j → i), its graphs are the
-undirected supports of the arcs, and connectivity means *strong* connectivity of the arcs over
-one period. Only push-sum algorithms may use one (`core.config` enforces it).
+(`concord.core.graphs.mixing.validate_column_stochastic`; W_k[i, j] > 0 for an arc j → i), its
+graphs are the undirected supports of the arcs, and connectivity means *strong* connectivity of the
+arcs over one period. Only push-sum algorithms may use one (`concord.core.config` enforces it).
 
 Spectral summary (`Spectral`, ALGORITHMS.md §1 and §2.3):
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.graph import Graph, TopologyError, describe_components
-from core.mixing import (
+from concord.core.graphs.graph import Graph, TopologyError, describe_components
+from concord.core.graphs.mixing import (
     consensus_contraction,
     lazy,
     spectral_values,

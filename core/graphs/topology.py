@@ -15,7 +15,8 @@ Node ids are 0…n−1, n ≥ 2. Definitions (ALGORITHMS.md §2.2):
 * ``exponential:K`` the k-peer undirected exponential graph: hops 1, 2, 4, …, 2^(K−1) in both
   directions, 1 ≤ K ≤ ⌈log2 n⌉ (= ⌊log2(n−1)⌋ + 1). K = 1 is the ring, K = ⌈log2 n⌉ the full
   ``exponential``; the family is nested (each K's edges contain K − 1's), so its spectral gap
-  grows with K. The graph family the Ada interpretations move along (`core.adagraph`).
+  grows with K. The graph family the Ada interpretations move along
+  (`concord.core.graphs.adagraph`).
 * ``exponential-one-peer`` time-varying, period T = ⌊log2(n−1)⌋ + 1. For n = 2^τ round k pairs
   i with i XOR 2^(k mod τ) (hypercube dimension exchange: the symmetric one-peer exponential
   graph, each node talks to the node 2^k away), pairwise weights ½/½. The τ factors commute and
@@ -26,10 +27,10 @@ Node ids are 0…n−1, n ≥ 2. Definitions (ALGORITHMS.md §2.2):
 * ``exponential-one-peer-directed`` time-varying and *directed* (SGP, Assran et al. 2019; quasi-
   global-momentum ``DirectedTimeVaryingOnePeerGraph``), period T = ⌊log2(n−1)⌋ + 1: in round k
   node i pushes to i + 2^(k mod T) mod n, keeping ½ and sending ½ (column-stochastic
-  `core.mixing.push_weights`). The shift is a bijection for every n, so every node also receives
-  exactly one message and W_k is doubly stochastic (push-sum weights stay 1) — for n a power of 2
-  the T factors multiply to 11ᵀ/n exactly. Only push-sum algorithms (``sgp``) may use it: W_k is
-  not symmetric.
+  `concord.core.graphs.mixing.push_weights`). The shift is a bijection for every n, so every node
+  also receives exactly one message and W_k is doubly stochastic (push-sum weights stay 1) — for n a
+  power of 2 the T factors multiply to 11ᵀ/n exactly. Only push-sum algorithms (``sgp``) may use it:
+  W_k is not symmetric.
 * ``bipartite-exponential`` time-varying, n even, period max(1, ⌊log2(n−1)⌋): round k uses hop
   h = 2^(k mod T + 1) − 1 (odd) and pairs each odd i with i + h mod n — a perfect matching,
   pairwise weights (``TimeVaryingBipartiteExponentialOnePeerGraph``). n = 4 is refused
@@ -40,7 +41,7 @@ Node ids are 0…n−1, n ≥ 2. Definitions (ALGORITHMS.md §2.2):
   ½ for odd n.
 * ``binary-tree`` node w > 0 has parent ⌊w/2⌋ (node 0 is attached only to node 1);
   ``double-binary-tree`` that tree ∪ its mirror w ↦ n−1−w (relaysgd "double-binary-trees").
-* ``file:PATH`` an edge-list file (`core.edgelist`).
+* ``file:PATH`` an edge-list file (`concord.core.graphs.edgelist`).
 
 Default weights: ``metropolis`` for static graphs (1/3 on the ring, 1/n on complete),
 ``pairwise`` for matchings (one-peer with n a power of 2, bipartite, random matching),
@@ -56,8 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from core.edgelist import read_edge_list
-from core.graph import (
+from concord.core.graphs.edgelist import read_edge_list
+from concord.core.graphs.graph import (
     Graph,
     TopologyError,
     UnknownTopologyError,
@@ -75,14 +76,20 @@ from core.graph import (
     star_graph,
     torus_graph,
 )
-from core.mixing import WEIGHT_RULES, check_kappa, push_weights, validate_mixing, weights_for
-from core.registry import Registry
-from core.schedules import (
+from concord.core.graphs.mixing import (
+    WEIGHT_RULES,
+    check_kappa,
+    push_weights,
+    validate_mixing,
+    weights_for,
+)
+from concord.core.graphs.schedules import (
     RoundBuilder,
     Spectral,
     TopologySchedule,
     check_connected_over_period,
 )
+from concord.core.registry import Registry
 
 __all__ = [
     "DIRECTED_TOPOLOGIES",

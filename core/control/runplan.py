@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from core.config import RunConfig
-from core.control import ControlConfig
-from core.plan import LRSchedule, Phase, PhasePlan, build_plan
-from core.schedules import Spectral
-from core.topology import (
+from concord.core.config import RunConfig
+from concord.core.control.controller import ControlConfig
+from concord.core.control.plan import LRSchedule, Phase, PhasePlan, build_plan
+from concord.core.graphs.schedules import Spectral
+from concord.core.graphs.topology import (
     TopologySchedule,
     exponential_k,
     exponential_name,
@@ -108,7 +108,8 @@ class Schedules:
 
     ``members`` (default: every peer) is the set the orchestrator's schedule lists; a repaired
     schedule after a peer left is applied with `set_members`. Per-phase topology *overrides*
-    (`set_topologies`: the adaptive graphs of `core.adagraph`, which a peer takes from the
+    (`set_topologies`: the adaptive graphs of `concord.core.graphs.adagraph`, which a peer takes
+    from the
     orchestrator's published schedule) replace the plan's topology of those phases."""
 
     def __init__(self, cfg: RunConfig, members: Sequence[int] | None = None) -> None:

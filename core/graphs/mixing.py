@@ -35,8 +35,8 @@ from typing import Protocol
 
 import numpy as np
 
-from core.graph import Graph, TopologyError, UnknownTopologyError
-from core.registry import Registry
+from concord.core.graphs.graph import Graph, TopologyError, UnknownTopologyError
+from concord.core.registry import Registry
 
 
 class WeightRule(Protocol):

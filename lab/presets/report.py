@@ -1,4 +1,4 @@
-"""The report of a preset sweep (`sim.presets`): ``report.md`` and PNG plots in the sweep's
+"""The report of a preset sweep (`concord.lab.presets`): ``report.md`` and PNG plots in the sweep's
 output directory, next to its ``table.csv``.
 
 - ``report.md``: title, setup, the exact command, the rows (algorithm, topology, hyperparameters,
@@ -13,79 +13,25 @@ output directory, next to its ``table.csv``.
   step, one line per row, mean over seeds;
 - ``lr.png`` (tuning only): the metric against the lr, a panel per column, a line per row.
 
-The plots are drawn by `sim.preset_plots`.
+The plots are drawn by `concord.lab.presets.plots`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.preset_plots import plot_curves, plot_lr, plot_metric, tuned_columns
-from sim.presets import Preset, PresetGrid, Setup
-from sim.report import CellStats, format_duration, markdown_grid, read_metrics
-from sim.sweep import METRICS
+from concord.lab.presets.cells import Cells, cell_value
+from concord.lab.presets.plots import plot_curves, plot_lr, plot_metric, tuned_columns
+from concord.lab.presets.spec import Preset, PresetGrid, Setup
+from concord.lab.report import format_duration, markdown_grid
+from concord.lab.sweep import METRICS
 
 _DPI = 110
-
-
-def _value(row: Mapping[str, Any], key: str) -> float | None:
-    value = row.get(key)
-    if row.get("status") != "ok" or value in (None, ""):
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def final_train_loss(run_dir: str | Path) -> float | None:
-    """Mean of the step records' ``loss`` over the last 10 % of the steps (None if none)."""
-    try:
-        records = read_metrics(run_dir)
-    except (FileNotFoundError, ValueError):
-        return None
-    losses = [r["loss"] for r in records if r.get("kind") == "step" and _finite(r.get("loss"))]
-    if not losses:
-        return None
-    tail = losses[-max(1, len(losses) // 10) :]
-    return statistics.fmean(tail)
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-class Cells:
-    """Table rows grouped by (row key, column key, lr) with per-seed values."""
-
-    def __init__(self, grid: PresetGrid, rows: Sequence[Mapping[str, Any]]) -> None:
-        by_name = {r["name"]: dict(r) for r in rows}
-        self.grid = grid
-        self.rows: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
-        for run in grid.runs():
-            row_key, col_key, lr = grid.cell_of[run.name]
-            record = by_name.get(run.name, {"status": "pending"})
-            record.setdefault("train_loss", None)
-            if record.get("status") == "ok" and record.get("train_loss") is None:
-                record["train_loss"] = final_train_loss(record.get("run_dir", ""))
-            self.rows.setdefault((row_key, col_key, lr), []).append(record)
-
-    def stats(self, row: str, col: str, key: str, lr: float | None = None) -> CellStats:
-        lr = self.lr(row, col) if lr is None else lr
-        cell = self.rows.get((row, col, lr), [])
-        values = tuple(v for r in cell if (v := _value(r, key)) is not None)
-        return CellStats(values, len(cell), sum(r.get("status") != "ok" for r in cell))
-
-    def lr(self, row: str, col: str) -> float:
-        """The row's lr in the column (NaN where the row does not run)."""
-        return float(self.grid.preset.row(row).lrs.get(col, math.nan))
 
 
 def _table(
@@ -306,7 +252,7 @@ def write_report(
 
 
 def _mean_wall(rows: Sequence[Mapping[str, Any]]) -> str:
-    walls = [w for r in rows if (w := _value(r, "wall_seconds")) is not None]
+    walls = [w for r in rows if (w := cell_value(r, "wall_seconds")) is not None]
     return format_duration(statistics.fmean(walls)) if walls else "—"
 
 

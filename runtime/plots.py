@@ -32,7 +32,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from sim.report import read_metrics, run_title
+from concord.runtime.records import read_metrics, run_title
 
 MAX_POINTS = 4000
 """Upper bound (≥ 4) on plotted points per line segment; longer series are min/max decimated."""

@@ -1,4 +1,4 @@
-"""The presets of ``concord sweep --preset`` (see `sim.presets` for what a preset is).
+"""The presets of ``concord sweep --preset`` (see `concord.lab.presets` for what a preset is).
 
 Sizes are chosen so that a full report (3 seeds, ``--jobs 1``) takes about a quarter of an hour on
 a 2-core CPU with the vectorized engine. The lrs of the rows are the ``--tune`` choices (best lr
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sim.presets import Preset, Relation, Setting, Setup
+from concord.lab.presets.spec import Preset, Relation, Setting, Setup
 
 # ---------------------------------------------------------------------------------------------
 # RelaySGD vs gossip under Dirichlet heterogeneity (Vogels et al. 2021, Table 2; ALGORITHMS §5.8)
@@ -295,3 +295,15 @@ DETAG_UNSHUFFLED = Preset(
 
 PRESETS: Mapping[str, Preset] = {p.name: p for p in (RELAYSGD_DIRICHLET, DETAG_UNSHUFFLED)}
 """Every preset by name."""
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; ValueError naming the valid ones otherwise."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def list_presets() -> list[tuple[str, str]]:
+    """(name, title) of every preset."""
+    return [(p.name, p.title) for p in PRESETS.values()]

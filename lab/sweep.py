@@ -29,7 +29,8 @@ Output layout: ``out_dir/runs/<name>/`` (one run directory each), ``out_dir/cali
 ``out_dir/sweep.json`` (the grid), ``out_dir/table.csv``, ``out_dir/table.md``.
 
 :func:`run_sweep` executes any :class:`Grid`: besides :class:`Sweep`, the presets of
-`sim.presets` (rows = algorithm setups × columns = data settings × seeds, with their own report).
+`concord.lab.presets` (rows = algorithm setups × columns = data settings × seeds, with their own
+report).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
-from sim.report import grid_layout, markdown_grid, rich_grid
+from concord.lab.report import grid_layout, markdown_grid, rich_grid
 
 METRICS: Mapping[str, tuple[str, str]] = {
     "avg": ("accuracy_avg_model", "averaged model"),
@@ -96,7 +97,8 @@ CSV_COLUMNS = (
 
 
 class RunFn(Protocol):
-    """The engine's ``run`` (``sim.engine.run``); must be a module-level function (pickled)."""
+    """The engine's ``run`` (``concord.sim.engine.run``); must be a module-level function
+    (pickled)."""
 
     def __call__(
         self, cfg: Any, out_dir: Path, *, progress: bool = ..., calibration_cache: Path | None = ...
@@ -105,10 +107,11 @@ class RunFn(Protocol):
 
 @dataclass(frozen=True)
 class SweepRun:
-    """One grid point. ``overrides`` are dotted config keys (see ``core.config.apply_overrides``).
+    """One grid point. ``overrides`` are dotted config keys (see
+    ``concord.core.config.apply_overrides``).
 
     ``calibration_group`` is (plan, topology, seed) for constant-mode runs, else None.
-    ``column`` labels the column of a preset grid (`sim.presets`: rows = algorithm setups,
+    ``column`` labels the column of a preset grid (`concord.lab.presets`: rows = algorithm setups,
     columns = data settings); None in a plans × factors grid.
     """
 
@@ -127,7 +130,7 @@ class SweepRun:
 
 class Grid(Protocol):
     """What :func:`run_sweep` executes: a :class:`Sweep`, or a preset's rows × columns × seeds
-    (`sim.presets.PresetGrid`)."""
+    (`concord.lab.presets.PresetGrid`)."""
 
     def runs(self) -> list[SweepRun]: ...
 
@@ -298,7 +301,7 @@ def _execute(run_fn: RunFn, cfg: Any, run_dir: str, calibration_cache: str) -> d
 
 
 def _default_run_fn() -> RunFn:
-    from sim.engine import run
+    from concord.sim.engine import run
 
     return run
 
@@ -492,7 +495,8 @@ def sweep_main(
     List arguments accept comma-separated strings ("dec-phase-1,dec-phase-2"). ``overrides`` are
     "dotted.key=value" strings applied to the base config before the grid's own keys. ``jobs``
     None → number of CPU cores; ``out_dir`` None → runs/sweep-<date-time>. ``configure`` (for
-    tests) replaces load_config + apply_overrides; ``run_fn`` defaults to ``sim.engine.run``.
+    tests) replaces load_config + apply_overrides; ``run_fn`` defaults to
+    ``concord.sim.engine.run``.
     Raises ValueError (ConfigError) for a bad grid or base config before any run starts.
     """
     if metric not in METRICS:
@@ -511,7 +515,7 @@ def sweep_main(
     )
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if configure is None:
-        from core.config import apply_overrides, load_config
+        from concord.core.config import apply_overrides, load_config
 
         base = load_config(config_path, ["engine=vectorized", *overrides])  # sweeps: in-process
 

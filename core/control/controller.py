@@ -3,8 +3,9 @@
 Procedure of Kong et al., "Consensus Control for Decentralized Deep Learning" (ICML 2021, §3.3
 "more gossip iterations", §4.2 "consensus distance control", Appendix A.2; ``ALGORITHMS.md`` §4.4):
 in a controlled phase, after the local optimizer step every node gossips once; while the
-consensus statistic (Θ from `core.consensus.theta`, or the exact Ξ in simulation) is above the
-target and fewer than ``max_rounds`` rounds were done, gossip again with the same topology.
+consensus statistic (Θ from `concord.core.control.consensus.theta`, or the exact Ξ in simulation) is
+above the target and fewer than ``max_rounds`` rounds were done, gossip again with the same
+topology.
 
 Targets (``ControlConfig.mode``):
 
@@ -12,7 +13,7 @@ Targets (``ControlConfig.mode``):
   in an *uncontrolled* run (the paper's main approach; factor ∈ {1, ½, ¼} in its Table 2). The
   engine runs that calibration pass; this module only records (`CalibrationRecorder`) and
   consumes (`Calibration`) it. Calibrate on the same statistic the controller is fed: Θ can
-  under-state Ξ by up to 1/(1 − λ₂) (see `core.consensus`).
+  under-state Ξ by up to 1/(1 − λ₂) (see `concord.core.control.consensus`).
 * ``"adaptive"`` — target_t = factor × φ̂_t, φ̂ an EMA of the mean local gradient norm
   (1/n) Σ_i ‖g_i‖ (paper Appendix E.3.1 / A.2; the EMA constant is not given in the paper):
   φ̂ ← ema · φ̂ + (1 − ema) · φ_t, reset at the first step of each phase and initialised with
@@ -34,7 +35,7 @@ Two protocols (``ControlConfig.lagged``):
   With L = 1 a peer's step t needs the slowest peer to have finished step t − 1 — a global
   per-step barrier that plain gossip does not have (a peer only waits for its neighbours). Every
   step runs at least one round, so a peer asks for its plan only after round 1 of step t
-  (`peer.control`): the barrier then overlaps the local update and the first round, and is
+  (`concord.peer.control`): the barrier then overlaps the local update and the first round, and is
   rarely felt. With L ≥ 2 the statistics a decision needs are in long before anyone asks (a peer
   can run at most about diam(G) steps ahead of the slowest one), at the price of a feedback
   delay of L steps: with L = 2 steps of even and odd index form two interleaved sequences, each
@@ -49,12 +50,10 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args
+from typing import Any, Literal, TypeGuard, get_args
 
-from core.registry import Registry
-
-if TYPE_CHECKING:
-    from core.plan import PhasePlan
+from concord.core.control.plan import CONTROL_MODES, ControlMode, PhasePlan
+from concord.core.registry import Registry
 
 __all__ = [
     "CONTROL_MODES",
@@ -69,8 +68,6 @@ __all__ = [
     "lagged_rounds",
 ]
 
-ControlMode = Literal["none", "constant", "adaptive"]
-CONTROL_MODES: tuple[str, ...] = get_args(ControlMode)
 Statistic = Literal["theta", "xi"]
 STATISTICS: tuple[str, ...] = get_args(Statistic)
 _VERSION = 1  # calibration files

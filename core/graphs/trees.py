@@ -9,11 +9,11 @@ tree(s) RelaySGD relays over, from the algorithm's hyperparameters ``hyper.tree`
   topology is exactly their union (half of the coordinates go over each, §5.4); otherwise the
   BFS spanning tree from ``root``;
 * ``"chain"``, ``"binary-tree"``, ``"double-binary-tree"``: that named tree (pair) of
-  `core.topology`, which must be a subgraph of the topology — peers only exchange tensors with
-  their topology neighbours. E.g. ``topology = "ring"``, ``hyper.tree = "chain"`` is the
-  paper's chain, the spanning tree of the ring;
+  `concord.core.graphs.topology`, which must be a subgraph of the topology — peers only exchange
+  tensors with their topology neighbours. E.g. ``topology = "ring"``, ``hyper.tree = "chain"`` is
+  the paper's chain, the spanning tree of the ring;
 * ``"bfs"``: the BFS shortest-path spanning tree of the topology from ``root``
-  (`core.graph.bfs_spanning_tree`; relaysgd's social-network experiment).
+  (`concord.core.graphs.graph.bfs_spanning_tree`; relaysgd's social-network experiment).
 
 Root choice: ``root = "center"`` (default) takes a *center* of the graph, the node of smallest
 eccentricity (lowest id on ties). A BFS tree from r has depth ecc(r), so rooting it at a center
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.graph import Graph, TopologyError, bfs_distances, bfs_spanning_tree
-from core.topology import build_graph, double_binary_trees
+from concord.core.graphs.graph import Graph, TopologyError, bfs_distances, bfs_spanning_tree
+from concord.core.graphs.topology import build_graph, double_binary_trees
 
 TREE_CHOICES: tuple[str, ...] = ("auto", "chain", "binary-tree", "double-binary-tree", "bfs")
 NAMED_TREES: tuple[str, ...] = ("chain", "binary-tree", "double-binary-tree")

@@ -15,7 +15,7 @@ Learning", ICML 2021, §3 and Appendix A; see ``ALGORITHMS.md`` §1 and §4.3):
   mixing parameter p = 1 − max(|λ_2|, |λ_n|)² (the paper's Lemma A.1 constant).
   The lower bound is attained by low-frequency (smooth) disagreement, which is what D-SGD
   produces, so Θ can under-state Ξ by up to 1/(1 − λ_2) on sparse graphs: calibrate targets on
-  the same statistic the controller is fed (see `core.control.Calibration`).
+  the same statistic the controller is fed (see `concord.core.control.controller.Calibration`).
 
 All reductions are done in float64 whatever the input dtype, so that float32 training does not
 lose the (small) differences between replicas; results are returned as Python floats or float64

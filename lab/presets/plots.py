@@ -1,7 +1,7 @@
-"""PNG plots of a preset sweep's report (`sim.preset_report`): the metric against the column
-setting, training curves per column, and the metric against the lr of a tuning sweep.
+"""PNG plots of a preset sweep's report (`concord.lab.presets.report`): the metric against the
+column setting, training curves per column, and the metric against the lr of a tuning sweep.
 
-Only matplotlib's object API with the Agg canvas is used (as `sim.plots`), never pyplot.
+Only matplotlib's object API with the Agg canvas is used (as `concord.runtime.plots`), never pyplot.
 """
 
 from __future__ import annotations
@@ -11,19 +11,17 @@ import math
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from sim.presets import Preset, Setting
-from sim.report import read_metrics
-from sim.sweep import METRICS
-
-if TYPE_CHECKING:
-    from sim.preset_report import Cells
+from concord.lab.presets.cells import Cells
+from concord.lab.presets.spec import Preset, Setting
+from concord.lab.sweep import METRICS
+from concord.runtime.records import read_metrics
 
 _DPI = 110
 

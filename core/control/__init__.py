@@ -1,0 +1,2 @@
+"""The consensus-control loop: the consensus distance and its estimator, control policies, phase
+plans."""

@@ -1,0 +1,1 @@
+"""Graphs: topologies, mixing weights, time-varying schedules, trees, adaptive graphs."""

@@ -1,0 +1,1 @@
+"""The experiment harness: the ``concord`` command line, sweeps, presets, reports and plots."""

@@ -1,0 +1,24 @@
+"""``concord sweep --preset NAME``: named reproduction grids with their own report.
+
+`spec` says what a preset is, `catalog` holds the presets, `run` runs one through the sweep
+machinery and `report` (with `plots` and `cells`) writes its ``report.md`` and PNGs.
+"""
+
+from concord.lab.presets.catalog import PRESETS, get_preset, list_presets
+from concord.lab.presets.run import command_line, preset_main, run_without_plots
+from concord.lab.presets.spec import Preset, PresetGrid, Relation, Setting, Setup, select
+
+__all__ = [
+    "PRESETS",
+    "Preset",
+    "PresetGrid",
+    "Relation",
+    "Setting",
+    "Setup",
+    "command_line",
+    "get_preset",
+    "list_presets",
+    "preset_main",
+    "run_without_plots",
+    "select",
+]

@@ -1,0 +1,1 @@
+"""What every process of a run shares: the run directory, logging, process lifecycle."""
