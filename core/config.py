@@ -29,6 +29,7 @@ from concord.core.graphs.topology import (
     exponential_k,
 )
 from concord.core.graphs.trees import relay_trees
+from concord.errors import ConfigError as ConfigError
 
 ALGORITHM_NAMES: tuple[str, ...] = (
     "allreduce",
@@ -58,17 +59,6 @@ MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn1d", "cnn", "resnet20")
 PARTITION_NAMES: tuple[str, ...] = ("iid", "dirichlet", "sorted", "shards")
 ENGINE_NAMES: tuple[str, ...] = ("vectorized", "processes")
 PLAN_PRESETS = "'gossip', 'exact', 'dec-phase-K', or a list of per-phase modes"
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; ``problems`` holds (dotted key, message) pairs, all of them."""
-
-    def __init__(self, problems: Sequence[tuple[str, str]], source: str | None = None) -> None:
-        self.problems = list(problems)
-        self.source = source
-        where = f" in {source}" if source else ""
-        lines = [f"  - {key or '<root>'}: {msg}" for key, msg in self.problems]
-        super().__init__(f"{len(self.problems)} config problem(s){where}:\n" + "\n".join(lines))
 
 
 class _Section(BaseModel):

@@ -10,14 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from concord.errors import UnknownNameError as UnknownNameError
+
 T = TypeVar("T")
-
-
-class UnknownNameError(KeyError):
-    """A name that is not registered; the message lists the valid names."""
-
-    def __str__(self) -> str:  # KeyError quotes its argument; we want a plain sentence
-        return str(self.args[0]) if self.args else ""
 
 
 class Registry(Generic[T]):

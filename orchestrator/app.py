@@ -59,6 +59,7 @@ from concord.core.graphs.adagraph import (
     initial_topologies,
 )
 from concord.core.graphs.topology import describe, exponential_name, max_exponential_k
+from concord.errors import OrchestratorError as OrchestratorError
 from concord.orchestrator.broker import EmbeddedBroker
 from concord.orchestrator.graphs import GraphBook
 from concord.orchestrator.metrics import MetricsTable
@@ -79,10 +80,6 @@ from concord.protos.control_plane import (
 from concord.protos.mqtt import Bus
 
 log = structlog.get_logger("concord.orchestrator.app")
-
-
-class OrchestratorError(RuntimeError):
-    """The run cannot go on (peers never showed up, or disagree on the model or data)."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ from concord.core.graphs.adagraph import initial_topologies
 from concord.core.graphs.topology import exponential_name, max_exponential_k
 from concord.core.loop import StepRunner
 from concord.core.task import ClassificationTask
+from concord.errors import PeerConfigError as PeerConfigError
 from concord.peer.certs import CertError
 from concord.peer.comm import PeerComm
 from concord.peer.memory import tune_malloc
@@ -39,10 +40,6 @@ from concord.peer.serde import TENSOR_ALLREDUCE
 from concord.peer.tls import load_credentials
 from concord.peer.transport import Transport
 from concord.peer.validate import STEP_WINDOW
-
-
-class PeerConfigError(ValueError):
-    """The run config cannot drive this peer."""
 
 
 class StepHooks:

@@ -36,6 +36,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from concord.errors import CertError as CertError
+
 CA_KEY, CA_CERT = "ca.key", "ca.crt"
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
 # RFC 1123 labels (letters, digits, inner hyphens; underscores too, as container names use them),
@@ -43,10 +45,6 @@ DEFAULT_HOSTS = ("127.0.0.1", "localhost")
 _LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _DNS_NAME = re.compile(rf"^(\*\.)?{_LABEL}(\.{_LABEL})*\.?$")
 _BACKDATE = dt.timedelta(minutes=5)  # tolerate small clock skew between hosts
-
-
-class CertError(ValueError):
-    """Missing, unreadable, malformed or mismatching certificate material."""
 
 
 @dataclass(frozen=True)

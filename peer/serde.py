@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from google.protobuf.message import DecodeError
 
+from concord.errors import MalformedFrameError as MalformedFrameError
 from concord.protos import data_plane_pb2 as pb
 
 PROTOCOL_VERSION = 2  # 2: FrameHeader.push_weight (SGP), CODEC_QSGD, DTYPE_INT16
@@ -122,10 +123,6 @@ def layout(parts: dict[str, torch.Tensor]) -> tuple[list[PartSpec], int]:
         specs.append(spec)
         offset += spec.nbytes
     return specs, offset
-
-
-class MalformedFrameError(ValueError):
-    """An ``ExchangeRaw`` message that is not ``varint(n) + FrameHeader (n bytes) + body``."""
 
 
 class Outgoing:

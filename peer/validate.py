@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 
 from concord.core.compress import make_codec
+from concord.errors import RejectedError as RejectedError
 from concord.peer.serde import PROTOCOL_VERSION, FrameInfo, Hello, PartSpec
 
 Reason = Literal["invalid", "precondition", "permission", "too-big"]
@@ -29,15 +30,6 @@ ALLOWED_DTYPES = (
     torch.int16,
 )
 STEP_WINDOW = 2  # a neighbour may be this many steps ahead of us
-
-
-class RejectedError(Exception):
-    """A frame or handshake that breaks the contract."""
-
-    def __init__(self, reason: Reason, detail: str) -> None:
-        self.reason = reason
-        self.detail = detail
-        super().__init__(f"{reason}: {detail}")
 
 
 @dataclass(frozen=True)

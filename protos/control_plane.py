@@ -59,19 +59,12 @@ from typing import Any, ClassVar, Literal, TypeVar, get_args
 
 import msgpack
 
+from concord.errors import PayloadError as PayloadError
+
 SCHEMA_VERSION = 2  # 2: Metrics.stats (lagged statistics ride on the step record), Presence
 ROOT = "concord/v1"
 MAX_PAYLOAD_BYTES = 256 * 1024  # control messages are small; anything bigger is rejected
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class PayloadError(ValueError):
-    """A control-plane message that does not match its schema."""
-
-    def __init__(self, topic: str, problem: str) -> None:
-        self.topic = topic
-        self.problem = problem
-        super().__init__(f"{topic}: {problem}")
 
 
 # ---------------------------------------------------------------------------------------------

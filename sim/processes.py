@@ -38,6 +38,7 @@ from concord.core.config import RunConfig, to_toml
 from concord.core.control.consensus import consensus_distance
 from concord.core.loop import check_algorithm
 from concord.core.task import ClassificationTask, load_task_data, make_partition
+from concord.errors import ProcessesError as ProcessesError
 from concord.protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
 from concord.protos.mqtt import Bus
 from concord.runtime.rundir import load_checkpoint
@@ -46,10 +47,6 @@ _GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
 # seconds the orchestrator may take to exit once every peer has and its summary is written (its
 # teardown is bounded by 5 s publish and 3 s broker-shutdown timeouts; this catches the rest)
 _TEARDOWN = 30.0
-
-
-class ProcessesError(RuntimeError):
-    """The processes engine could not run (a child failed to start, or the run was stopped)."""
 
 
 def make_run_id(cfg: RunConfig) -> str:

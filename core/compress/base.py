@@ -15,16 +15,13 @@ from concord.core.config import (
     CODEC_NAMES as CODEC_NAMES,  # the one list; concord.core.config is torch-free
 )
 from concord.core.registry import Registry
+from concord.errors import CodecError as CodecError
 
 PLAIN_GOSSIP_CODECS: tuple[str, ...] = ("none", "fp16", "bf16")  # usable without error feedback
 MAX_SENDERS = 1 << 16  # codec_key packs sender ids below this (config allows ≤ 4096 peers)
 _MASK64 = (1 << 64) - 1
 
 Parts = Mapping[str, torch.Tensor]
-
-
-class CodecError(ValueError):
-    """Malformed encoded input (wrong parts, dtypes, sizes, non-finite scale, bad indices)."""
 
 
 def codec_key(sender: int, round: int) -> int:

@@ -17,16 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from concord.errors import DatasetFormatError as DatasetFormatError
+from concord.errors import DatasetNotFoundError as DatasetNotFoundError
+
 CACHE_ENV = "CONCORD_CACHE"  # overrides the default cache directory ~/.cache/concord
 DATA_ENV = "CONCORD_DATA"  # parent directory of on-disk datasets (e.g. cifar-10-batches-py)
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """The files of an on-disk dataset are missing; the message says where they are expected."""
-
-
-class DatasetFormatError(ValueError):
-    """An on-disk dataset file exists but does not have the expected structure."""
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors have no boolean equality

@@ -36,6 +36,7 @@ from concord.core.data.base import (
     DatasetNotFoundError,
     default_data_dir,
 )
+from concord.errors import UnsafePickleError as UnsafePickleError
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
@@ -46,10 +47,6 @@ TEST_FILE = "test_batch"
 DIR_NAME = "cifar-10-batches-py"
 IMAGE_SHAPE = (3, 32, 32)
 NUM_CLASSES = 10
-
-
-class UnsafePickleError(pickle.UnpicklingError):
-    """A pickle referenced a global outside the allow-list (possible code execution)."""
 
 
 _RECONSTRUCT: Any = np.ndarray(0).__reduce__()[

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from concord.core.registry import Registry
+from concord.errors import PartitionError as PartitionError
 
 Partitioner = Callable[..., list[np.ndarray]]
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
@@ -39,10 +40,6 @@ DIRICHLET_GROUP_SIZE = 10  # "auxiliary workers" per group in the reference code
 DIRICHLET_MIN_SHARE = 0.5  # every worker needs ≥ 50 % of its group's average share
 DIRICHLET_MAX_ATTEMPTS = 1000
 DIRICHLET_SEED_OFFSET = 100  # the reference code seeds its RNG with 100 + config seed
-
-
-class PartitionError(ValueError):
-    """A partition scheme failed or returned an invalid partition; the message says which peer."""
 
 
 def _sorted_by_label(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -18,18 +18,8 @@ from functools import cached_property
 
 import numpy as np
 
-from concord.core.registry import UnknownNameError
-
-
-class TopologyError(ValueError):
-    """Invalid topology, graph, schedule or mixing matrix; the message says what and why."""
-
-
-class UnknownTopologyError(TopologyError, UnknownNameError):
-    """An unknown topology or weight-rule name (a ValueError *and* a registry KeyError).
-
-    The message lists the valid names.
-    """
+from concord.errors import TopologyError as TopologyError
+from concord.errors import UnknownTopologyError as UnknownTopologyError
 
 
 @dataclass(frozen=True)
