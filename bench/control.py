@@ -2,18 +2,17 @@
 measured in one run on this machine.
 
 1. **Barrier decision round trip.** The real orchestrator (``python -m concord.lab.cli
-orchestrator``, a
-   separate process; with ``--broker`` pointing at a private Mosquitto, or without it so that it
-   embeds amqtt in its own event loop) runs a one-phase plan under adaptive control with a tiny
-   factor (1e-9): every round is above target, so the orchestrator answers "repeat" after every
-   round up to ``max_rounds`` — every round needs a decision. ``--peers`` synthetic peers in this
-   process (one `concord.protos.mqtt.Bus` each, TCP_NODELAY) play the peer side exactly as
-   `concord.peer.follow` / `concord.peer.control` do: retained status "ready" (address, steps per
-   epoch, fingerprint), heartbeats, wait for the schedule and the "train" start, then per round
-   every synthetic peer publishes its `Stats` at the same instant and waits for the `Decision` of
-   that (step, round), following repeat/stop; at the end status "done" and the orchestrator exits.
+   orchestrator``, a separate process; with ``--broker`` pointing at a private Mosquitto, or
+   without it so that it embeds amqtt in its own event loop) runs a one-phase plan under adaptive
+   control with a tiny factor (1e-9): every round is above target, so the orchestrator answers
+   "repeat" after every round up to ``max_rounds`` — every round needs a decision. ``--peers``
+   synthetic peers in this process play the peer side with the real peer's control client
+   (`concord.peer.control.ControlClient`: retained status "ready" with address, steps per epoch
+   and fingerprint, heartbeats, the schedule and the "train" start, decisions); per round every
+   synthetic peer publishes its `Stats` at the same instant and waits for the `Decision` of that
+   (step, round), following repeat/stop; at the end status "done" and the orchestrator exits.
    RTT sample = from the *last* stats publish of the round to the decision's arrival at a peer
-   (its Bus handler); median and p90 over peers and rounds, the first step discarded (warm-up).
+   (its message handler); median and p90 over peers and rounds, the first step discarded (warm-up).
    "To the first peer" is the same from the round's first arrival (the synthetic peers share
    this process's event loop, so decisions reach them one after another).
    Baseline through the same broker (taken while the orchestrator waits for its peers): plain
@@ -21,8 +20,7 @@ orchestrator``, a
    QoS the contract gives stats and decisions (0) — the same two hops as stats → orchestrator →
    decision.
 2. **Lagged-control overhead.** ``concord.sim.processes.run_processes``: orchestrator + 4 peer
-processes,
-   ring, D-SGD, ~1.09M-parameter MLP on mnist1d, 1 torch thread each, evaluation only at the end.
+   processes, ring, D-SGD, ~1.09M-parameter MLP on mnist1d, 1 torch thread each, evaluation only at the end.
    The run's plan has ``--blocks`` phases (LR milestones at i/blocks): phase 1 warms up (not timed),
    then controlled (adaptive, ``lagged = true``, factor 1e6) and uncontrolled blocks alternate
    *within one run*, starting with a controlled block in odd repeats and with an uncontrolled one in
@@ -94,23 +92,17 @@ import aiomqtt  # noqa: E402
 import structlog  # noqa: E402
 
 from concord.orchestrator.broker import MosquittoBroker  # noqa: E402
+from concord.peer.control import ControlClient  # noqa: E402
 from concord.protos.control_plane import ROOT as TOPIC_ROOT  # noqa: E402
 from concord.protos.control_plane import (  # noqa: E402
     TOPICS,
     Decision,
-    Heartbeat,
-    Message,
     Metrics,
     PayloadError,
-    Plan,
-    RunControl,
-    Schedule,
     Stats,
-    Status,
-    Topics,
     decode,
 )
-from concord.protos.mqtt import Bus, client  # noqa: E402
+from concord.protos.mqtt import client  # noqa: E402
 
 HIDDEN = [1024, 1024]  # 40·1024 + 1024·1024 + 1024·10 + biases ≈ 1.09 M parameters
 SAMPLES = 8000
@@ -218,47 +210,18 @@ def _barrier_config(n: int, max_rounds: int) -> str:
     )
 
 
-class SyntheticPeer:
-    """The MQTT side of one peer (`concord.peer.control.ControlClient`), with timestamped
-    decisions."""
+class SyntheticPeer(ControlClient):
+    """One peer's control plane: the real peer's `concord.peer.control.ControlClient` (status,
+    heartbeats, schedule, run control, decisions), stamping when each decision arrives."""
 
     def __init__(self, url: str, run_id: str, peer: int) -> None:
-        self.peer = peer
-        self.bus = Bus(
-            url,
-            f"peer-{run_id}-{peer}",
-            Topics(run_id),
-            subscribe=["schedule", "plan", "control", "decision"],
-            handler=self._on_message,
-            will=("status", peer, Status(peer=peer, state="offline")),
-        )
-        self.schedule: Schedule | None = None
-        self.plan: Plan | None = None
-        self.control: RunControl | None = None
-        self.waiters: dict[tuple[int, int], asyncio.Future[tuple[float, Decision]]] = {}
         self.step = 0
+        super().__init__(url, run_id, peer, heartbeat=1.0, step=lambda: self.step)
+        self.arrived: dict[tuple[int, int], float] = {}
 
-    def _on_message(self, kind: str, peer: int | None, message: Message) -> None:
-        if isinstance(message, Decision):
-            fut = self.waiters.pop((message.step, message.round), None)
-            if fut is not None and not fut.done():
-                fut.set_result((time.perf_counter(), message))
-        elif isinstance(message, Schedule):
-            self.schedule = message
-        elif isinstance(message, Plan):
-            self.plan = message
-        elif isinstance(message, RunControl):
-            self.control = message
-
-    def expect(self, step: int, round_: int) -> asyncio.Future[tuple[float, Decision]]:
-        fut = asyncio.get_running_loop().create_future()
-        self.waiters[(step, round_)] = fut
-        return fut
-
-    async def status(self, state: str, **fields: Any) -> None:
-        message = Status(peer=self.peer, state=state, step=self.step, ts=time.time(), **fields)
-        if not await self.bus.publish("status", message, self.peer):
-            raise RuntimeError(f"synthetic peer {self.peer}: status {state!r} not published")
+    def _on_decision(self, d: Decision) -> None:
+        self.arrived[(d.step, d.round)] = time.perf_counter()
+        super()._on_decision(d)
 
 
 Key = tuple[int, int]  # (step, round)
@@ -299,7 +262,7 @@ async def _wait_until(predicate: Any, timeout: float, what: str) -> None:
 
 async def _stamped(peer: SyntheticPeer, stats: Stats) -> float:
     t = time.perf_counter()
-    await peer.bus.publish("stats", stats, peer.peer)
+    await peer.bus.publish("stats", stats, peer.peer_id)
     return t
 
 
@@ -351,14 +314,6 @@ async def _barrier(
     result.orchestrator_exit = orch.returncode
 
 
-async def _heartbeats(peers: list[SyntheticPeer]) -> None:
-    while True:
-        await asyncio.sleep(1.0)
-        for p in peers:
-            beat = Heartbeat(peer=p.peer, step=p.step, ts=time.time())
-            await p.bus.publish("heartbeat", beat, p.peer)
-
-
 async def _cancel(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -369,13 +324,11 @@ async def _play_peers(url: str, run_id: str, n: int, steps: int, result: Barrier
     peers = [SyntheticPeer(url, run_id, i) for i in range(n)]
     async with contextlib.AsyncExitStack() as stack:
         for p in peers:
-            await stack.enter_async_context(p.bus)
+            await stack.enter_async_context(p)
             if not await p.bus.wait_connected(TIMEOUT):
-                raise TimeoutError(f"synthetic peer {p.peer} could not connect to {url}")
-        beats = asyncio.create_task(_heartbeats(peers), name="bench-heartbeats")
-        stack.push_async_callback(_cancel, beats)
+                raise TimeoutError(f"synthetic peer {p.peer_id} could not connect to {url}")
         for p in peers:
-            address = f"127.0.0.1:{20000 + p.peer}"
+            address = f"127.0.0.1:{20000 + p.peer_id}"
             await p.status("ready", address=address, steps_per_epoch=steps, fingerprint="bench")
         await _wait_until(
             lambda: all(
@@ -393,7 +346,7 @@ async def _play_peers(url: str, run_id: str, n: int, steps: int, result: Barrier
             plan.total_steps if plan is not None else steps
         )
         for p in peers:
-            await p.status("training", stage="train", address=f"127.0.0.1:{20000 + p.peer}")
+            await p.status("training", stage="train", address=f"127.0.0.1:{20000 + p.peer_id}")
         for step in range(total):
             round_ = 1
             while True:
@@ -415,18 +368,21 @@ async def _one_round(
     peers: list[SyntheticPeer], step: int, round_: int
 ) -> tuple[RoundTimes, Decision]:
     """Every synthetic peer publishes its stats at once, then all wait for the decision."""
-    waits = [p.expect(step, round_) for p in peers]
     pubs = [
         asyncio.create_task(
-            _stamped(p, Stats(peer=p.peer, step=step, round=round_, theta=1.0, grad_norm=1.0))
+            _stamped(p, Stats(peer=p.peer_id, step=step, round=round_, theta=1.0, grad_norm=1.0))
         )
         for p in peers
     ]
-    got = await asyncio.wait_for(asyncio.gather(*waits), TIMEOUT)
+    got = await asyncio.gather(*(p.decision((step, round_), TIMEOUT) for p in peers))
     last = max(await asyncio.wait_for(asyncio.gather(*pubs), TIMEOUT))
-    if len({d.repeat for _, d in got}) != 1:
+    decisions = [d for d in got if d is not None]
+    if len(decisions) != len(peers):
+        raise TimeoutError(f"no decision for step {step} round {round_} within {TIMEOUT} s")
+    if len({d.repeat for d in decisions}) != 1:
         raise RuntimeError(f"peers got different decisions for step {step} round {round_}")
-    return RoundTimes((step, round_), last, sorted(t for t, _ in got)), got[0][1]
+    arrived = sorted(p.arrived.pop((step, round_)) for p in peers)
+    return RoundTimes((step, round_), last, arrived), decisions[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,16 +1,16 @@
 """One tensor exchange between two processes on loopback: Concord's gRPC data plane against two
-raw-TCP baselines measured in the same run (method of TRANSPORT.md §2b).
+raw-TCP baselines measured in the same run (method: docs/transport.md#benchmarks).
 
 Contenders (each a sender and a receiver in two spawned processes, glibc malloc tuned in every
-process as TRANSPORT.md §4.1 says, all on 127.0.0.1):
+process (docs/transport.md#memory), all on 127.0.0.1):
 
 * ``naive_streams``: asyncio streams, one ``writer.write(payload)`` + ``drain``; the receiver
   ``readexactly`` (see `bench._tcp`);
 * ``best_raw_tcp``: 1 MiB ``write`` + ``drain`` slices; the receiver an `asyncio.BufferedProtocol`
-  filling a preallocated buffer — the fastest asyncio variant of TRANSPORT.md §3b;
+  filling a preallocated buffer — the fastest asyncio variant (docs/transport.md#benchmarks);
 * ``grpc``: ``grpc_exchange(size_bytes, repeats) -> list[float]`` (seconds per exchange, its
-  own spawned processes and warm-up), imported lazily from ``concord.peer.bench_support``. If that
-  fails, the run prints ``grpc contender unavailable: <reason>`` and the baselines alone.
+  own spawned processes and warm-up, the real `concord.peer.transport.Transport`), imported
+  lazily from ``bench/_grpc.py``. If that fails, the run prints ``grpc contender unavailable: <reason>`` and the baselines alone.
 
 Time per exchange = from the first byte sent to the receiver's acknowledgement; ``--warmup``
 discarded exchanges, then the median of ``--repeats`` (halved, at least 3, for sizes > 64 MiB).
@@ -49,13 +49,12 @@ RATIO_AT_MIB = 64
 
 
 def load_grpc_contender() -> tuple[GrpcExchange | None, str]:
-    """``(concord.peer.bench_support.grpc_exchange, "concord.peer.bench_support")``, or ``(None, why
-    not)``."""
+    """``(bench._grpc.grpc_exchange, "bench._grpc")``, or ``(None, why not)``."""
     try:
-        from concord.peer.bench_support import grpc_exchange
+        from bench._grpc import grpc_exchange
     except Exception as exc:  # ImportError, or anything the module raises while importing
         return None, f"{type(exc).__name__}: {exc}"
-    return grpc_exchange, "concord.peer.bench_support"
+    return grpc_exchange, "bench._grpc"
 
 
 def _repeats(size_mib: int, repeats: int) -> int:

@@ -1,60 +1,51 @@
-"""The peer process: ``concord peer --config RUN.toml --id I``.
+"""The peer process: ``concord peer --config RUN.toml --id I [--broker mqtt://HOST:PORT]``.
 
 One asyncio event loop runs the gRPC server and the neighbour links; ONE worker thread runs the
 training loop — `concord.core.loop.StepRunner` over `concord.core.task.ClassificationTask` for this
-peer's replica, the very code the vectorized engine runs for all replicas at once — and talks to the
-loop only through `concord.peer.comm.PeerComm`. Static mode (no orchestrator yet): the topology, the
-phase plan and every peer's address come from the config (``network.addresses``).
+peer's replica, the very code the vectorized engine runs for all replicas at once, driven by
+`concord.runtime.driver.drive` — and talks to the loop only through `concord.peer.comm.PeerComm`.
 
-Run directory (``--out``, default ``runs/peer-<id>``): ``metrics.jsonl`` (the step records of the
-vectorized engine plus this peer's round outcomes, and evaluations of its replica), ``log.jsonl``
-(structlog JSON, bound with run, peer, step and round), ``checkpoint.pt`` (load with
-``weights_only=True``), ``summary.json``, ``config.toml`` (the resolved config). SIGTERM /
-SIGINT stop at the next step boundary (checkpointed), close streams and server, exit 0.
+One driver (`PeerProcess.main`) for both kinds of peer; a coordination says what to run
+(`concord.peer.coordination`): static peers take topology, plan and addresses from the config,
+orchestrated peers follow the orchestrator's stages and schedules over MQTT.
+
+Run directory (``--out``, default ``runs/peer-<id>``, `concord.runtime.rundir.RunWriter`):
+``metrics.jsonl`` (the step records of the vectorized engine plus this peer's round outcomes, and
+evaluations of its replica; flushed every line), ``log.jsonl`` (JSON lines bound with run, peer,
+step and round), ``checkpoint.pt`` (load with ``weights_only=True``), ``summary.json``,
+``config.toml`` (the resolved config). SIGTERM / SIGINT stop at the next step boundary
+(checkpointed), close streams and server, exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import structlog
 import torch
 
-from concord.core.config import RunConfig, to_toml
-from concord.core.graphs.adagraph import initial_topologies
+from concord.core.config import RunConfig
 from concord.core.graphs.topology import exponential_name, max_exponential_k
 from concord.core.loop import StepRunner
 from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError as PeerConfigError
 from concord.peer.certs import CertError
 from concord.peer.comm import PeerComm
+from concord.peer.coordination import OrchestratedCoordination, StaticCoordination
 from concord.peer.memory import tune_malloc
-from concord.peer.serde import TENSOR_ALLREDUCE
 from concord.peer.tls import load_credentials
 from concord.peer.transport import Transport
 from concord.peer.validate import STEP_WINDOW
+from concord.runtime.driver import StepHooks, drive
+from concord.runtime.rundir import RunWriter
 
-
-class StepHooks:
-    """What a training loop does around each step besides training (no-ops by default)."""
-
-    evaluate = True  # evaluate and checkpoint at eval intervals
-
-    def before(self, step: int) -> None:
-        """Called before ``step`` runs."""
-
-    def after(self, step: int, record: dict[str, Any]) -> None:
-        """Called with the step's metrics record."""
-
-    def evaluated(self, step: int, record: dict[str, Any]) -> None:
-        """Called with an evaluation record."""
+Coordination = StaticCoordination | OrchestratedCoordination
 
 
 __all__ = ["CertError", "PeerConfigError", "PeerProcess", "run_peer"]
@@ -113,47 +104,6 @@ def check_orchestrated(
     return address
 
 
-class _Writer:
-    """This peer's run directory. Not `concord.runtime.rundir.RunWriter`: peer may not import sim
-    (layering),
-    and a peer flushes every metrics line, so a killed peer leaves every completed step behind."""
-
-    def __init__(self, out: Path, cfg: RunConfig, peer_id: int, run: str) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        self.out = out
-        (out / "config.toml").write_text(to_toml(cfg), encoding="utf-8")  # the resolved config
-        self._metrics: IO[str] = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
-        self._log: IO[str] = open(out / "log.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-
-        def identity(_: Any, __: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
-            event.setdefault("run", run)
-            event.setdefault("peer", peer_id)
-            return event
-
-        # one JSON log per process: every module logger (structlog.get_logger) writes here
-        structlog.configure(
-            processors=[
-                structlog.contextvars.merge_contextvars,
-                identity,
-                structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="iso", utc=True),
-                structlog.processors.JSONRenderer(),
-            ],
-            logger_factory=structlog.WriteLoggerFactory(file=self._log),
-            cache_logger_on_first_use=False,
-        )
-        self.log = structlog.get_logger("concord.peer.app")
-
-    def metric(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
-
-    def close(self, summary: dict[str, Any]) -> None:
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        self._metrics.close()
-        self._log.close()
-
-
 class PeerProcess:
     def __init__(
         self,
@@ -180,8 +130,8 @@ class PeerProcess:
         self.out = out
         self.stop = threading.Event()
         self.step = 0
-        self.writer = _Writer(out, cfg, peer_id, self.run_id)
-        self.log = self.writer.log
+        self.writer = RunWriter(out, cfg, run=self.run_id, flush_every=1, peer=peer_id)
+        self.log = structlog.get_logger(__name__)
 
     def _device(self) -> torch.device:
         gpus = torch.cuda.device_count() if self.cfg.device in ("auto", "cuda") else 0
@@ -189,7 +139,7 @@ class PeerProcess:
             return torch.device(self.cfg.device)
         return torch.device(f"cuda:{self.peer_id % gpus}") if gpus else torch.device("cpu")
 
-    def _neighbours_ever(self, runner: StepRunner) -> list[int]:
+    def neighbours_ever(self, runner: StepRunner) -> list[int]:
         n, i = self.cfg.peers, self.peer_id
         if self.cfg.algorithm == "allreduce" or any(p.mode == "exact" for p in runner.plan.phases):
             return [j for j in range(n) if j != i]
@@ -248,129 +198,158 @@ class PeerProcess:
             channel_credentials=channel_creds,
         )
 
-    async def main(self) -> int:
-        if self.broker is not None:
-            from concord.peer.follow import follow
+    def coordination(self) -> Coordination:
+        if self.broker is None:
+            return StaticCoordination(self.cfg, self.peer_id, self.addresses)
+        return OrchestratedCoordination(
+            self.cfg,
+            self.peer_id,
+            broker=self.broker,
+            run_id=self.run_id,
+            stop=self.stop,
+            step=lambda: self.step,
+        )
 
-            return await follow(self)
-        cfg, i = self.cfg, self.peer_id
+    async def main(self) -> int:
+        """The peer: serve, join the run, train its stages, leave, write the summary."""
+        cfg = self.cfg
         task = await self.prepare()
-        transport = self.make_transport(
-            task,
-            self.addresses,
-            lambda s, st, r, t: self._is_neighbour(runner, s, st, r, t),
-        )
-        loop = asyncio.get_running_loop()
-        comm = PeerComm(i, cfg.peers, transport, loop)
-        runner = StepRunner(cfg, task, comm)
-        transport.step_window = STEP_WINDOW + runner.algorithm.silent_steps
-        # ada-schedule's per-phase graphs: from the config here (no orchestrator publishes them)
-        phases = len(runner.plan.phases)
-        runner.schedules.set_topologies(
-            initial_topologies(cfg.algorithm, cfg.hyper, cfg.peers, phases)
-        )
+        coord = self.coordination()
+        transport = self.make_transport(task, coord.addresses, coord.is_neighbour)
         port = await transport.start(self.listen)
-        self.log.info("peer.listening", address=self.listen, port=port)
-        missing = await transport.connect(
-            self._neighbours_ever(runner), timeout=cfg.network.startup_timeout
-        )
-        if missing:
-            self.log.warning("peer.start_without", missing=missing)
+        advertise = self.advertise or f"{self.listen.rpartition(':')[0]}:{port}"
+        self.log.info("peer.listening", address=self.listen, port=port, advertise=advertise)
+        summary: dict[str, Any] = {}
+        code = 0
+        joined = False
         started = time.perf_counter()
         try:
-            summary = await asyncio.to_thread(self._train, runner, task)
+            async with coord:
+                joined = await coord.join(task, transport, advertise)
+                if joined:
+                    summary, code = await self._stages(coord, transport, task)
+                    await coord.leave(summary)
         finally:
             await transport.stop(grace=min(5.0, cfg.network.deadline))
+        if not joined:  # no broker or no schedule: nothing ran, no summary
+            self.writer.close()
+            return 1
         summary.update(
             wall_seconds=time.perf_counter() - started,
             frames_rejected=dict(transport.counters.rejected),
             tensors_received=transport.counters.received,
             tensors_late=transport.counters.late,
             send_failures=transport.counters.send_failures,
+            **coord.counters(),
         )
         self.log.info("peer.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
-        self.writer.close(summary)
-        return 0
+        self.writer.finish(summary, plots=False)
+        return code
+
+    async def _stages(
+        self, coord: Coordination, transport: Transport, task: ClassificationTask
+    ) -> tuple[dict[str, Any], int]:
+        """Run the stages of the coordination until the final one is done or a stop comes."""
+        cfg, i = self.cfg, self.peer_id
+        loop = asyncio.get_running_loop()
+        connected = False
+        fresh = True  # task.x is still x⁰
+        while (stage := await coord.next_stage()) is not None:
+            if not fresh:  # the calibration pass moved the model: start over from x⁰
+                task = await asyncio.to_thread(ClassificationTask, cfg, [i], device=self._device())
+            fresh = False
+            comm = PeerComm(i, cfg.peers, transport, loop)
+            comm.step_base = stage.step_base
+            control, graphs = coord.round_hooks(stage, comm, loop)
+            runner = StepRunner(cfg, task, comm, control=control, graphs=graphs)
+            transport.step_window = STEP_WINDOW + runner.algorithm.silent_steps
+            coord.begin(stage, runner)
+            if not connected:
+                missing = await transport.connect(
+                    self.neighbours_ever(runner), timeout=cfg.network.startup_timeout
+                )
+                if missing:
+                    self.log.warning("peer.start_without", missing=missing)
+                connected = True
+            await coord.training(stage, transport)
+            result = await asyncio.to_thread(
+                self.train,
+                runner,
+                task,
+                steps=stage.steps,
+                hooks=coord.step_hooks(stage),
+                evaluate=stage.final,
+            )
+            result.update(await coord.stage_done(stage))
+            if stage.final or self.stop.is_set():
+                return result, 0
+        return {"completed": False}, coord.exit_code
 
     def _request_stop(self, sig: signal.Signals) -> None:
         self.log.info("peer.signal", signal=sig.name)
         self.stop.set()
 
-    def _is_neighbour(
-        self, runner: StepRunner, sender: int, step: int, round: int, tensor_id: int
-    ) -> bool:
-        if tensor_id == TENSOR_ALLREDUCE:
-            return sender != self.peer_id
-        phase = runner.plan.phase_at(min(step, runner.total_steps - 1))
-        if phase.mode != "gossip":
-            return False
-        W = runner.schedules.get(phase).matrix(round)
-        return bool(W[self.peer_id, sender] > 0 or W[sender, self.peer_id] > 0)
-
-    def _train(
+    def train(
         self,
         runner: StepRunner,
         task: ClassificationTask,
         *,
         steps: int | None = None,
-        hooks: StepHooks | None = None,
+        hooks: Sequence[StepHooks] = (),
+        evaluate: bool = True,
     ) -> dict[str, Any]:
-        """Train ``steps`` steps (default: the whole plan); ``hooks`` see every step (the
-        orchestrated mode applies schedules before and publishes metrics after a step)."""
-        log, i = self.log, self.peer_id
-        interval = runner.eval_interval()
+        """Train ``steps`` steps (default: the whole plan) in this thread; ``hooks`` see every
+        step (an orchestrated stage applies schedules before and publishes metrics after one).
+        ``evaluate``: evaluate (and checkpoint) at the run's evaluation interval."""
+        i = self.peer_id
         total = runner.total_steps if steps is None else min(steps, runner.total_steps)
-        last_eval: dict[str, float] = {}
-        step = 0
+        clock = _StepClock(self)
         t0 = time.perf_counter()
-        for step in range(total):
-            if self.stop.is_set():
-                log.info("peer.stopping", step=step)
-                if step > 0:  # keep the last completed step for a restart
-                    self._checkpoint(task, runner, step - 1)
-                break
-            self.step = step
-            structlog.contextvars.bind_contextvars(step=step)  # this thread's log lines
-            started = time.perf_counter()
-            if hooks is not None:
-                hooks.before(step)
+
+        def one(step: int) -> dict[str, Any]:
             record, report = runner.step(step)
-            record["step_ms"] = (time.perf_counter() - started) * 1e3  # incl. control waits
+            record["step_ms"] = (time.perf_counter() - clock.started) * 1e3  # incl. control waits
             record["peer"] = i
             record["missing"] = sorted({j for o in report.outcomes for m in o.missing for j in m})
             record["rejected"] = sorted(
                 {j for o in report.outcomes for r in o.rejected for j, _ in r}
             )
             if record["missing"]:
-                log.warning(
+                self.log.warning(
                     "round.missing",
                     step=step,
                     round=record["rounds_total"],
                     neighbours=record["missing"],
                 )
-            if hooks is not None:
-                hooks.after(step, record)
-            self.writer.metric(record)
-            final = step == runner.total_steps - 1
-            if hooks is not None and not hooks.evaluate:
-                continue
-            if (step + 1) % interval == 0 or final:
-                ev = task.evaluate(peers=True)
-                last_eval = {"accuracy": ev["acc_mean_peer"], "loss": ev["loss_mean_peer"]}
-                eval_record = {"kind": "eval", "step": step, "peer": i, **last_eval}
-                eval_record["epoch"] = record["epoch"]
-                self.writer.metric(eval_record)
-                if hooks is not None:
-                    hooks.evaluated(step, eval_record)
-                self._checkpoint(task, runner, step)
-        else:
-            step = total
+            return record
+
+        def evaluation(step: int, record: dict[str, Any], final: bool) -> dict[str, Any]:
+            ev = task.evaluate(peers=True)
+            return {
+                "kind": "eval",
+                "step": step,
+                "peer": i,
+                "accuracy": ev["acc_mean_peer"],
+                "loss": ev["loss_mean_peer"],
+                "epoch": record["epoch"],
+            }
+
+        result = drive(
+            steps=total,
+            interval=runner.eval_interval(),
+            last_step=runner.total_steps - 1,
+            train=one,
+            evaluate=evaluation if evaluate else None,
+            sink=self.writer,
+            hooks=[clock, *hooks, _Checkpoints(self, runner, task)],
+            stop=self.stop.is_set,
+        )
         return {
             "engine": "processes",
             "peer": i,
-            "steps": step,
-            "completed": step == runner.total_steps,
-            "accuracy": last_eval.get("accuracy"),
+            "steps": result.steps,
+            "completed": result.steps == runner.total_steps,
+            "accuracy": result.last_eval.get("accuracy"),
             "gossip_rounds_total": runner.rounds_total,
             "bytes_sent_total": runner.comm.counters.bytes_wire,
             "bytes_raw_total": runner.comm.counters.bytes_raw,
@@ -380,18 +359,36 @@ class PeerProcess:
             "run_dir": str(self.out),
         }
 
-    def _checkpoint(self, task: ClassificationTask, runner: StepRunner, step: int) -> None:
-        state: dict[str, Any] = {
-            "step": torch.tensor(step),
-            "params": task.x.detach().cpu(),
-            "algorithm": {k: v.detach().cpu() for k, v in runner.algorithm.state_dict().items()},
-        }
-        buffers = task.flat.buffers_flat()
-        if buffers is not None:
-            state["buffers"] = buffers.detach().cpu()
-        tmp = self.out / "checkpoint.pt.tmp"
-        torch.save(state, tmp)
-        tmp.replace(self.out / "checkpoint.pt")
+
+class _StepClock(StepHooks):
+    """Binds the step to this thread's log lines and starts the step's clock, first of all hooks
+    (a step's ``step_ms`` includes the waits of the hooks before it)."""
+
+    def __init__(self, process: PeerProcess) -> None:
+        self.process = process
+        self.started = time.perf_counter()
+
+    def before(self, step: int) -> None:
+        self.process.step = step
+        structlog.contextvars.bind_contextvars(step=step)
+        self.started = time.perf_counter()
+
+
+class _Checkpoints(StepHooks):
+    """``checkpoint.pt`` after every evaluation, and of the last complete step on a stop."""
+
+    def __init__(self, process: PeerProcess, runner: StepRunner, task: ClassificationTask) -> None:
+        self.process = process
+        self.runner = runner
+        self.task = task
+
+    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+        self.process.writer.save_checkpoint(self.task, self.runner.algorithm, step)
+
+    def stopping(self, step: int) -> None:
+        self.process.log.info("peer.stopping", step=step)
+        if step > 0:  # keep the last completed step for a restart
+            self.process.writer.save_checkpoint(self.task, self.runner.algorithm, step - 1)
 
 
 def run_peer(

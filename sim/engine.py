@@ -31,6 +31,8 @@ from concord.core.graphs.adagraph import GraphFeedback, feedback_config, initial
 from concord.core.graphs.topology import exponential_name
 from concord.core.loop import StepRunner
 from concord.core.task import ClassificationTask
+from concord.runtime.driver import StepHooks, drive
+from concord.runtime.progress import ProgressBar
 from concord.runtime.rundir import RunWriter
 from concord.sim.vectorized import VectorizedComm
 
@@ -43,6 +45,16 @@ def resolve_device(spec: str) -> torch.device:
     if spec.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {spec!r} requested but CUDA is not available on this machine")
     return torch.device(spec)
+
+
+class _Progress(StepHooks):
+    """``on_progress(record)`` after every step (sweeps follow their runs with it)."""
+
+    def __init__(self, fn: ProgressFn) -> None:
+        self.fn = fn
+
+    def stepped(self, step: int, record: dict[str, Any]) -> None:
+        self.fn(record)
 
 
 class VectorizedControl:
@@ -219,7 +231,7 @@ def run(
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
-    writer = RunWriter(Path(out_dir), cfg)
+    writer = RunWriter(Path(out_dir), cfg, engine=cfg.engine)
     calibration = None
     if cfg.control.mode == "constant" and cfg.controlled_phases():
         cache = calibration_cache or writer.dir / "calibration"
@@ -238,26 +250,28 @@ def run(
         parameters=int(task.x.shape[1]),
         device=str(trainer.device),
     )
-    interval = trainer.eval_interval()
-    last_eval: dict[str, float] = {}
-    bar = writer.progress(trainer.total_steps, enabled=progress)
-    with bar:
-        for step in range(trainer.total_steps):
-            rec = trainer.train_step(step)
-            writer.metric(rec)
-            final = step == trainer.total_steps - 1
-            if (step + 1) % interval == 0 or final:
-                ev = task.evaluate(
-                    peers=cfg.eval.peers or final,
-                    peer_samples=None if final else cfg.eval.peer_samples,
-                )
-                last_eval = ev
-                writer.metric(
-                    {"kind": "eval", "step": step, "epoch": rec["epoch"], "xi": rec["xi"], **ev}
-                )
-            bar.update(rec, last_eval)
-            if on_progress is not None:
-                on_progress(rec)
+
+    def evaluate(step: int, rec: dict[str, Any], final: bool) -> dict[str, Any]:
+        ev = task.evaluate(
+            peers=cfg.eval.peers or final,
+            peer_samples=None if final else cfg.eval.peer_samples,
+        )
+        return {"kind": "eval", "step": step, "epoch": rec["epoch"], "xi": rec["xi"], **ev}
+
+    hooks: list[StepHooks] = []
+    if on_progress is not None:
+        hooks.append(_Progress(on_progress))
+    with ProgressBar(trainer.total_steps, enabled=progress) as bar:
+        result = drive(
+            steps=trainer.total_steps,
+            interval=trainer.eval_interval(),
+            last_step=trainer.total_steps - 1,
+            train=trainer.train_step,
+            evaluate=evaluate,
+            sink=writer,
+            hooks=[bar, *hooks],
+        )
+    last_eval = result.last_eval
     writer.save_checkpoint(task, trainer.algorithm, trainer.total_steps)
     writer.write_json("edges.json", trainer.comm.counters.edge_table())
     if trainer.feedback is not None:  # ada-feedback: every decision point, like the orchestrator

@@ -41,6 +41,7 @@ from concord.core.task import ClassificationTask, load_task_data, make_partition
 from concord.errors import ProcessesError as ProcessesError
 from concord.protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
 from concord.protos.mqtt import Bus
+from concord.runtime.logs import open_log
 from concord.runtime.rundir import load_checkpoint
 
 _GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
@@ -249,16 +250,8 @@ def run_processes(
     config_path.write_text(to_toml(cfg), encoding="utf-8")
     children = Children(run_dir, cfg)
     stop: list[str] = []
-    log_file = open(run_dir / "logs" / "launcher.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-    structlog.configure(  # the monitor's MQTT client logs to the run, not to the terminal
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.JSONRenderer(),
-        ],
-        logger_factory=structlog.WriteLoggerFactory(file=log_file),
-        cache_logger_on_first_use=False,
-    )
+    # the monitor's MQTT client logs to the run, not to the terminal
+    sink = open_log(run_dir / "logs" / "launcher.jsonl", run=run_id, role="launcher")
     try:
         url = _start(children, cfg, run_dir, run_id, config_path, broker)
         monitor = Monitor(cfg.peers)
@@ -271,8 +264,7 @@ def run_processes(
         failed = children.failed()
     finally:
         children.stop()
-        structlog.reset_defaults()
-        log_file.close()
+        sink.close()
     if "orchestrator" in failed or len(failed) == cfg.peers:
         raise ProcessesError(
             f"child processes failed: {failed}; see {run_dir / 'logs'} and each log.jsonl"

@@ -1,5 +1,5 @@
-"""`concord.peer.follow.Membership`: which schedule, members and graph are in force at a step —
-adaptive graphs (ada-feedback) taken from the orchestrator's published schedule, the wait for a
+"""`concord.peer.coordination.Membership`: which schedule, members and graph are in force at a step
+— adaptive graphs (ada-feedback) taken from the orchestrator's published schedule, the wait for a
 decision's schedule at its effective step, and the neighbour check of incoming frames."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from concord.core.config import RunConfig, load_config
 from concord.core.control.runplan import Schedules, make_lr_schedule, make_plan
 from concord.core.graphs.adagraph import feedback_config
-from concord.peer.follow import Membership, phase_topologies
+from concord.peer.coordination import Membership, phase_topologies
 from concord.peer.serde import TENSOR_ALLREDUCE
 from concord.protos.control_plane import Schedule
 

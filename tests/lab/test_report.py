@@ -23,10 +23,9 @@ from concord.lab.report import (
     grid_layout,
     human_bytes,
     markdown_grid,
-    read_metrics,
-    run_title,
 )
 from concord.runtime.plots import MAX_POINTS, _decimate, write_plots
+from concord.runtime.records import read_metrics, run_title
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOT_NAMES = ["accuracy.png", "consensus.png", "rounds.png", "bytes.png"]

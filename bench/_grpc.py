@@ -5,7 +5,7 @@ real `concord.peer.transport.Transport`: handshake, one long-lived ExchangeRaw s
 chunks (`concord.peer.serde`) built as they are written (`Transport.round_`), receiver-side
 validation (header checks, part table, finiteness), the mailbox, and one Ack per tensor. Time per
 exchange = from the sender packing the tensor to the receiver's Ack arriving back. glibc malloc is
-tuned in both processes (TRANSPORT.md §4.1).
+tuned in both processes (docs/transport.md#memory).
 """
 
 from __future__ import annotations

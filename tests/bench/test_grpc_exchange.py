@@ -1,11 +1,11 @@
-"""`concord.peer.bench_support.grpc_exchange`: two spawned peer transports time one-tensor
-exchanges."""
+"""``bench/_grpc.py``'s `grpc_exchange`: two spawned peer transports time one-tensor exchanges
+(the gRPC contender of ``bench/transport.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from concord.peer.bench_support import grpc_exchange
+from bench._grpc import grpc_exchange
 
 
 def test_grpc_exchange_times_each_repeat() -> None:

@@ -1,0 +1,431 @@
+"""Who tells a peer what to run: the config alone (static peers), or the orchestrator.
+
+The peer driver (`concord.peer.app.PeerProcess.main`) is one loop over *stages*; a coordination
+decides which stages run, with which neighbours and graphs, and what happens around each step.
+
+`StaticCoordination` (no broker): the topology, the phase plan and every peer's address come from
+the config (``network.addresses``); one stage, ``train``.
+
+`OrchestratedCoordination` (``concord peer … --broker mqtt://HOST:PORT``):
+
+1. announce, as a retained status "ready", the address the others reach us at, the steps per
+   epoch of our partition and the model fingerprint; take the neighbours' addresses from the
+   orchestrator's schedule;
+2. run each stage the orchestrator starts: ``calibrate`` (the controlled phases, uncontrolled,
+   reporting θ_i) and ``train`` (rounds decided by the orchestrator, `concord.peer.control`);
+   data-plane step numbers of a stage start at its ``step_base`` so stages never share a frame key;
+3. apply a repaired schedule (a peer left) at its ``effective_step``; frames for a step are checked
+   against the schedule in force at that step (`Membership`). Each phase's topology is taken from
+   the published schedule (adaptive graphs, `concord.core.graphs.adagraph`), not from this peer's
+   config. In an ada-feedback run the peer publishes θ_i and ‖g_i‖ after every step
+   (`concord.peer.control.GraphStats`) and, at a decision's effective step, waits (at most
+   ``orchestrator.decision_timeout``) until it holds that decision's schedule, so every peer
+   switches graphs at the same step as the vectorized engine; on a timeout it keeps its graph and
+   records a fallback;
+4. report "done", wait for the run's "stop" (not when the orchestrator is gone).
+
+Per-step metrics go, as `Metrics` messages, to the orchestrator too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+from concord.core.config import RunConfig
+from concord.core.control.plan import Phase
+from concord.core.graphs.adagraph import FeedbackConfig, feedback_config, initial_topologies
+from concord.core.graphs.topology import exponential_name, max_exponential_k
+from concord.core.loop import StepRunner
+from concord.core.task import ClassificationTask
+from concord.peer.comm import PeerComm
+from concord.peer.control import ControlClient, GraphStats, OrchestratedControl
+from concord.peer.serde import TENSOR_ALLREDUCE
+from concord.peer.transport import Transport
+from concord.protos.control_plane import Schedule
+from concord.runtime.driver import StepHooks
+
+__all__ = [
+    "Membership",
+    "OrchestratedCoordination",
+    "Stage",
+    "StaticCoordination",
+    "phase_topologies",
+]
+
+_STOP_WAIT = 60.0  # seconds a finished peer keeps serving until the run's "stop"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pass of training the peer runs: ``train`` (the run) or ``calibrate`` (the uncontrolled
+    pass of constant targets)."""
+
+    name: str
+    steps: int | None  # None: the whole plan
+    step_base: int  # data-plane step numbers of this stage start here
+
+    @property
+    def final(self) -> bool:
+        return self.name == "train"
+
+
+# ---------------------------------------------------------------------------------------------
+# Static peers
+
+
+class StaticCoordination:
+    """No orchestrator: one ``train`` stage over the config's topology and addresses."""
+
+    exit_code = 0
+
+    def __init__(self, cfg: RunConfig, peer_id: int, addresses: list[str]) -> None:
+        self.cfg = cfg
+        self.peer_id = peer_id
+        self.addresses = addresses
+        self.runner: StepRunner | None = None
+        self._started = False
+
+    async def __aenter__(self) -> StaticCoordination:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    async def join(self, task: ClassificationTask, transport: Transport, advertise: str) -> bool:
+        return True
+
+    async def next_stage(self) -> Stage | None:
+        if self._started:
+            return None
+        self._started = True
+        return Stage("train", None, 0)
+
+    def round_hooks(
+        self, stage: Stage, comm: PeerComm, loop: asyncio.AbstractEventLoop
+    ) -> tuple[OrchestratedControl | None, GraphStats | None]:
+        return None, None
+
+    def begin(self, stage: Stage, runner: StepRunner) -> None:
+        # ada-schedule's per-phase graphs: from the config here (no orchestrator publishes them)
+        phases = len(runner.plan.phases)
+        cfg = self.cfg
+        runner.schedules.set_topologies(
+            initial_topologies(cfg.algorithm, cfg.hyper, cfg.peers, phases)
+        )
+        self.runner = runner
+
+    def step_hooks(self, stage: Stage) -> list[StepHooks]:
+        return []
+
+    async def training(self, stage: Stage, transport: Transport) -> None:
+        return None
+
+    async def stage_done(self, stage: Stage) -> dict[str, Any]:
+        return {}
+
+    async def leave(self, summary: dict[str, Any]) -> None:
+        return None
+
+    def counters(self) -> dict[str, Any]:
+        return {}
+
+    def is_neighbour(self, sender: int, step: int, round: int, tensor_id: int) -> bool:
+        if tensor_id == TENSOR_ALLREDUCE:
+            return sender != self.peer_id
+        runner = self.runner
+        if runner is None:
+            return False
+        phase = runner.plan.phase_at(min(step, runner.total_steps - 1))
+        if phase.mode != "gossip":
+            return False
+        W = runner.schedules.get(phase).matrix(round)
+        return bool(W[self.peer_id, sender] > 0 or W[sender, self.peer_id] > 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers that follow the orchestrator
+
+
+def phase_topologies(schedule: Schedule) -> dict[int, str | None]:
+    """Phase index → the topology the schedule gives it (None: the run's topology)."""
+    return {int(p["index"]): p["topology"] for p in schedule.phases}
+
+
+class Membership:
+    """Which peers gossip at which step, over which graph: the applied schedule and a pending
+    newer one (a repaired schedule, or an ada-feedback decision)."""
+
+    def __init__(self, peer_id: int, feedback: FeedbackConfig | None = None, n: int = 2) -> None:
+        self.peer_id = peer_id
+        self.client: ControlClient | None = None
+        self.runner: StepRunner | None = None
+        self.step_base = 0
+        self.applied = 0  # version of the schedule in force
+        self.feedback = feedback  # ada-feedback: when decisions take effect
+        self.densest = exponential_name(max_exponential_k(n))  # contains every exponential:K
+
+    def _pending(self) -> Schedule | None:
+        s = self.client.schedule if self.client is not None else None
+        return s if s is not None and s.version > self.applied else None
+
+    def apply(self, s: Schedule) -> None:
+        """Put ``s`` in force: its members and each phase's topology."""
+        if self.runner is not None:
+            self.runner.schedules.set_members(s.peers)
+            self.runner.schedules.set_topologies(phase_topologies(s))
+        self.applied = s.version
+
+    def before_step(self, step: int) -> Schedule | None:
+        """Apply a newer schedule whose effective step has come; returns it if applied."""
+        s = self._pending()
+        if s is None or step < s.effective_step or self.runner is None:
+            return None
+        self.apply(s)
+        return s
+
+    def holds(self, decision: int) -> bool:
+        """This peer holds a schedule reflecting ada-feedback decision point ``decision``."""
+        s = self.client.schedule if self.client is not None else None
+        return s is not None and s.decided_at is not None and s.decided_at >= decision
+
+    def awaited(self, step: int) -> int | None:
+        """ada-feedback: the decision point taking effect at ``step`` whose schedule this peer
+        does not hold yet (None: nothing to wait for)."""
+        if self.feedback is None:
+            return None
+        s = self.feedback.decided_for(step)
+        return s if s is not None and not self.holds(s) else None
+
+    def _topology_at(self, step: int, phase: Phase, in_force: Schedule | None) -> str | None:
+        """The topology of ``phase`` at ``step`` (None: the applied one)."""
+        if self.feedback is not None:
+            s = self.feedback.in_force(step)
+            if s is not None and not self.holds(s):
+                return self.densest  # a decision not received yet: any K it may pick
+        if in_force is None or self.runner is None:
+            return None
+        name = phase_topologies(in_force).get(phase.index)
+        return name or phase.topology or self.runner.cfg.topology
+
+    def is_neighbour(self, sender: int, wire_step: int, round: int, tensor_id: int) -> bool:
+        if tensor_id == TENSOR_ALLREDUCE:
+            return sender != self.peer_id
+        runner = self.runner
+        step = wire_step - self.step_base
+        if runner is None or step < 0:
+            return True  # a straggler of the previous stage: filed and never read
+        phase = runner.plan.phase_at(min(step, runner.total_steps - 1))
+        if phase.mode != "gossip":
+            return False
+        pending = self._pending()
+        in_force = pending if pending is not None and step >= pending.effective_step else None
+        members = in_force.peers if in_force is not None else None
+        topology = self._topology_at(step, phase, in_force)
+        W = runner.schedules.get(phase, members, topology).matrix(round)
+        return bool(W[self.peer_id, sender] > 0 or W[sender, self.peer_id] > 0)
+
+
+class OrchestratorHooks(StepHooks):
+    """Around each step of an orchestrated stage: schedules in force before it, how its rounds
+    were decided and its metrics (to the orchestrator) after it."""
+
+    def __init__(
+        self, control: OrchestratedControl, membership: Membership, log: Any, train: bool
+    ) -> None:
+        self.control = control
+        self.membership = membership
+        self.log = log
+        self.train = train
+        self.graph_fallback = False  # this step ran on its old graph (decision not received)
+
+    def before(self, step: int) -> None:
+        self.graph_fallback = False
+        decision = self.membership.awaited(step)
+        if decision is not None and not self.control.wait_for_schedule(
+            lambda: self.membership.holds(decision)
+        ):
+            self.graph_fallback = True  # keep the current graph (concord.peer.control docstring)
+            self.log.warning("graph.fallback", step=step, decision=decision)
+        s = self.membership.before_step(step)
+        if s is not None:
+            self.log.info(
+                "schedule.applied",
+                version=s.version,
+                peers=s.peers,
+                step=step,
+                topologies=[ph["topology"] for ph in s.phases],
+            )
+
+    def after(self, step: int, record: dict[str, Any]) -> None:
+        if self.graph_fallback:
+            record["graph_fallback"] = True
+        record["stage"] = self.control.stage
+        record["control"] = self.control.how or None
+        record["control_wait_ms"] = 1000.0 * self.control.wait_s
+        self.control.how, self.control.wait_s = "", 0.0
+        if self.train:
+            self.control.publish_metrics(step, "step", record)
+
+    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+        self.control.publish_metrics(step, "eval", record)
+
+
+class OrchestratedCoordination:
+    """The stages, schedules and round decisions of the orchestrator, over MQTT."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        peer_id: int,
+        *,
+        broker: str,
+        run_id: str,
+        stop: threading.Event,
+        step: Callable[[], int],
+    ) -> None:
+        self.cfg = cfg
+        self.peer_id = peer_id
+        self.stop = stop
+        self.log = structlog.get_logger(__name__)
+        self.broker = broker
+        self.addresses = [""] * cfg.peers
+        feedback = feedback_config(cfg.hyper) if cfg.algorithm == "ada-feedback" else None
+        self.membership = Membership(peer_id, feedback, cfg.peers)
+        self.client = ControlClient(
+            broker, run_id, peer_id, heartbeat=cfg.orchestrator.heartbeat, step=step
+        )
+        self.membership.client = self.client
+        self.exit_code = 0
+        self._handled: list[float] = []  # ts of the run controls already acted on
+        self._advertise = ""
+        self._control: OrchestratedControl | None = None
+
+    def is_neighbour(self, sender: int, wire_step: int, round: int, tensor_id: int) -> bool:
+        return self.membership.is_neighbour(sender, wire_step, round, tensor_id)
+
+    async def __aenter__(self) -> OrchestratedCoordination:
+        await self.client.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.client.__aexit__(exc_type, exc, tb)
+
+    async def join(self, task: ClassificationTask, transport: Transport, advertise: str) -> bool:
+        """Announce "ready" and wait for the first schedule; False: no broker or no schedule."""
+        ctl, timeout = self.client, self.cfg.network.startup_timeout
+        self._advertise = advertise
+        if not await ctl.bus.wait_connected(timeout):
+            self.log.error("peer.no_broker", broker=self.broker)
+            return False
+        await ctl.status(
+            "ready",
+            address=advertise,
+            steps_per_epoch=task.steps_per_epoch,
+            fingerprint=task.flat.fingerprint(),
+        )
+        if not await ctl.wait_for(lambda: ctl.schedule is not None or self.stop.is_set(), timeout):
+            self.log.error("peer.no_schedule", waited=timeout)
+            return False
+        schedule = ctl.schedule
+        if schedule is not None:
+            transport.set_addresses(dict(zip(schedule.peers, schedule.addresses, strict=True)))
+        return True
+
+    async def next_stage(self) -> Stage | None:
+        """The next stage the orchestrator starts; None when a stop comes first."""
+        ctl = self.client
+
+        def news() -> bool:
+            control = ctl.control
+            return self.stop.is_set() or (control is not None and control.ts not in self._handled)
+
+        await ctl.wait_for(news, None)
+        control = ctl.control
+        if self.stop.is_set() or control is None:
+            return None
+        self._handled.append(control.ts)
+        if control.action == "stop":
+            self.exit_code = 1
+            return None
+        return Stage(control.stage, control.steps or None, control.step_base)
+
+    def round_hooks(
+        self, stage: Stage, comm: PeerComm, loop: asyncio.AbstractEventLoop
+    ) -> tuple[OrchestratedControl | None, GraphStats | None]:
+        cfg = self.cfg
+
+        def bytes_sent() -> int:
+            return comm.counters.bytes_wire
+
+        self._control = OrchestratedControl(
+            self.client,
+            loop,
+            stage=stage.name,
+            lagged=cfg.control.lagged,
+            lag=cfg.control.lag,
+            timeout=cfg.orchestrator.decision_timeout,
+            bytes_sent=bytes_sent,
+        )
+        graphs = None
+        if cfg.algorithm == "ada-feedback" and stage.name == "train":
+            graphs = GraphStats(self.client, loop, bytes_sent=bytes_sent)
+        return self._control, graphs
+
+    def begin(self, stage: Stage, runner: StepRunner) -> None:
+        self.membership.runner, self.membership.step_base = runner, stage.step_base
+        if self.client.schedule is not None:  # a stage starts everyone at once: the newest one
+            self.membership.apply(self.client.schedule)
+
+    def step_hooks(self, stage: Stage) -> list[StepHooks]:
+        assert self._control is not None, "round_hooks() comes first"
+        return [OrchestratorHooks(self._control, self.membership, self.log, stage.final)]
+
+    async def training(self, stage: Stage, transport: Transport) -> None:
+        await self.client.status("training", stage=stage.name, address=self._advertise)
+
+    async def stage_done(self, stage: Stage) -> dict[str, Any]:
+        control = self._control
+        fallbacks = 0
+        if control is not None:
+            control.close()  # statistics still held (a stop between a step and its record)
+            fallbacks = control.fallbacks
+        await self.client.status("done", stage=stage.name)
+        return {"control_fallbacks": fallbacks}
+
+    async def leave(self, summary: dict[str, Any]) -> None:
+        """Wait for the run's "stop" (nobody says it when the orchestrator is gone)."""
+        ctl = self.client
+        if not self.stop.is_set():
+            await ctl.wait_for(
+                lambda: (
+                    self.stop.is_set()
+                    or (ctl.control is not None and ctl.control.action == "stop")
+                    or ctl.orchestrator_gone
+                ),
+                _STOP_WAIT,
+            )
+        if not summary.get("completed"):
+            await ctl.status("failed", reason="stopped before the end of training")
+
+    def counters(self) -> dict[str, Any]:
+        return {
+            "broker_connects": self.client.bus.connects,
+            "control_payloads_rejected": self.client.bus.rejected,
+        }

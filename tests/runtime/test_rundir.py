@@ -1,0 +1,55 @@
+"""`concord.runtime.rundir.RunWriter`: one writer for engine and peer run directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from concord.core.config import load_config
+from concord.runtime.rundir import RunWriter, load_checkpoint
+
+
+def test_flush_every_line_leaves_each_record_on_disk(tmp_path: Path) -> None:
+    cfg = load_config(None, ["peers=2"], environ={})
+    writer = RunWriter(tmp_path / "peer-0", cfg, run="r", flush_every=1, peer=0)
+    writer.metric({"kind": "step", "step": 0})
+    on_disk = (tmp_path / "peer-0" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in on_disk] == [0]  # before finish
+    writer.finish({"completed": True}, plots=False)
+    assert json.loads((tmp_path / "peer-0" / "summary.json").read_text()) == {"completed": True}
+    log = [
+        json.loads(line) for line in (tmp_path / "peer-0" / "log.jsonl").read_text().splitlines()
+    ]
+    assert {e["event"] for e in log} >= {"run.start", "run.finish"}
+    assert all(e["run"] == "r" and e["peer"] == 0 for e in log)
+
+
+def test_buffered_writer_flushes_at_finish(tmp_path: Path) -> None:
+    cfg = load_config(None, [], environ={})
+    writer = RunWriter(tmp_path / "run", cfg)
+    for step in range(3):
+        writer.metric({"step": step})
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""  # buffered (200 lines)
+    writer.finish({}, plots=False)
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_checkpoint_is_replaced_atomically_and_loads_without_pickle(tmp_path: Path) -> None:
+    cfg = load_config(None, [], environ={})
+    writer = RunWriter(tmp_path / "run", cfg)
+    task = SimpleNamespace(
+        x=torch.arange(6.0).reshape(1, 6), flat=SimpleNamespace(buffers_flat=lambda: None)
+    )
+    algorithm = SimpleNamespace(state_dict=lambda: {"m": torch.ones(1, 6)})
+    writer.save_checkpoint(task, algorithm, 4)
+    task.x = task.x + 1
+    path = writer.save_checkpoint(task, algorithm, 9)
+    assert not list((tmp_path / "run").glob("*.tmp"))
+    state = load_checkpoint(path)  # torch.load(weights_only=True)
+    assert int(state["step"]) == 9
+    assert torch.equal(state["params"], task.x)
+    assert torch.equal(state["algorithm"]["m"], torch.ones(1, 6))
+    writer.close()
