@@ -20,7 +20,8 @@ from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 
 if TYPE_CHECKING:
     from concord.core.compress import Codec
-    from concord.peer.transport import Arrival, Transport
+    from concord.peer.mailbox import Arrival
+    from concord.peer.transport import Transport
 
 
 class PeerComm(Comm):

@@ -87,7 +87,8 @@ class RandomK(Codec):
             more = 2 * (m - uniq.numel()) + 32
         first = torch.full((uniq.numel(),), draws.numel(), dtype=torch.int64)
         first.scatter_reduce_(0, inverse, torch.arange(draws.numel()), reduce="amin")
-        return uniq[first.argsort()[:m]].sort().values
+        kept: torch.Tensor = uniq[first.argsort()[:m]].sort().values
+        return kept
 
     def _index_rows(self, d: int, keys: Sequence[int]) -> torch.Tensor:
         return torch.stack([self.indices(d, key) for key in keys])

@@ -15,8 +15,9 @@ bytes, str and ints need no globals. Persistent ids are refused by the base clas
 
 Preprocessing: pixels ÷ 255, then per channel (x − mean) / std with mean (0.4914, 0.4822, 0.4465)
 and std (0.2023, 0.1994, 0.2010) — the convention of Tao Lin's code and relaysgd ``tasks/cifar.py``
-(ALGORITHMS §8). Augmentation (`augment_cifar`): random 32×32 crop of the image zero-padded by 4
-pixels (padding in raw pixel space, i.e. black) and a horizontal flip with probability ½.
+(docs/algorithms.md#training-recipes). Augmentation (`augment_cifar`): random 32×32 crop of the
+image zero-padded by 4 pixels (padding in raw pixel space, i.e. black) and a horizontal flip with
+probability ½.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _safe_reconstruct(subtype: object, shape: object, dtype: object) -> np.ndarr
 
 
 def _safe_dtype(*args: Any) -> np.dtype[Any]:
-    dt = np.dtype(*args)
+    dt: np.dtype[Any] = np.dtype(*args)
     if dt.hasobject:
         raise UnsafePickleError(f"object dtype {dt!r} refused (its payload would be a pickle)")
     return dt

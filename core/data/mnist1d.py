@@ -91,7 +91,8 @@ def templates() -> np.ndarray:
     x = _RAW_TEMPLATES - _RAW_TEMPLATES.mean(axis=1, keepdims=True)
     x /= x.std(axis=1, keepdims=True)
     x -= x[:, :1]
-    return x / 6.0
+    scaled: np.ndarray = x / 6.0
+    return scaled
 
 
 def _resample(x: np.ndarray, lengths: np.ndarray, out_len: int) -> np.ndarray:
@@ -106,7 +107,8 @@ def _resample(x: np.ndarray, lengths: np.ndarray, out_len: int) -> np.ndarray:
     frac = pos - i0
     left = np.take_along_axis(x, i0, axis=1)
     right = np.take_along_axis(x, i0 + 1, axis=1)
-    return left * (1.0 - frac) + right * frac
+    mixed: np.ndarray = left * (1.0 - frac) + right * frac
+    return mixed
 
 
 def gaussian_smooth(noise: np.ndarray) -> np.ndarray:

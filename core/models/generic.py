@@ -53,7 +53,8 @@ def resolve_callable(target: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise ValueError(f"model {target!r}: {attr_path!r} is not callable")
-    return obj
+    builder: Callable[..., Any] = obj
+    return builder
 
 
 def _accepts(fn: Callable[..., Any], name: str) -> bool:

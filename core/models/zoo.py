@@ -163,7 +163,8 @@ class ReplicaCNN1d(ReplicaModel):
         for conv in self.convs:
             h = F.relu(conv.forward_channels_last(h))  # type: ignore[operator]
         # per replica, features in torch.flatten order of [C, L] (as the reference ConvBase)
-        return self.head(h.transpose(2, 3).reshape(self.k, x.shape[1], -1))
+        out: torch.Tensor = self.head(h.transpose(2, 3).reshape(self.k, x.shape[1], -1))
+        return out
 
 
 @MODELS.register("cnn1d")
@@ -211,7 +212,8 @@ class ReplicaCNN(ReplicaModel):
         h = fold(x.reshape(self.k, x.shape[1], self._in_channels, *x.shape[-2:]))
         for conv in self.convs:
             h = F.max_pool2d(F.relu(conv(h)), 2)
-        return self.head(flatten_features(h, self.k))
+        out: torch.Tensor = self.head(flatten_features(h, self.k))
+        return out
 
 
 @MODELS.register("cnn")
@@ -336,7 +338,8 @@ class ReplicaResNet20(ReplicaModel):
     def _forward(self, x: Tensor) -> Tensor:
         h = F.relu(self.norm(self.conv(fold(x))))
         h = self.stages(h).mean(dim=(2, 3))  # global average pool: [B, k·C]
-        return self.head(flatten_features(h, self.k))
+        out: torch.Tensor = self.head(flatten_features(h, self.k))
+        return out
 
 
 @MODELS.register("resnet20")
