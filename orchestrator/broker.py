@@ -2,10 +2,14 @@
 
 `EmbeddedBroker` is the zero-setup default: an amqtt broker in the orchestrator's event loop,
 bound to 127.0.0.1 on a free port (amqtt's own default would be 0.0.0.0:1883 plus $SYS and
-packet-logging plugins — TRANSPORT.md §4.4 — all overridden here). It speaks MQTT 3.1.1 only.
-`MosquittoBroker` runs a private Mosquitto (Debian package) on a free loopback port with
-``set_tcp_nodelay true`` (without it QoS 1 control messages take 44 ms per hop, TRANSPORT.md §3f);
-real deployments point everything at their own Mosquitto instead.
+packet-logging plugins — docs/transport.md#embedded-broker — all overridden here). It speaks
+MQTT 3.1.1 only. `MosquittoBroker` runs a private Mosquitto (Debian package) on a free loopback
+port with ``set_tcp_nodelay true`` (without it QoS 1 control messages take 44 ms per hop,
+docs/transport.md#tcp-nodelay); real deployments point everything at their own Mosquitto instead.
+
+amqtt is an optional dependency (``pip install 'concord[broker]'``): it is imported only when an
+`EmbeddedBroker` starts, so a run given an external broker (``--broker mqtt://HOST:PORT`` or
+``orchestrator.broker``) never needs it.
 """
 
 from __future__ import annotations
@@ -23,9 +27,34 @@ from typing import Any
 
 import structlog
 
+from concord.errors import OrchestratorError
+
 log = structlog.get_logger("concord.orchestrator.broker")
 
 _BIND_ATTEMPTS = 5
+BROKER_EXTRA_HINT = (
+    "the embedded MQTT broker needs amqtt, which is not installed: install it with "
+    "pip install 'concord[broker]' (or 'concord[all]'), or use an external MQTT broker instead "
+    "(--broker mqtt://HOST:PORT, or orchestrator.broker in the config; e.g. Mosquitto)"
+)
+
+
+class BrokerUnavailableError(OrchestratorError, ImportError):
+    """The embedded broker was needed but amqtt (the ``broker`` extra) is not installed.
+
+    An `OrchestratorError` (so a RuntimeError, as the CLI reports) and an ImportError."""
+
+
+def require_embedded_broker() -> Any:
+    """amqtt's ``Broker`` class, imported on first use (amqtt is the optional ``broker`` extra).
+
+    Raises `BrokerUnavailableError` naming the extra and the external-broker alternative; callers
+    that will embed a broker later may call this first to fail before starting anything."""
+    try:
+        from amqtt.broker import Broker
+    except ImportError as exc:
+        raise BrokerUnavailableError(f"{BROKER_EXTRA_HINT} ({exc})") from exc
+    return Broker
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -56,8 +85,9 @@ class EmbeddedBroker:
         }
 
     async def start(self) -> None:
-        from amqtt.broker import Broker
-
+        """Bind and start amqtt; `BrokerUnavailableError` (an ImportError naming the ``broker``
+        extra and the external-broker alternative) when amqtt is not installed."""
+        Broker = require_embedded_broker()
         last: Exception | None = None
         for _ in range(_BIND_ATTEMPTS if self.port == 0 else 1):
             port = self.port or free_port(self.host)

@@ -1,6 +1,6 @@
 """Offline datasets, data partitioners and the per-replica batch sampler.
 
-- `load_dataset` / `Dataset` / `DATASET_NAMES` — mnist1d (generated), digits (sklearn),
+- `load_dataset` / `Dataset` / `DATASET_NAMES` — mnist1d (generated), digits (shipped file),
   gaussian-mixture (generated), cifar10 (local files, restricted unpickler);
 - `partition` / `PARTITION_NAMES` / `label_histograms` / `partition_stats` — iid, Dirichlet,
   label-sorted (DeTAG), shards, or "module:callable" user code;

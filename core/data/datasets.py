@@ -4,7 +4,7 @@
 name                source                                                     input_shape
 ==================  =========================================================  ===============
 mnist1d             generated locally (Greydanus 2020), cached as .npz          (40,)
-digits              scikit-learn ``load_digits`` (ships with sklearn), ÷ 16      (1, 8, 8)
+digits              shipped ``digits.npz`` (scikit-learn's copy), ÷ 16          (1, 8, 8)
 gaussian-mixture    generated (`concord.core.data.synthetic`)                           (dim,)
 cifar10             local ``cifar-10-batches-py`` files (`concord.core.data.cifar`)     (3, 32, 32)
 ==================  =========================================================  ===============
@@ -16,6 +16,7 @@ Options a dataset does not know raise ValueError listing the valid ones.
 
 from __future__ import annotations
 
+import importlib.resources
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from concord.core.data.base import Dataset, check_fraction, stratified_split
+from concord.core.data.base import (
+    Dataset,
+    DatasetFormatError,
+    DatasetNotFoundError,
+    check_fraction,
+    stratified_split,
+)
 from concord.core.data.cifar import load_cifar10
 from concord.core.data.mnist1d import load_mnist1d
 from concord.core.data.synthetic import load_gaussian_mixture
@@ -34,20 +41,54 @@ DatasetLoader = Callable[..., Dataset]
 DATASETS: Registry[DatasetLoader] = Registry("dataset")
 DATASET_NAMES = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
 _CONTEXT_ARGS = ("seed", "root", "cache_dir")  # passed only to loaders that declare them
+DIGITS_FILE = "digits.npz"  # package data next to this module; see scripts/export_digits.py
+DIGITS_COUNT = 1797
+
+
+def read_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The shipped digits file → (pixels uint8 [1797, 64] in 0..16, labels uint8 [1797]).
+
+    Read with `importlib.resources`, so it works from a wheel, an editable install or a zip.
+    """
+    resource = importlib.resources.files(__package__ or "concord.core.data") / DIGITS_FILE
+    try:
+        with resource.open("rb") as f, np.load(f, allow_pickle=False) as npz:
+            data, target = np.asarray(npz["data"]), np.asarray(npz["target"])
+    except FileNotFoundError:
+        raise DatasetNotFoundError(
+            f"{DIGITS_FILE} is missing from the installed concord.core.data package "
+            "(scripts/export_digits.py regenerates it)"
+        ) from None
+    except (KeyError, ValueError, OSError) as e:
+        raise DatasetFormatError(f"{DIGITS_FILE}: not a digits archive ({e})") from None
+    if (
+        data.dtype != np.uint8
+        or target.dtype != np.uint8
+        or data.shape != (DIGITS_COUNT, 64)
+        or target.shape != (DIGITS_COUNT,)
+        or int(data.max()) > 16
+        or int(target.max()) > 9
+    ):
+        raise DatasetFormatError(
+            f"{DIGITS_FILE}: expected uint8 data [{DIGITS_COUNT}, 64] in 0..16 and target "
+            f"[{DIGITS_COUNT}] in 0..9, got {data.dtype} {data.shape} and {target.dtype} "
+            f"{target.shape}"
+        )
+    return data, target
 
 
 def load_digits_dataset(*, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
-    """scikit-learn's 8×8 handwritten digits (1797 images, 10 classes), pixels scaled to [0, 1].
+    """The 8×8 handwritten digits (1797 images, 10 classes), pixels scaled to [0, 1].
 
+    The data is scikit-learn's ``load_digits`` copy (UCI optdigits), shipped with Concord as
+    ``digits.npz`` (scripts/export_digits.py): loading needs no scikit-learn.
     Seeded stratified split: each class puts round(test_fraction · count) images in test;
     test_fraction in (0, 1), default 0.2.
     """
-    from sklearn.datasets import load_digits  # local import: sklearn is slow to import
-
     tf = check_fraction("test_fraction", test_fraction)
-    bunch = load_digits()
-    x = (np.asarray(bunch.data, dtype=np.float32) / 16.0).reshape(-1, 1, 8, 8)
-    y = np.asarray(bunch.target, dtype=np.int64)
+    data, target = read_digits()
+    x = (data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    y = target.astype(np.int64)
     tr, te = stratified_split(y, tf, np.random.default_rng(seed))
     return Dataset(
         name="digits",
@@ -57,7 +98,11 @@ def load_digits_dataset(*, seed: int = 0, test_fraction: float = 0.2) -> Dataset
         y_test=torch.from_numpy(y[te]),
         num_classes=10,
         input_shape=(1, 8, 8),
-        meta={"source": "sklearn.datasets.load_digits", "seed": seed, "test_fraction": tf},
+        meta={
+            "source": f"concord.core.data/{DIGITS_FILE} (scikit-learn load_digits)",
+            "seed": seed,
+            "test_fraction": tf,
+        },
     )
 
 

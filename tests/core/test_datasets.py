@@ -7,6 +7,8 @@ import json
 import os
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,9 @@ from concord.core.data import (
     load_dataset,
 )
 from concord.core.data import mnist1d as m1d
+from concord.core.data.base import stratified_split
 from concord.core.data.cifar import TEST_FILE, TRAIN_FILES, restricted_load
+from concord.core.data.datasets import DIGITS_FILE, read_digits
 from concord.core.registry import UnknownNameError
 
 torch.set_num_threads(1)
@@ -160,6 +164,49 @@ def test_digits_stratified_split_in_unit_range() -> None:
     total = torch.bincount(torch.cat([a.y_train, a.y_test]), minlength=10).double()
     test = torch.bincount(a.y_test, minlength=10).double()
     assert torch.all((test - 0.2 * total).abs() <= 0.5)  # round(0.2·count) per class
+
+
+def test_shipped_digits_file_equals_scikit_learns_copy() -> None:
+    """digits.npz (scripts/export_digits.py) holds exactly sklearn's load_digits, and the loader
+    gives what the former sklearn-based loader gave: pixels ÷ 16 as float32, the same split."""
+    datasets = pytest.importorskip(
+        "sklearn.datasets",
+        reason="scikit-learn is not installed (it comes with the dev extra); nothing to compare",
+    )
+    bunch = datasets.load_digits()
+    data, target = read_digits()
+    assert data.dtype == np.uint8
+    assert target.dtype == np.uint8
+    assert np.array_equal(data, bunch.data)
+    assert np.array_equal(target, bunch.target)
+    ds = load_dataset("digits", seed=5, test_fraction=0.3)
+    x = (np.asarray(bunch.data, dtype=np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    y = np.asarray(bunch.target, dtype=np.int64)
+    tr, te = stratified_split(y, 0.3, np.random.default_rng(5))
+    assert torch.equal(ds.x_train, torch.from_numpy(x[tr]))
+    assert torch.equal(ds.y_test, torch.from_numpy(y[te]))
+
+
+def test_digits_load_from_package_data_without_sklearn() -> None:
+    """The digits file is package data and loading it never imports scikit-learn (checked in a
+    fresh interpreter, where no other test can have imported sklearn already)."""
+    import importlib.resources
+
+    assert (importlib.resources.files("concord.core.data") / DIGITS_FILE).is_file()
+    code = (
+        "import sys\n"
+        "from concord.core.data import load_dataset\n"
+        "ds = load_dataset('digits', seed=0)\n"
+        "assert ds.num_train + ds.num_test == 1797, ds\n"
+        "assert 'sklearn' not in sys.modules, 'loading digits imported sklearn'\n"
+        "sys.modules['sklearn'] = None  # and it works where sklearn cannot be imported at all\n"
+        "assert load_dataset('digits', seed=1).num_test == ds.num_test\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_gaussian_mixture_is_seeded_balanced_and_learnable() -> None:
