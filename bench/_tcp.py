@@ -1,4 +1,5 @@
-"""Raw-TCP baselines for ``bench/transport.py`` (TRANSPORT.md §2b/§3b) and the process plumbing.
+"""Raw-TCP baselines for ``bench/transport.py`` (docs/transport.md#benchmarks) and the process
+plumbing.
 
 Wire format of one exchange: an 8-byte big-endian length, then the payload; the receiver answers
 one byte once the whole payload has arrived. The sender's clock runs from its first write to that
@@ -6,8 +7,8 @@ byte. Two contenders:
 
 * ``naive``: asyncio streams as an application would write them without tuning — one
   ``writer.write(payload)`` + ``drain``; the receiver ``readexactly(n)`` (default stream limit);
-* ``best``: the fastest asyncio variant measured in TRANSPORT.md — the sender writes 1 MiB
-  memoryview slices, each followed by ``drain``; the receiver is an `asyncio.BufferedProtocol`
+* ``best``: the fastest asyncio variant measured (docs/transport.md#benchmarks) — the sender writes
+  1 MiB memoryview slices, each followed by ``drain``; the receiver is an `asyncio.BufferedProtocol`
   whose ``get_buffer`` hands out the rest of a buffer preallocated before the receiver reports
   ready.
 
@@ -27,16 +28,17 @@ from collections.abc import Callable
 from typing import Any
 
 MiB = 1 << 20
-CHUNK = MiB  # sender write size of the best raw variant (TRANSPORT.md §3b: 1 MiB ≈ 4 MiB > 256 KiB)
+CHUNK = MiB  # sender write size of the best raw variant (docs/transport.md#benchmarks)
 HEADER = struct.Struct("!Q")
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
 
 
 def tune_malloc() -> bool:
-    """Serve blocks below 256 MiB from the heap and keep freed heap memory (TRANSPORT.md §4.1):
-    otherwise every fresh buffer above 32 MiB is a new mmap costing one page fault per 4 KiB page
-    (~16k faults, ~35 ms per 64 MiB). Both settings are needed. Call once at process start, before
-    big allocations. Cost: RSS stays at its peak. Returns False where there is no glibc."""
+    """Serve blocks below 256 MiB from the heap and keep freed heap memory
+    (docs/transport.md#memory): otherwise every fresh buffer above 32 MiB is a new mmap costing one
+    page fault per 4 KiB page (~16k faults, ~35 ms per 64 MiB). Both settings are needed. Call once
+    at process start, before big allocations. Cost: RSS stays at its peak. Returns False where there
+    is no glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
@@ -215,7 +217,7 @@ def run_pair(
     """Start ``receiver(*rargs, ready)`` in a spawned process, wait for the port it puts on
     ``ready``, run ``sender(port, *sargs, out)`` in another, and return what it puts on ``out``.
     Both processes are joined (or killed) before returning."""
-    ctx = mp.get_context("spawn")  # never fork (TRANSPORT.md §5.2)
+    ctx = mp.get_context("spawn")  # never fork (docs/transport.md#spawn-never-fork)
     ready, out = ctx.Queue(), ctx.Queue()
     rp = ctx.Process(target=receiver, args=(*rargs, ready), name=receiver.__name__, daemon=True)
     procs = [rp]

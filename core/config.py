@@ -5,7 +5,9 @@ Validation reports *every* problem at once, each with its dotted key, so a user 
 one go. This module is torch-free: the orchestrator validates the same config.
 
 Names accepted here (algorithms, datasets, models, partitions, topologies) are the public names of
-the registries in `core`; ``tests/core/test_config.py`` checks both lists agree.
+the registries in `core`; ``tests/core/test_config.py`` checks both lists agree. What an algorithm
+admits (codecs, consensus control, directed or time-varying topologies, ...) is read from its
+traits in the torch-free catalog (`concord.core.algorithms.catalog`), not from lists of names.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from concord.core.graphs.adagraph import ADA_ALGORITHMS, hyper_problems
+from concord.core.algorithms.catalog import CAST_CODECS, CATALOG, AlgorithmSpec, spec_of
 from concord.core.graphs.graph import TopologyError
 from concord.core.graphs.topology import (
     DIRECTED_TOPOLOGIES,
@@ -31,23 +34,7 @@ from concord.core.graphs.topology import (
 from concord.core.graphs.trees import relay_trees
 from concord.errors import ConfigError as ConfigError
 
-ALGORITHM_NAMES: tuple[str, ...] = (
-    "allreduce",
-    "dsgd",
-    "choco",
-    "gradient-tracking",
-    "d2",
-    "exact-diffusion",
-    "qgm",
-    "local-sgd",
-    "relaysgd",
-    "relaysgd-grad",
-    "sgp",
-    "detag",
-    "dsgt",
-    "ada-schedule",
-    "ada-feedback",
-)
+ALGORITHM_NAMES: tuple[str, ...] = tuple(CATALOG)  # every algorithm of the catalog, in its order
 TIME_VARYING = (
     "exponential-one-peer",
     "exponential-one-peer-directed",
@@ -374,9 +361,15 @@ class RunConfig(_Section):
             return v
         raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N'; got {v!r}")
 
+    @property
+    def spec(self) -> AlgorithmSpec:
+        """The catalog entry of ``algorithm``: its traits (`concord.core.algorithms.catalog`)."""
+        return spec_of(self.algorithm)
+
     @model_validator(mode="after")
     def _cross(self) -> RunConfig:
         problems: list[str] = []
+        spec = self.spec
         n_phases = len(self.optim.milestones) + 1
         modes = self.phase_modes()
         if isinstance(self.plan, list) and len(self.plan) != n_phases:
@@ -401,23 +394,12 @@ class RunConfig(_Section):
                         f"control.phases: phase {k} uses exact averaging under plan "
                         f"{self.plan!r}; consensus control needs a gossip phase"
                     )
-            if self.algorithm == "allreduce":
-                problems.append("control.mode: all-reduce has no consensus distance to control")
-            if self.algorithm == "local-sgd":
+            if spec.uncontrolled is not None:
+                problems.append(f"control.mode: {spec.uncontrolled}")
+            elif self.control.lagged and not spec.lagged_control:
                 problems.append(
-                    "control.mode: local-sgd communicates once every hyper.local_steps steps; "
-                    "consensus control (repeated gossip rounds) does not apply"
-                )
-            if self.algorithm in DETAG_ALGORITHMS:
-                problems.append(
-                    f"control.mode: {self.algorithm} runs its own number of accelerated gossip "
-                    "rounds per step (hyper.rounds); consensus control does not apply"
-                )
-            if self.algorithm == "ada-feedback":
-                problems.append(
-                    "control.mode: ada-feedback moves its graph from the same Θ that consensus "
-                    "control drives down with extra rounds; the two loops do not combine (use "
-                    "ada-schedule with control, or control.mode = 'none')"
+                    f"control.lagged: algorithm {self.algorithm!r} needs the per-round barrier "
+                    "protocol (lagged = false)"
                 )
             if self.control.statistic == "xi" and self.engine == "processes":
                 problems.append(
@@ -425,35 +407,29 @@ class RunConfig(_Section):
                     "vectorized engine; real peers control on the estimator 'theta'"
                 )
         codec = self.compression.codec
-        if codec not in ("none", "fp16", "bf16") and self.algorithm != "choco":
+        if not spec.admits(codec) and codec not in CAST_CODECS:
+            feedback = [n for n, s in CATALOG.items() if s.admits(codec)]
             problems.append(
                 f"compression.codec {codec!r} is lossy and needs error feedback: use "
-                "algorithm = 'choco' (plain gossip accepts 'none', 'fp16', 'bf16')"
+                f"{' or '.join(f'algorithm = {n!r}' for n in feedback)} (plain gossip accepts "
+                f"{', '.join(map(repr, CAST_CODECS))})"
             )
-        if codec != "none" and self.algorithm == "allreduce":
+        if not spec.admits(codec) and spec.codecs == "raw" and not spec.gossip:  # all-reduce
             problems.append(
-                f"compression.codec {codec!r} applies to gossip algorithms; all-reduce sends raw "
-                "float32 (use 'none')"
+                f"compression.codec {codec!r} applies to gossip algorithms; {spec.title} sends "
+                "raw float32 (use 'none')"
             )
-        if self.algorithm == "choco":
+        if spec.static_topology is not None and not spec.relay_tree:  # relays: see below
             used = [self.topology, *(t for t in self.phase_topologies or () if t)]
             varying = [t for t in used if t in TIME_VARYING]
             if varying:
-                problems.append(
-                    f"topology {varying[0]!r} is time-varying; algorithm 'choco' needs a static "
-                    "topology (its public-copy sums assume fixed neighbours)"
-                )
-        if self.algorithm in DETAG_ALGORITHMS:
-            used = [self.topology, *(t for t in self.phase_topologies or () if t)]
-            varying = [t for t in used if t in TIME_VARYING]
-            if varying:
-                problems.append(
-                    f"topology {varying[0]!r} is time-varying; algorithm {self.algorithm!r} "
-                    "needs a static topology (its accelerated gossip and λ assume one fixed W)"
-                )
+                problems.append(_time_varying_problem(varying[0], spec))
         problems.extend(_relay_and_push_problems(self))
         problems.extend(_exponential_problems(self))
-        problems.extend(_ada_problems(self, n_phases))
+        if spec.adaptive_graph is not None:
+            problems.extend(_ada_problems(self, n_phases))
+        else:
+            problems.extend(spec.check_hyper(self.hyper, self.peers, n_phases))
         addresses = self.network.addresses
         if addresses is not None and len(addresses) != self.peers:
             problems.append(
@@ -482,7 +458,7 @@ class RunConfig(_Section):
         d = self.model_dump(mode="json", exclude_none=True)
         if not self.controlled_phases() and "mode" not in self.control.model_fields_set:
             d["control"]["mode"] = "none"
-        if self.algorithm in ADA_ALGORITHMS:
+        if self.spec.adaptive_graph is not None:
             d.pop("topology")  # unused: the graphs come from hyper (and may not be set)
         return d
 
@@ -492,15 +468,10 @@ class RunConfig(_Section):
 
     def controlled_phases(self) -> list[int]:
         """Phases under consensus control: listed in control.phases, gossip, gossip algorithm."""
-        uncontrolled = ("allreduce", "local-sgd", *DETAG_ALGORITHMS, "ada-feedback")
-        if self.control.mode == "none" or self.algorithm in uncontrolled:
+        if self.control.mode == "none" or not self.spec.controllable:
             return []
         modes = self.phase_modes()
         return [k for k in self.control.phases if 1 <= k <= len(modes) and modes[k - 1] == "gossip"]
-
-
-RELAY_ALGORITHMS = ("relaysgd", "relaysgd-grad")
-DETAG_ALGORITHMS = ("detag", "dsgt")
 
 
 def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
@@ -509,10 +480,13 @@ def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
     problems: list[str] = []
     used = [cfg.topology, *(t for t in cfg.phase_topologies or () if t)]
     directed = [t for t in used if t in DIRECTED_TOPOLOGIES]
-    if directed and cfg.algorithm not in ("sgp", "allreduce"):
+    spec = cfg.spec
+    if directed and not spec.directed:
+        push_sum = [n for n, s in CATALOG.items() if s.directed and s.gossip]
         problems.append(
             f"topology {directed[0]!r} is directed (column-stochastic, not symmetric weights); "
-            f"only algorithm 'sgp' (push-sum) can use it, not {cfg.algorithm!r}"
+            f"only algorithm {' or '.join(map(repr, push_sum))} (push-sum) can use it, not "
+            f"{cfg.algorithm!r}"
         )
     if directed and cfg.weights is not None:
         problems.append(
@@ -520,20 +494,17 @@ def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
             f"½ pushed); leave weights unset (got {cfg.weights!r})"
         )
     algo = cfg.algorithm
-    if algo in (*RELAY_ALGORITHMS, "sgp") and cfg.compression.codec in ("fp16", "bf16"):
+    codec = cfg.compression.codec
+    if spec.gossip and not spec.admits(codec) and codec in CAST_CODECS:
         problems.append(
-            f"compression.codec {cfg.compression.codec!r} does not apply to algorithm {algo!r}: "
+            f"compression.codec {codec!r} does not apply to algorithm {algo!r}: "
             "its messages travel as raw float32 (use 'none')"
         )
-    if algo not in RELAY_ALGORITHMS:
+    if not spec.relay_tree:
         return problems
     varying = [t for t in used if t in TIME_VARYING]
     if varying:
-        problems.append(
-            f"topology {varying[0]!r} is time-varying; algorithm {algo!r} relays over one "
-            "spanning tree of a static topology (chain, binary-tree, double-binary-tree, or the "
-            "BFS tree of any static graph)"
-        )
+        problems.append(_time_varying_problem(varying[0], spec))
     elif any(t != cfg.topology for t in used):
         problems.append(
             f"phase_topologies: algorithm {algo!r} relays over one spanning tree for the whole "
@@ -549,6 +520,10 @@ def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
         except ValueError as exc:
             problems.append(f"algorithm {algo!r} on topology {cfg.topology!r}: {exc}")
     return problems
+
+
+def _time_varying_problem(topology: str, spec: AlgorithmSpec) -> str:
+    return f"topology {topology!r} is time-varying; algorithm {spec.name!r} {spec.static_topology}"
 
 
 def _check_topology(v: str) -> str:
@@ -579,9 +554,9 @@ def _ada_problems(cfg: RunConfig, n_phases: int) -> list[str]:
     """The Ada interpretations choose every phase's graph themselves
     (`concord.core.graphs.adagraph`)."""
     algo = cfg.algorithm
-    if algo not in ADA_ALGORITHMS:
+    source = cfg.spec.graph_source
+    if source is None:
         return []
-    source = "hyper.graphs" if algo == "ada-schedule" else "exponential:K moved by Θ feedback"
     problems = []
     for key, set_ in (
         ("topology", "topology" in cfg.model_fields_set),
@@ -597,7 +572,7 @@ def _ada_problems(cfg: RunConfig, n_phases: int) -> list[str]:
     if cfg.peers < 2:
         problems.append(f"peers: algorithm {algo!r} needs at least 2 peers to gossip")
     else:
-        problems.extend(hyper_problems(algo, cfg.hyper, cfg.peers, n_phases))
+        problems.extend(cfg.spec.check_hyper(cfg.hyper, cfg.peers, n_phases))
     return problems
 
 
@@ -741,37 +716,4 @@ def apply_overrides(cfg: RunConfig, overrides: Mapping[str, Any]) -> RunConfig:
 
 def to_toml(cfg: RunConfig) -> str:
     """Serialise a resolved config to TOML (tables after scalars), readable by `load_config`."""
-    return _toml_table(cfg.to_dict(), [])
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def _toml_key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() else _toml_value(k)
-
-
-def _toml_table(d: Mapping[str, Any], path: list[str]) -> str:
-    lines = []
-    tables = []
-    for k, v in d.items():
-        if isinstance(v, dict) and v and k != "options":
-            tables.append((k, v))
-            continue
-        lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
-    out = "\n".join(lines)
-    for k, v in tables:
-        header = ".".join([*path, k])
-        out += f"\n\n[{header}]\n" + _toml_table(v, [*path, k])
-    return out.strip() + "\n"
+    return tomli_w.dumps(cfg.to_dict())

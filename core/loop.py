@@ -33,13 +33,13 @@ from concord.core.algorithms import (
     StepReport,
     make_algorithm,
 )
+from concord.core.algorithms.catalog import CAST_CODECS, ERROR_FEEDBACK_KEYWORDS
 from concord.core.comm import Comm
-from concord.core.compress import PLAIN_GOSSIP_CODECS, Codec, make_codec
+from concord.core.compress import Codec, make_codec
 from concord.core.config import RunConfig
 from concord.core.control.consensus import theta
 from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules, make_lr_schedule, make_plan
-from concord.core.graphs.adagraph import ADA_ALGORITHMS
 from concord.core.graphs.topology import exponential_k
 from concord.core.task import ClassificationTask
 
@@ -74,10 +74,10 @@ def make_run_codec(cfg: RunConfig) -> Codec | None:
 def algorithm_hyperparameters(cfg: RunConfig, codec: Codec | None) -> dict[str, Any]:
     """Constructor keywords of ``cfg.algorithm`` beyond the local optimizer: the ``[hyper]``
     table (checked against the constructor by `make_algorithm`, with the accepted names in the
-    error), and CHOCO's codec and γ from ``[compression]``."""
+    error), and for an error-feedback algorithm (CHOCO) the codec and γ from ``[compression]``."""
     hyper = dict(cfg.hyper)
-    if cfg.algorithm == "choco":
-        hyper.update(codec=codec, gamma=cfg.compression.gamma)
+    if cfg.spec.codecs == "error-feedback":
+        hyper.update(zip(ERROR_FEEDBACK_KEYWORDS, (codec, cfg.compression.gamma), strict=True))
     return hyper
 
 
@@ -93,8 +93,8 @@ def check_algorithm(cfg: RunConfig) -> None:
 
 def gossip_codec(cfg: RunConfig, codec: Codec | None) -> Codec | None:
     """What plain gossip travels as (`StepContext.codec`): the casts fp16/bf16 for gossip
-    algorithms other than CHOCO (which applies its codec itself, with error feedback)."""
-    if cfg.algorithm == "choco" or cfg.compression.codec not in PLAIN_GOSSIP_CODECS:
+    algorithms admitting them (an error-feedback algorithm, CHOCO, applies its codec itself)."""
+    if cfg.spec.codecs != "casts" or cfg.compression.codec not in CAST_CODECS:
         return None
     return codec
 
@@ -196,7 +196,7 @@ class StepRunner:
         }
         if self.graphs is not None and report.theta_local is not None:
             self.graphs.observe(step, phase, grad_norms, report)
-        if self.cfg.algorithm in ADA_ALGORITHMS and phase.mode == "gossip":
+        if self.cfg.spec.adaptive_graph is not None and phase.mode == "gossip":
             name = self.schedules.topology_name(phase)
             record["graph"] = name
             record["graph_k"] = exponential_k(name, self.cfg.peers)

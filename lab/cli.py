@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import click
 
 from concord.core.config import ConfigError, RunConfig
+from concord.lab.config_cmd import config as config_group
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -500,6 +501,8 @@ def certs_issue(peer_id: int, directory: Path, hosts: Sequence[str], days: int) 
         _fail(str(exc))
     click.echo(f"wrote {files.key} and {files.cert}")
 
+
+main.add_command(config_group)
 
 if __name__ == "__main__":
     main()

@@ -7,41 +7,31 @@ complete, i.e. every *expected* peer (live and still training) reported it. Then
   (`concord.core.control.controller.CalibrationRecorder`); no decision is sent, peers run
   uncontrolled;
 * stage ``train``, barrier mode: `concord.core.control.controller.ConsensusController` answers
-repeat/stop after
-  every round and the decision is published for that (step, round);
+  repeat/stop after every round and the decision is published for that (step, round);
 * stage ``train``, lagged mode: peers run the rounds planned for the step without waiting; after
   the planned last round the controller's ``rounds_next`` is published and peers use it for step
   + ``control.lag`` (also when the step is closed incomplete because the next one began).
 
-Θ of a round is ``sqrt(mean_i θ_i)`` over the peers that reported
-(`concord.core.control.consensus.theta`, the
-same float arithmetic as the vectorized engine), the adaptive target's gradient norm the mean of
-the peers' ‖g_i‖ of round 1. A round that stays incomplete for ``timeout`` seconds (a peer
-vanished without a Last-Will yet, a lost message) is decided on what arrived, so one slow peer
-never stalls the others for longer than that.
+Θ of a round is ``sqrt(mean_i θ_i)`` over the peers that reported, the adaptive target's gradient
+norm the mean of the peers' ‖g_i‖ of round 1 — both computed by core
+(`concord.core.control.statistic`, the very float arithmetic the vectorized engine's
+`concord.core.control.consensus.theta` runs). A round that stays incomplete for ``timeout``
+seconds (a peer vanished without a Last-Will yet, a lost message) is decided on what arrived, so
+one slow peer never stalls the others for longer than that.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
 from concord.core.control.plan import PhasePlan
+from concord.core.control.statistic import mean_of, theta_from_locals
 from concord.protos.control_plane import Decision, Stats
 
-
-def estimator(thetas: Iterable[float]) -> float:
-    """Θ = sqrt(mean θ_i) exactly as `concord.core.control.consensus.theta` computes it (fsum is
-    exact)."""
-    values = [float(v) for v in thetas]
-    return math.sqrt(math.fsum(values) / len(values))
-
-
-def mean(values: Iterable[float]) -> float:
-    v = [float(x) for x in values]
-    return math.fsum(v) / len(v)
+# the names this module has always offered for core's arithmetic (Θ of a round, a mean)
+estimator = theta_from_locals
+mean = mean_of
 
 
 @dataclass
@@ -146,7 +136,7 @@ class RoundBook:
 
     def _decide(self, p: PendingRound, *, partial: bool) -> list[Decision]:
         stats = [p.stats[k] for k in sorted(p.stats)]
-        theta = estimator(s.theta for s in stats)
+        theta = theta_from_locals(s.theta for s in stats)
         phase = self.plan.phase_at(p.step)
         if self.stage == "calibrate":
             assert self.recorder is not None
@@ -164,7 +154,7 @@ class RoundBook:
             if p.round != 1:  # the step's first rounds were lost (broker outage): move on
                 self._record(p, len(stats), theta, None, False, None, "resync", partial)
                 return [*out, Decision(step=p.step, round=p.round, repeat=False, reason="resync")]
-            ctl.begin_step(p.step, mean(s.grad_norm for s in stats))
+            ctl.begin_step(p.step, mean_of(s.grad_norm for s in stats))
             self._step, self._round, self._stats, self._latest = p.step, 0, [], p.step
         if p.round != self._round + 1:
             self._record(p, len(stats), theta, None, False, None, "resync", partial)

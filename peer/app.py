@@ -67,7 +67,7 @@ def check_static(cfg: RunConfig, peer_id: int) -> list[str]:
             f"{cfg.controlled_phases()}) needs the orchestrator; set control.mode = 'none' "
             "for static peers"
         )
-    if cfg.algorithm == "ada-feedback":
+    if cfg.spec.adaptive_graph == "feedback":
         raise PeerConfigError(
             "algorithm 'ada-feedback' moves its graph by the orchestrator's decisions; static "
             "peers have none (run with --broker, or use ada-schedule)"
@@ -141,11 +141,12 @@ class PeerProcess:
 
     def neighbours_ever(self, runner: StepRunner) -> list[int]:
         n, i = self.cfg.peers, self.peer_id
-        if self.cfg.algorithm == "allreduce" or any(p.mode == "exact" for p in runner.plan.phases):
+        # exact averaging (all-reduce, local SGD's average) reaches every peer
+        if not self.cfg.spec.gossip or any(p.mode == "exact" for p in runner.plan.phases):
             return [j for j in range(n) if j != i]
         found: set[int] = set()
         names: list[str | None] = [None]  # each phase's topology
-        if self.cfg.algorithm == "ada-feedback":  # and the densest K it may move to
+        if self.cfg.spec.adaptive_graph == "feedback":  # and the densest K it may move to
             names.append(exponential_name(max_exponential_k(n)))
         for phase in runner.plan.phases:
             for name in names:

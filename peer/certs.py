@@ -10,7 +10,7 @@ Built on `cryptography` (EC P-256, ECDSA-SHA256). Layout of a certificate direct
                      clientAuth (a peer is both a gRPC server and a client); one subjectAltName
                      per host: an IP SAN when the host parses as an IP address (gRPC checks it
                      when dialling 127.0.0.1 or a LAN address), otherwise a DNS SAN
-                     (TRANSPORT.md §4.2)
+                     (docs/deployment.md#mtls-certificates)
 
 Private keys are created 0600 through a temporary file and an atomic rename, so a key is never
 readable by others, not even briefly, and a crash never leaves half a file. The CA is never

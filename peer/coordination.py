@@ -301,7 +301,7 @@ class OrchestratedCoordination:
         self.log = structlog.get_logger(__name__)
         self.broker = broker
         self.addresses = [""] * cfg.peers
-        feedback = feedback_config(cfg.hyper) if cfg.algorithm == "ada-feedback" else None
+        feedback = feedback_config(cfg.hyper) if cfg.spec.adaptive_graph == "feedback" else None
         self.membership = Membership(peer_id, feedback, cfg.peers)
         self.client = ControlClient(
             broker, run_id, peer_id, heartbeat=cfg.orchestrator.heartbeat, step=step
@@ -384,7 +384,7 @@ class OrchestratedCoordination:
             bytes_sent=bytes_sent,
         )
         graphs = None
-        if cfg.algorithm == "ada-feedback" and stage.name == "train":
+        if cfg.spec.adaptive_graph == "feedback" and stage.name == "train":
             graphs = GraphStats(self.client, loop, bytes_sent=bytes_sent)
         return self._control, graphs
 

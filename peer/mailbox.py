@@ -13,9 +13,9 @@ Receive buffers: each tensor is assembled into one uninitialised ``numpy.empty``
 its byte length (no zero fill: every byte is written by a chunk before the tensor is filed, and
 a tensor whose chunks do not cover it is rejected); no per-chunk objects are kept, and the parts
 are zero-copy ``torch.frombuffer`` views of it. The peer tunes glibc malloc at start
-(`concord.peer.memory.tune_malloc`, TRANSPORT.md §4.1), so these buffers come from the heap without
-page faulting every time; the training thread drops its reference after the mix, which returns the
-memory for the next round's buffer. Buffers are never reused by the receiver itself: the
+(`concord.peer.memory.tune_malloc`, docs/transport.md#memory), so these buffers come from the heap
+without page faulting every time; the training thread drops its reference after the mix, which
+returns the memory for the next round's buffer. Buffers are never reused by the receiver itself: the
 training thread may still read an earlier `Arrival` of the same sender.
 """
 

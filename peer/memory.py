@@ -1,4 +1,4 @@
-"""Process-wide memory tuning for a peer (TRANSPORT.md §4.1)."""
+"""Process-wide memory tuning for a peer (docs/transport.md#memory)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Wire messages are the generated `concord.protos.data_plane_pb2` classes, and for
 types are the plain dataclasses below and torch tensors. Outgoing chunks are built one at a time
 (`Outgoing`), each body copied once into the ``bytes`` gRPC takes; incoming raw bodies are
 zero-copy views of the received message, protobuf bodies are read from a message exactly once
-(upb copies on every ``.body`` access, TRANSPORT.md §4.1).
+(upb copies on every ``.body`` access, docs/transport.md#memory).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Every loader checks the material with `cryptography` before handing it to gRPC — files exist and
 are readable PEM, the key belongs to the certificate, the certificate chains to the run CA, is in
 its validity window and allows serverAuth + clientAuth — because a bad file otherwise surfaces
-only as an opaque ``UNAVAILABLE`` handshake failure on the *other* peer (TRANSPORT.md §4.2).
+only as an opaque ``UNAVAILABLE`` handshake failure on the *other* peer
+(docs/deployment.md#mtls-certificates).
 
 Server credentials require a client certificate (``require_client_auth=True``): a client without
 one, with one from another CA, or in plaintext gets ``UNAVAILABLE``. Channel credentials trust only

@@ -1,6 +1,6 @@
 """The MQTT binding of the control contract (`concord.protos.control_plane`): aiomqtt 2.x clients
-configured as TRANSPORT.md prescribes, and `Bus`, the reconnecting session every participant
-(orchestrator, peer, the sim's progress view) runs.
+configured as docs/transport.md#mqtt-clients describes, and `Bus`, the reconnecting session every
+participant (orchestrator, peer, the sim's progress view) runs.
 
 * TCP_NODELAY on every client socket: paho (under aiomqtt) never sets it, and with Nagle plus
   delayed ACKs every QoS 1 hop costs 44 ms;

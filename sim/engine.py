@@ -129,7 +129,7 @@ class Trainer:
         # orchestrator's published schedule instead)
         self.feedback: GraphFeedback | None = None
         graphs = None
-        if cfg.algorithm == "ada-feedback":
+        if cfg.spec.adaptive_graph == "feedback":
             self.feedback = GraphFeedback(feedback_config(cfg.hyper), cfg.peers)
             graphs = VectorizedGraphs(self.feedback)
         self.runner = StepRunner(cfg, self.task, self.comm, control=self.control, graphs=graphs)

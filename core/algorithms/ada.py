@@ -1,8 +1,8 @@
 """Ada-style adaptive graphs — two labelled *interpretations* of Ada (Xie, Yin, Zhou, Oral, Wang,
 "Scaling Up Data Parallelism in Decentralized Deep Learning", arXiv 2509.12213, 2025).
 
-**The paper's exact Ada rule is not published** (``ALGORITHMS.md`` §7): these are Concord's
-interpretations of "a decentralized SGD method adapting the communication graph in use
+**The paper's exact Ada rule is not published** (docs/algorithms.md#ada-interpretations): these are
+Concord's interpretations of "a decentralized SGD method adapting the communication graph in use
 dynamically throughout training iterations", not a reproduction. Both are D-SGD with local
 (Nesterov) momentum — the update is exactly `concord.core.algorithms.dsgd.DSGD`:
 
@@ -32,9 +32,9 @@ orchestrator's published schedule.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
 
-from concord.core.algorithms.base import ALGORITHMS
+from concord.core.algorithms.base import register_algorithm
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.dsgd import DSGD
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.graphs.adagraph import FeedbackConfig, check_graph_names
@@ -42,23 +42,23 @@ from concord.core.graphs.adagraph import FeedbackConfig, check_graph_names
 _DEFAULT = FeedbackConfig()
 
 
-@ALGORITHMS.register("ada-schedule")
+@register_algorithm
 class AdaSchedule(DSGD):
     """D-SGD on a dense → sparse per-phase graph schedule (interpretation a, module docstring)."""
 
-    name: ClassVar[str] = "ada-schedule"
+    spec = CATALOG["ada-schedule"]
 
     def __init__(self, optimizer: LocalSGD, graphs: Sequence[str] | None = None) -> None:
         super().__init__(optimizer)
         self.graphs = None if graphs is None else check_graph_names(graphs)
 
 
-@ALGORITHMS.register("ada-feedback")
+@register_algorithm
 class AdaFeedback(DSGD):
     """D-SGD on ``exponential:K`` with K moved by Θ feedback (interpretation b, module
     docstring)."""
 
-    name: ClassVar[str] = "ada-feedback"
+    spec = CATALOG["ada-feedback"]
 
     def __init__(
         self,

@@ -2,7 +2,7 @@
 
 Every replica takes its local optimizer step, then parameters are averaged exactly over all n
 replicas: x_i ← (1/n) Σ_j x_j. With plain SGD this is mini-batch SGD on the union of the local
-batches. Reference: ALGORITHMS.md §3.1 (``algorithms.py::allreduce`` of epfml/relaysgd).
+batches. Reference: ``algorithms.py::allreduce`` of epfml/relaysgd (docs/algorithms.md#all-reduce).
 
 Hyperparameters: those of the local optimizer (`concord.core.algorithms.optim.SGDConfig`).
 Invariant: after every step all rows of ``x`` are equal.
@@ -10,18 +10,16 @@ Invariant: after every step all rows of ``x`` are equal.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
-from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.base import Algorithm, StepContext, StepReport, register_algorithm
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.optim import LocalSGD
 
 
-@ALGORITHMS.register("allreduce")
+@register_algorithm
 class AllReduce(Algorithm):
-    name: ClassVar[str] = "allreduce"
-    uses_gossip: ClassVar[bool] = False
+    spec = CATALOG["allreduce"]
 
     def __init__(self, optimizer: LocalSGD) -> None:
         self.optimizer = optimizer

@@ -27,11 +27,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 import torch
 
+from concord.core.algorithms.catalog import AlgorithmSpec
 from concord.core.comm import Comm, MixOutcome, MixResult
 from concord.core.compress import Codec, codec_key
 from concord.core.control.consensus import local_theta
@@ -121,10 +122,21 @@ def communicate(x: torch.Tensor, ctx: StepContext) -> StepReport:
 
 
 class Algorithm(ABC):
-    """One decentralized training algorithm, written once for both engines."""
+    """One decentralized training algorithm, written once for both engines.
 
+    A registered subclass declares its catalog entry, ``spec = CATALOG["<name>"]``
+    (`concord.core.algorithms.catalog`); ``name`` and ``uses_gossip`` are taken from it."""
+
+    spec: ClassVar[AlgorithmSpec]
     name: ClassVar[str]
     uses_gossip: ClassVar[bool] = True  # False: phases/topologies/control do not apply
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("spec")
+        if spec is not None:
+            cls.name = spec.name
+            cls.uses_gossip = spec.gossip
 
     def setup(self, x: torch.Tensor, comm: Comm) -> None:  # noqa: B027 - optional hook
         """Allocate per-replica state; ``x`` [k, d] is the common initial model x⁰."""
@@ -151,3 +163,21 @@ class Algorithm(ABC):
 
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+
+A = TypeVar("A", bound=type[Algorithm])
+
+
+def register_algorithm(cls: A) -> A:
+    """Class decorator: register ``cls`` in ``ALGORITHMS`` under its catalog name, after checking
+    that the catalog names this class as the implementation."""
+    spec = cls.__dict__.get("spec")
+    if not isinstance(spec, AlgorithmSpec):
+        raise TypeError(f"{cls.__qualname__} declares no catalog entry (spec = CATALOG[...])")
+    where = f"{cls.__module__}:{cls.__qualname__}"
+    if spec.implementation != where:
+        raise ValueError(
+            f"catalog entry {spec.name!r} names {spec.implementation!r} as its implementation, "
+            f"not {where!r}"
+        )
+    ALGORITHMS.add(spec.name, cls)
+    return cls

@@ -1,7 +1,7 @@
 """CHOCO-SGD: decentralized SGD with compressed gossip and error feedback (Koloskova, Stich &
 Jaggi, ICML 2019 "Decentralized Stochastic Optimization and Gossip Algorithms with Compressed
 Communication"; Koloskova, Lin, Stich & Jaggi, ICLR 2020 "Decentralized Deep Learning with
-Arbitrary Communication Compression"). ALGORITHMS.md §3.7.
+Arbitrary Communication Compression"). docs/algorithms.md#choco-sgd.
 
 State per local replica i (tensors [k, d], rows = local replicas):
 
@@ -17,13 +17,13 @@ Per step, with Q the codec's encode→decode (`concord.core.compress`):
     x̂_i ← x̂_i + Q(q_i);  s_i ← s_i + Σ_j w_ij Q(q_j)
     x_i ← x_i + γ (s_i − x̂_i)              consensus step of size γ
 
-Order. ALGORITHMS.md §3.7 lists two: the official ChocoSGD code first corrects x with the old
-public copies, then compresses; `epfml/powergossip`'s ChocoGossip (used here) compresses first,
-so the correction already sees this step's messages. With Q = identity and γ = 1 the order used
-here is *exactly* Concord's D-SGD, "local step, then gossip" (x ← s = Σ_j w_ij x_j^{t+½}; tested
-to float64 round-off), which is the form the phase plan, the θ statistic and consensus control
-are defined on; the official order reduces to the other D-PSGD form x ← W x − η g, whose
-gossip acts on the iterate before the step.
+Order. There are two (docs/algorithms.md#choco-sgd): the official ChocoSGD code first corrects x
+with the old public copies, then compresses; `epfml/powergossip`'s ChocoGossip (used here)
+compresses first, so the correction already sees this step's messages. With Q = identity and γ = 1
+the order used here is *exactly* Concord's D-SGD, "local step, then gossip" (x ← s = Σ_j w_ij
+x_j^{t+½}; tested to float64 round-off), which is the form the phase plan, the θ statistic and
+consensus control are defined on; the official order reduces to the other D-PSGD form x ← W x − η g,
+whose gossip acts on the iterate before the step.
 
 Invariants: W symmetric and doubly stochastic and *static* (s_i assumes the same neighbours every
 step — the config rejects time-varying topologies); every message arrives (a lost Q(q_j) leaves
@@ -40,7 +40,7 @@ which keeps all public copies consistent across the switch.
 
 Hyperparameters: γ ∈ (0, 1], ``compression.gamma`` — smaller for more aggressive compression
 (reported: sign 0.45–0.5 and qsgd 0.4 on ResNet-20/ring-8; top-1 % 0.04, random-1 % 0.01 on
-convex problems; ALGORITHMS.md §3.7; measured on average consensus over a ring of 16, d = 1000:
+convex problems; measured on average consensus over a ring of 16, d = 1000:
 top-1 % needs γ ≤ 0.05 — 0.1 drifts, 1 diverges — sign does best near 0.2, qsgd 4-bit contracts
 by 0.982 per round at the reported 0.34); the codec (``compression.codec``/``ratio``/``levels``,
 any of `concord.core.compress.CODEC_NAMES`); the local optimizer (`LocalSGD`).
@@ -49,25 +49,25 @@ any of `concord.core.compress.CODEC_NAMES`); the local optimizer (`LocalSGD`).
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
 
 from concord.core.algorithms.base import (
-    ALGORITHMS,
     Algorithm,
     StepContext,
     StepReport,
+    register_algorithm,
     sent_rows,
 )
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.comm import Comm
 from concord.core.compress import Codec, make_codec
 
 
-@ALGORITHMS.register("choco")
+@register_algorithm
 class Choco(Algorithm):
-    name: ClassVar[str] = "choco"
+    spec = CATALOG["choco"]
 
     def __init__(
         self, optimizer: LocalSGD, *, codec: Codec | None = None, gamma: float = 1.0

@@ -2,8 +2,8 @@
 
 They keep a per-replica correction [k, d] next to the local optimizer and take the optimizer's
 *update* u = x(after its step) − x(before) rather than its step, as the RelaySGD code does
-(ALGORITHMS.md §3.4–3.5), so momentum and weight decay compose with the correction unchanged.
-Everything here goes through the `concord.core.comm.Comm` interface only.
+(docs/algorithms.md#gradient-tracking), so momentum and weight decay compose with the correction
+unchanged. Everything here goes through the `concord.core.comm.Comm` interface only.
 """
 
 from __future__ import annotations

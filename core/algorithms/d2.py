@@ -1,5 +1,5 @@
 """D² (Tang, Lian, Yan, Zhang & Liu, "D²: Decentralized Training over Decentralized Data", ICML
-2018). ALGORITHMS.md §3.5.
+2018). docs/algorithms.md#d2-and-exact-diffusion.
 
 The recursion, for a fixed mixing matrix W (x^{−1} := x⁰, g^{−1} := 0):
 
@@ -46,12 +46,11 @@ decay ≥ 0).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 import torch
 
-from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.base import Algorithm, StepContext, StepReport, register_algorithm
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state, gossip_once, local_update
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.comm import Comm, MixOutcome
@@ -70,9 +69,9 @@ def lambda_min(W: np.ndarray) -> float:
     return float(np.linalg.eigvalsh((W + W.T) / 2.0)[0])
 
 
-@ALGORITHMS.register("d2")
+@register_algorithm
 class D2(Algorithm):
-    name: ClassVar[str] = "d2"
+    spec = CATALOG["d2"]
 
     def __init__(self, optimizer: LocalSGD) -> None:
         self.optimizer = optimizer

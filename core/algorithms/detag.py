@@ -2,7 +2,7 @@
 Decentralized Training", ICML 2021, Algorithm 2 with the accelerated gossip of Algorithm 3; the
 momentum variant DeTAGM, Algorithm 4; the DeTAG* ordering of the extended JMLR 24(93), 2023
 version). ``dsgt`` (DSGT / GT-DSGD, Pu & Nedić 2021; Zhang & You 2019) is its R = 1, η = 0 case.
-ALGORITHMS.md §3.4, §6.3–6.6.
+docs/algorithms.md#detag-and-dsgt.
 
 One Concord step is one DeTAG *phase* k: one stochastic gradient g_i at the current model x_i
 (Algorithm 2's R mini-batches of B at the same point x_k are one mini-batch here: set
@@ -23,15 +23,16 @@ which is what travels here (the "local step, then gossip" form of D-SGD and grad
 
 Initialisation: y = d_prev = 0 before the first step, whose correction comes before the gossip
 in both orders — the tracker starts from the first direction, y_0 = d_0 (as the public
-implementation of ALGORITHMS §6.7 does; with y_0 = 0 Algorithm 2's first phase would not move x).
+public third-party implementation does; with y_0 = 0 Algorithm 2's first phase would not move x).
 So the two orders agree on step 0.
 
-DSGT: order "detag*" with R = 1, η = 0 is *exactly* the classical recursion of §3.4,
-y^t = W y^{t−1} + g^t − g^{t−1} (y^0 = g^0), x^{t+1} = W(x^t − α y^t); with the local optimizer's
-direction for g and a constant α it is also exactly `concord.core.algorithms.gradient_tracking` (its
-correction c = α(d − y)). The order "detag" with R = 1, η = 0 is DSGT with a tracker one step
-older, x^{t+1} = W(x^t − α y^{t−1}) — the price of overlapping the phase's gradient with its
-gossip. The registered name ``dsgt`` is this class with R = 1, η = 0 and order "detag*" fixed.
+DSGT: order "detag*" with R = 1, η = 0 is *exactly* the classical recursion
+(docs/algorithms.md#gradient-tracking), y^t = W y^{t−1} + g^t − g^{t−1} (y^0 = g^0), x^{t+1} = W(x^t
+− α y^t); with the local optimizer's direction for g and a constant α it is also exactly
+`concord.core.algorithms.gradient_tracking` (its correction c = α(d − y)). The order "detag" with R
+= 1, η = 0 is DSGT with a tracker one step older, x^{t+1} = W(x^t − α y^{t−1}) — the price of
+overlapping the phase's gradient with its gossip. The registered name ``dsgt`` is this class with R
+= 1, η = 0 and order "detag*" fixed.
 
 DeTAGM (Algorithm 4): the tracker tracks the momentum buffer v ← β v + g instead of the
 gradient; the buffer stays local. That is the direction tracked here with ``optim.momentum`` =
@@ -83,12 +84,19 @@ Message loss: a missing model or tracker message is left out and the weights ren
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
 
-from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, sent_rows
+from concord.core.algorithms.base import (
+    Algorithm,
+    StepContext,
+    StepReport,
+    register_algorithm,
+    sent_rows,
+)
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state, exchange_mix
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.control.consensus import local_theta
@@ -158,9 +166,9 @@ def _check_order(order: Any) -> Order:
     return cast(Order, order)
 
 
-@ALGORITHMS.register("detag")
+@register_algorithm
 class DeTAG(Algorithm):
-    name: ClassVar[str] = "detag"
+    spec = CATALOG["detag"]
 
     def __init__(
         self,
@@ -262,12 +270,12 @@ class DeTAG(Algorithm):
         self.previous = state["previous"].clone() if "previous" in state else None
 
 
-@ALGORITHMS.register("dsgt")
+@register_algorithm
 class DSGT(DeTAG):
     """DSGT / GT-DSGD: `DeTAG` with R = 1, η = 0 and order "detag*" fixed (module docstring) —
-    the classical gradient-tracking recursion of ALGORITHMS.md §3.4 with one gossip round."""
+    the classical gradient-tracking recursion with one gossip round."""
 
-    name: ClassVar[str] = "dsgt"
+    spec = CATALOG["dsgt"]
 
     def __init__(self, optimizer: LocalSGD, **hyper: Any) -> None:
         if hyper:

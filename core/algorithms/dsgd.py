@@ -15,17 +15,22 @@ Invariants: W symmetric and doubly stochastic, so gossip preserves the mean x̄ 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
-from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, communicate
+from concord.core.algorithms.base import (
+    Algorithm,
+    StepContext,
+    StepReport,
+    communicate,
+    register_algorithm,
+)
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.optim import LocalSGD
 
 
-@ALGORITHMS.register("dsgd")
+@register_algorithm
 class DSGD(Algorithm):
-    name: ClassVar[str] = "dsgd"
+    spec = CATALOG["dsgd"]
 
     def __init__(self, optimizer: LocalSGD) -> None:
         self.optimizer = optimizer

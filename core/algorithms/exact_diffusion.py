@@ -1,6 +1,6 @@
 """Exact diffusion (Yuan, Ying, Zhao & Sayed, "Exact Diffusion for Distributed Optimization and
 Learning — Part I: Algorithm Development", IEEE Trans. Signal Processing 67(3), 2019).
-ALGORITHMS.md §3.5.
+docs/algorithms.md#d2-and-exact-diffusion.
 
 Adapt, correct, combine — ψ^{t+1} = x^t − η g^t, φ^{t+1} = ψ^{t+1} + x^t − ψ^t,
 x^{t+1} = W̄ φ^{t+1} — which is D²'s recursion with W̄ = (W + I)/2 in place of W:
@@ -26,19 +26,18 @@ reported once, "repeat" ignored). Hyperparameters: none of its own; the local op
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
-from concord.core.algorithms.base import ALGORITHMS, StepContext
+from concord.core.algorithms.base import StepContext, register_algorithm
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import gossip_once
 from concord.core.algorithms.d2 import D2
 from concord.core.comm import MixOutcome
 
 
-@ALGORITHMS.register("exact-diffusion")
+@register_algorithm
 class ExactDiffusion(D2):
-    name: ClassVar[str] = "exact-diffusion"
+    spec = CATALOG["exact-diffusion"]
 
     def mixing(self, x: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, MixOutcome]:
         """One round of W̄ = (W + I)/2: the gossip with W, averaged with the own row."""

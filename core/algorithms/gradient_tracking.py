@@ -1,6 +1,6 @@
 """Gradient tracking, GT-DSGD / DSGT (Pu & Nedić, "Distributed stochastic gradient tracking
 methods", Math. Programming 2021; Zhang & You, "Decentralized stochastic gradient tracking for
-non-convex empirical risk minimization", 2019). ALGORITHMS.md §3.4.
+non-convex empirical risk minimization", 2019). docs/algorithms.md#gradient-tracking.
 
 Classical form, with y_i tracking the average gradient:
 
@@ -27,7 +27,7 @@ Shapes: ``x``, ``grad`` and the tracker c are [k, d] (rows = local replicas).
 Invariants: W symmetric and doubly stochastic ⇒ Σ_i c_i = 0 at all times (up to float round-off)
 and the mean model moves by the mean local update, x̄ ← x̄ + ū, exactly as all-reduce SGD would.
 At a consensual fixed point c_i = ū − u_i: each replica's step is corrected to the average one,
-so heterogeneous data leave no error floor (unlike D-SGD, ALGORITHMS §9.5).
+so heterogeneous data leave no error floor (unlike D-SGD, docs/algorithms.md#reproduction-targets).
 
 Phases and control:
 
@@ -47,25 +47,24 @@ like a missing model (the invariant Σ c = 0 then holds only approximately).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
 from concord.core.algorithms.base import (
-    ALGORITHMS,
     Algorithm,
     StepContext,
     StepReport,
     gossip_rounds,
+    register_algorithm,
 )
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state, exchange_mix, local_update
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.comm import Comm
 
 
-@ALGORITHMS.register("gradient-tracking")
+@register_algorithm
 class GradientTracking(Algorithm):
-    name: ClassVar[str] = "gradient-tracking"
+    spec = CATALOG["gradient-tracking"]
 
     def __init__(self, optimizer: LocalSGD) -> None:
         self.optimizer = optimizer

@@ -36,11 +36,10 @@ algorithm never calls the round controller.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
-from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.base import Algorithm, StepContext, StepReport, register_algorithm
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import gossip_once
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.control.consensus import local_theta
@@ -48,10 +47,9 @@ from concord.core.control.consensus import local_theta
 AVERAGES = ("exact", "gossip")
 
 
-@ALGORITHMS.register("local-sgd")
+@register_algorithm
 class LocalSGDAlgorithm(Algorithm):
-    name: ClassVar[str] = "local-sgd"
-    uses_gossip: ClassVar[bool] = False  # the default average = "exact" (see the docstring)
+    spec = CATALOG["local-sgd"]
 
     def __init__(
         self, optimizer: LocalSGD, *, local_steps: int = 4, average: str = "exact"

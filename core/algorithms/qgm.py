@@ -1,5 +1,5 @@
 """D-SGD with quasi-global momentum, QGM (Lin, Karimireddy, Stich & Jaggi, "Quasi-Global Momentum:
-Accelerating Decentralized Deep Learning on Heterogeneous Data", ICML 2021). ALGORITHMS.md §3.3;
+Accelerating Decentralized Deep Learning on Heterogeneous Data", ICML 2021). docs/algorithms.md#qgm;
 the form of the RelaySGD code (``algorithms.py::quasi_global_momentum`` of epfml/relaysgd).
 
 Local momentum on heterogeneous data points every replica towards its own optimum; QGM builds
@@ -34,11 +34,17 @@ needs no reset at phase switches.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
 
-from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport, communicate
+from concord.core.algorithms.base import (
+    Algorithm,
+    StepContext,
+    StepReport,
+    communicate,
+    register_algorithm,
+)
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.comm import Comm
@@ -46,9 +52,9 @@ from concord.core.comm import Comm
 MOMENTUM_ATOL = 1e-12  # optim.momentum and hyper.beta are "equal" up to float parsing
 
 
-@ALGORITHMS.register("qgm")
+@register_algorithm
 class QGM(Algorithm):
-    name: ClassVar[str] = "qgm"
+    spec = CATALOG["qgm"]
 
     def __init__(self, optimizer: LocalSGD, *, beta: float = 0.9) -> None:
         if isinstance(beta, bool) or not isinstance(beta, int | float):

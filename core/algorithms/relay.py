@@ -1,5 +1,6 @@
 """The RelaySum mechanism (Vogels et al., "RelaySum for Decentralized Deep Learning on
-Heterogeneous Data", NeurIPS 2021; ALGORITHMS.md §5.1) over `concord.core.comm.Comm.exchange`.
+Heterogeneous Data", NeurIPS 2021; docs/algorithms.md#relaysgd) over
+`concord.core.comm.Comm.exchange`.
 
 On a spanning tree T every directed edge i → j carries, at step t,
 
@@ -16,11 +17,11 @@ quantities whose "not arrived yet" value is 0 (`concord.core.algorithms.relaysgd
 every message a d-vector — the size peers accept on the wire.
 
 Two trees (``double-binary-tree``): coordinate c travels over tree c mod 2 (even coordinates over
-the binary tree, odd ones over its mirror, §5.4). Each directed edge of the union carries one
+the binary tree, odd ones over its mirror). Each directed edge of the union carries one
 d-vector holding the coordinates of the tree(s) it belongs to and zeros elsewhere, so an edge of
 a single tree sends d, not d/2, values (see the module docstring of `relaysgd`).
 
-A message that does not arrive counts as a *dropped* message (§5.2): it is taken as 0 — removed
+A message that does not arrive counts as a *dropped* message: it is taken as 0 — removed
 from the relayed sums and their counts — and the round's `MixOutcome` names the neighbour.
 
 Tensor shapes: values v [k, d] (k local replicas, rows = ``ranks``); the memory of received

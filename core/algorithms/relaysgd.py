@@ -1,12 +1,12 @@
 """RelaySGD: RelaySum/Model (``relaysgd``) and RelaySum/Grad (``relaysgd-grad``) — Vogels, He,
 Koloskova, Karimireddy, Lin, Stich & Jaggi, "RelaySum for Decentralized Deep Learning on
-Heterogeneous Data", NeurIPS 2021 (code: epfml/relaysgd). ALGORITHMS.md §5.1–5.4.
+Heterogeneous Data", NeurIPS 2021 (code: epfml/relaysgd). docs/algorithms.md#relaysgd.
 
 Both relay a d-vector per directed edge of a spanning tree with the RelaySum rule
 (`concord.core.algorithms.relay`), one `Comm.exchange` per step, and every replica receives every
 other replica's value exactly once, delayed by (tree distance − 1) steps.
 
-**relaysgd** (RelaySum/Model, §5.2; all replicas start from the same x⁰):
+**relaysgd** (RelaySum/Model; all replicas start from the same x⁰):
 
     x_i^{t+½} = local optimizer step from x_i^t        (SGD, local Nesterov momentum, decay)
     relay v_i = x_i^{t+½};  N_i = 1 + Σ_j c_{j→i};  S_i = x_i^{t+½} + Σ_j m_{j→i}
@@ -19,11 +19,11 @@ m̃ = m − c·x⁰ (the relay of v − x⁰) the update reads
 
 identical to the rule above (tested against it to float64 round-off, dropped messages
 included). This module relays the deviations v_i = x_i^{t+½} − x⁰, so the counts are implicit
-in the messages: a dropped message removes its sum *and* its count (§5.2), and every message stays
+in the messages: a dropped message removes its sum *and* its count, and every message stays
 a d-vector — peers reject tensors whose length is not the model's d, so a count cannot ride along
 as a (d+1)-th coordinate. Deviations are also better conditioned in float32 than full models.
 
-**relaysgd-grad** (RelaySum/Grad, §5.3): relay the local updates u_i = x_i^{t+½} − x_i^t (the
+**relaysgd-grad** (RelaySum/Grad): relay the local updates u_i = x_i^{t+½} − x_i^t (the
 optimizer's step, momentum included, already multiplied by η) with zero fill,
 
     x_i^{t+1} = x_i^t + (1/n) [u_i + Σ_j m_{j→i}];
@@ -43,7 +43,7 @@ on ``double-binary-tree`` each edge of the union sends a full d-vector (zeros on
 coordinates), about twice the d/2 per tree edge of the paper's implementation.
 
 Other hyperparameters: those of the local optimizer; the learning rate is usually scaled up
-with the tree's mean distance (×5 on a chain, ×3 on double binary trees for n = 16, §5.5).
+with the tree's mean distance (×5 on a chain, ×3 on double binary trees for n = 16).
 
 Invariants: every replica holds the same x⁰ (checked by `setup`); with every message delivered
 and t ≥ diameter − 1, S_i contains each replica's value exactly once. Exact-averaging phases
@@ -59,7 +59,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.base import Algorithm, StepContext, StepReport, register_algorithm
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.algorithms.relay import RelaySum
 from concord.core.comm import Comm
@@ -177,17 +178,17 @@ class _Relay(Algorithm):
             self._pending = memory.clone()
 
 
-@ALGORITHMS.register("relaysgd")
+@register_algorithm
 class RelaySGD(_Relay):
     """RelaySum/Model: relay the models (as deviations from x⁰), fill missing ones with x⁰."""
 
-    name: ClassVar[str] = "relaysgd"
+    spec = CATALOG["relaysgd"]
     relay_model: ClassVar[bool] = True
 
 
-@ALGORITHMS.register("relaysgd-grad")
+@register_algorithm
 class RelaySGDGrad(_Relay):
     """RelaySum/Grad: relay the local updates with zero fill."""
 
-    name: ClassVar[str] = "relaysgd-grad"
+    spec = CATALOG["relaysgd-grad"]
     relay_model: ClassVar[bool] = False

@@ -1,6 +1,6 @@
 """SGP — Stochastic Gradient Push (Assran, Loizou, Ballas & Rabbat, "Stochastic Gradient Push for
 Distributed Deep Learning", ICML 2019): push-sum gossip (Kempe et al. 2003) with column-stochastic,
-possibly directed and time-varying mixing matrices P^k. ALGORITHMS.md §3.6.
+possibly directed and time-varying mixing matrices P^k. docs/algorithms.md#sgp.
 
 State per replica i: the push-sum numerator x_i and weight w_i (w⁰ = 1); the model is the
 de-biased z_i = x_i / w_i. Per step, with d_i the local optimizer's direction at z_i:
@@ -40,20 +40,19 @@ z is what is evaluated.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 import torch
 
-from concord.core.algorithms.base import ALGORITHMS, Algorithm, StepContext, StepReport
+from concord.core.algorithms.base import Algorithm, StepContext, StepReport, register_algorithm
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.comm import Comm
 from concord.core.control.consensus import local_theta
 
 
-@ALGORITHMS.register("sgp")
+@register_algorithm
 class SGP(Algorithm):
-    name: ClassVar[str] = "sgp"
+    spec = CATALOG["sgp"]
 
     def __init__(self, optimizer: LocalSGD) -> None:
         self.optimizer = optimizer

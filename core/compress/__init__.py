@@ -21,12 +21,13 @@ identical to the per-row path. That is what lets the vectorized engine predict r
 Hyperparameters: ``ratio`` ∈ (0, 1] — topk/randomk keep m = max(1, round(ratio·d)) coordinates;
 ``seed`` (any int) — with the message key it seeds random codecs; ``levels`` s ∈ [1, 32767] —
 qsgd's grid (default 16, the CHOCO convex code's "4-bit"). topk/randomk are the biased (unscaled,
-no d/m factor) versions of the CHOCO code; sign is its ℓ₁-scaled variant (ALGORITHMS.md §3.7).
-qsgd by default is CHOCO's biased, variance-reduced version, τ = 1/(1 + min(d/s², √d/s)) and
-E Q(x) = τx; with ``unbiased`` (config ``compression.unbiased``) τ = 1 and E Q(x) = x. int8 is
-per-tensor symmetric absmax quantisation written with plain tensor ops
-(``torch.quantize_per_tensor`` is deprecated, TRANSPORT.md §3e); `Int8` optionally rounds
-stochastically (unbiased), drawing from the message's generator.
+no d/m factor) versions of the CHOCO code; sign is its ℓ₁-scaled variant
+(docs/algorithms.md#compression-codecs). qsgd by default is CHOCO's biased, variance-reduced
+version, τ = 1/(1 + min(d/s², √d/s)) and E Q(x) = τx; with ``unbiased`` (config
+``compression.unbiased``) τ = 1 and E Q(x) = x. int8 is per-tensor symmetric absmax quantisation
+written with plain tensor ops (``torch.quantize_per_tensor`` is deprecated,
+docs/transport.md#codec-cost); `Int8` optionally rounds stochastically (unbiased), drawing from the
+message's generator.
 
 Randomness: random codecs (randomk, qsgd, stochastic int8) draw from a `torch.Generator` seeded
 by mixing (seed, key), where key = `codec_key(sender, round)`. Sender and receivers derive the

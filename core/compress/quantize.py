@@ -140,7 +140,7 @@ QSGD_MAX_LEVELS = 32767  # signed levels travel as int8 up to 127, as int16 up t
 @CODECS.register("qsgd")
 class QSGD(Codec):
     """QSGD with s levels (Alistarh et al., NeurIPS 2017), in the form of the CHOCO-SGD code
-    (Koloskova et al. 2019, `convex_code` ``qsgd_quantize``; ALGORITHMS.md §3.7):
+    (Koloskova et al. 2019, `convex_code` ``qsgd_quantize``; docs/algorithms.md#compression-codecs):
 
         ℓ_j = ⌊s|x_j|/‖x‖₂⌋ + [u_j < frac(s|x_j|/‖x‖₂)],  u_j ~ U[0, 1) from the message generator
         Q(x)_j = τ · sign(x_j) · ‖x‖₂ · ℓ_j / s

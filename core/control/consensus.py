@@ -1,7 +1,8 @@
 """Consensus distance Ξ and its locally computable estimator Θ (Kong et al., ICML 2021).
 
 Definitions (Kong, Lin, Koloskova, Jaggi, Stich, "Consensus Control for Decentralized Deep
-Learning", ICML 2021, §3 and Appendix A; see ``ALGORITHMS.md`` §1 and §4.3):
+Learning", ICML 2021, §3 and Appendix A; see
+docs/algorithms.md#consensus-distance-and-the-estimator):
 
 * **Consensus distance** of n replicas stacked as rows of ``X`` ([n, d]):
   Ξ² = (1/n) Σ_i ‖x_i − x̄‖² = (1/n)‖X − X̄‖_F², i.e. the sum over coordinates of the
@@ -9,10 +10,12 @@ Learning", ICML 2021, §3 and Appendix A; see ``ALGORITHMS.md`` §1 and §4.3):
 * **Local statistic** after one gossip round x_i ← Σ_j w_ij x_j: θ_i = ‖x_i(after) − x_i(before)‖²
   (the paper's ‖Σ_j w_ij x_j − x_i‖²). Every node has it locally; only the scalar needs an
   all-reduce.
-* **Estimator** Θ = sqrt((1/n) Σ_i θ_i). For a symmetric doubly stochastic W with eigenvalues
-  1 = λ_1 ≥ λ_2 ≥ … ≥ λ_n > −1 (with X taken *before* the round):
-  (1 − λ_2)² Ξ² ≤ Θ² ≤ (1 − λ_n)² Ξ² ≤ 4 Ξ², hence Ξ ≤ Θ / (1 − λ_2) ≤ (2/p) Θ with the
-  mixing parameter p = 1 − max(|λ_2|, |λ_n|)² (the paper's Lemma A.1 constant).
+* **Estimator** Θ = sqrt((1/n) Σ_i θ_i), computed from Python floats in exactly one place,
+  `concord.core.control.statistic.theta_from_locals` (torch-free; `theta` below feeds it). For
+  a symmetric doubly stochastic W with eigenvalues 1 = λ_1 ≥ λ_2 ≥ … ≥ λ_n > −1 (with X taken
+  *before* the round): (1 − λ_2)² Ξ² ≤ Θ² ≤ (1 − λ_n)² Ξ² ≤ 4 Ξ², hence
+  Ξ ≤ Θ / (1 − λ_2) ≤ (2/p) Θ with the mixing parameter p = 1 − max(|λ_2|, |λ_n|)² (the
+  paper's Lemma A.1 constant).
   The lower bound is attained by low-frequency (smooth) disagreement, which is what D-SGD
   produces, so Θ can under-state Ξ by up to 1/(1 − λ_2) on sparse graphs: calibrate targets on
   the same statistic the controller is fed (see `concord.core.control.controller.Calibration`).
@@ -29,6 +32,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from concord.core.control.statistic import theta_from_locals
 
 __all__ = ["consensus_distance", "grad_norms", "local_theta", "theta"]
 
@@ -86,23 +91,22 @@ def local_theta(x_before: Tensor, x_after: Tensor) -> Tensor:
 def theta(thetas: Tensor | Sequence[float]) -> float:
     """Estimator Θ = sqrt(mean_i θ_i) from the n local statistics of one round.
 
+    The tensor front of `concord.core.control.statistic.theta_from_locals` (torch-free, the
+    orchestrator's): the θ_i are read as Python floats and reduced there, so both give the same
+    bits for the same values.
+
     Args:
         thetas: the θ_i of *all* n replicas (a [n] tensor or a sequence of floats), each ≥ 0
             and finite — in a distributed run this is the result of a scalar all-reduce.
 
     Returns:
-        Θ ≥ 0 (Θ² = (1/n) Σ_i θ_i).
+        Θ ≥ 0 (Θ² = (1/n) Σ_i θ_i, summed with ``math.fsum``).
     """
     if isinstance(thetas, Tensor):
         values = [float(v) for v in thetas.detach().reshape(-1).to(torch.float64).cpu()]
     else:
         values = [float(v) for v in thetas]
-    if not values:
-        raise ValueError("thetas must hold one θ_i per replica, got an empty sequence")
-    for i, v in enumerate(values):
-        if not math.isfinite(v) or v < 0.0:
-            raise ValueError(f"thetas[{i}] = {v!r}; each θ_i must be a finite number ≥ 0")
-    return math.sqrt(math.fsum(values) / len(values))
+    return theta_from_locals(values)
 
 
 def grad_norms(G: Tensor) -> Tensor:
@@ -115,4 +119,5 @@ def grad_norms(G: Tensor) -> Tensor:
         [k] float64 tensor of ‖g_i‖ ≥ 0. The adaptive target uses their mean over all n replicas
         (a scalar all-reduce in a distributed run).
     """
-    return torch.linalg.vector_norm(_rows(G, "G"), dim=1)
+    norms: Tensor = torch.linalg.vector_norm(_rows(G, "G"), dim=1)
+    return norms

@@ -1,11 +1,11 @@
 """Consensus control: decide, round by round, whether to gossip again (torch-free).
 
 Procedure of Kong et al., "Consensus Control for Decentralized Deep Learning" (ICML 2021, §3.3
-"more gossip iterations", §4.2 "consensus distance control", Appendix A.2; ``ALGORITHMS.md`` §4.4):
-in a controlled phase, after the local optimizer step every node gossips once; while the
-consensus statistic (Θ from `concord.core.control.consensus.theta`, or the exact Ξ in simulation) is
-above the target and fewer than ``max_rounds`` rounds were done, gossip again with the same
-topology.
+"more gossip iterations", §4.2 "consensus distance control", Appendix A.2;
+docs/algorithms.md#consensus-control): in a controlled phase, after the local optimizer step every
+node gossips once; while the consensus statistic (Θ from `concord.core.control.consensus.theta`, or
+the exact Ξ in simulation) is above the target and fewer than ``max_rounds`` rounds were done,
+gossip again with the same topology.
 
 Targets (``ControlConfig.mode``):
 

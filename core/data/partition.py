@@ -7,11 +7,12 @@ drop, no duplicate); `partition` checks this for built-in and user schemes alike
 - ``iid`` — seeded permutation cut into n contiguous shards whose sizes differ by ≤ 1 (the "random"
   split of Tao Lin's and the RelaySGD code).
 - ``dirichlet`` — label skew by a Dirichlet(α) draw per class (Hsu et al. 2019 as implemented in
-  Tao Lin's ``partition_data.py`` and relaysgd ``tasks/utils/non_iid_dirichlet.py``; ALGORITHMS
-  §5.6). α > 0; 10 ≈ i.i.d., 1 mild, 0.1 strong, 0.01 extreme (≈ one class per worker).
-- ``sorted`` — DeTAG's "unshuffled" data (Lu & De Sa 2021, §7; ALGORITHMS §6.6): sort by label,
-  shuffle the first X = ``shuffled_fraction`` ∈ [0, 1] of the sorted order, cut into n contiguous
-  even shards. X = 0: each peer sees one or two labels; X = 1: i.i.d.
+  Tao Lin's ``partition_data.py`` and relaysgd ``tasks/utils/non_iid_dirichlet.py``;
+  docs/algorithms.md#data-partitions). α > 0; 10 ≈ i.i.d., 1 mild, 0.1 strong, 0.01 extreme
+  (≈ one class per worker).
+- ``sorted`` — DeTAG's "unshuffled" data (Lu & De Sa 2021, §7; docs/algorithms.md#detag-and-dsgt):
+  sort by label, shuffle the first X = ``shuffled_fraction`` ∈ [0, 1] of the sorted order, cut into
+  n contiguous even shards. X = 0: each peer sees one or two labels; X = 1: i.i.d.
 - ``shards`` — pathological non-i.i.d. split of McMahan et al. 2017 (FedAvg): sort by label, cut
   into n · ``shards_per_peer`` (≥ 1) equal shards, deal ``shards_per_peer`` random shards to each
   peer.

@@ -9,9 +9,9 @@ batch_size, steps_per_epoch): a peer holding only [r] draws exactly the batches 
 one process holds all n.
 
 An epoch is ``steps_per_epoch = max(1, round(mean shard size over all n parts / batch_size))`` steps
-(the RelaySGD convention, ALGORITHMS §5.6), the same for every replica even if shards differ in
-size. The epoch's indices are precomputed at the epoch boundary as one [steps, k, batch] tensor;
-`ReplicaSampler.batch_indices` is a single slice.
+(the RelaySGD convention, docs/algorithms.md#data-partitions), the same for every replica even if
+shards differ in size. The epoch's indices are precomputed at the epoch boundary as one [steps, k,
+batch] tensor; `ReplicaSampler.batch_indices` is a single slice.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ distance between two means is ≈ s (= ``separation``) noise standard deviations
 x = μ_y + N(0, I) with balanced labels, seeded stratified train/test split.
 
 `HeterogeneousQuadratics` — the random-quadratics test problem of the RelaySGD paper (Vogels et al.
-2021, ``paper-figures/random_quadratics.py``; ALGORITHMS §9.5), with the heterogeneity set in
-closed form instead of by bisection.
+2021, ``paper-figures/random_quadratics.py``; docs/algorithms.md#reproduction-targets), with the
+heterogeneity set in closed form instead of by bisection.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 (torch-free, sans-io).
 
 Source: Xie, Yin, Zhou, Oral, Wang, "Scaling Up Data Parallelism in Decentralized Deep
-Learning", arXiv 2509.12213, 2025 (DBench and Ada; ``ALGORITHMS.md`` §7). The paper reports that
-accuracy correlates with the number of connections of the communication graph and with the
-variance of parameters across replicas, and proposes Ada, a D-SGD that "adapts the communication
-graph in use dynamically throughout training iterations". **Ada's exact rule (graph family,
-trigger, schedule, hyperparameters) is not published in what we could read**, so Concord ships
-two interpretations, labelled as such everywhere (config names, docs, run metrics):
+Learning", arXiv 2509.12213, 2025 (DBench and Ada; docs/algorithms.md#ada-interpretations). The
+paper reports that accuracy correlates with the number of connections of the communication graph and
+with the variance of parameters across replicas, and proposes Ada, a D-SGD that "adapts the
+communication graph in use dynamically throughout training iterations". **Ada's exact rule (graph
+family, trigger, schedule, hyperparameters) is not published in what we could read**, so Concord
+ships two interpretations, labelled as such everywhere (config names, docs, run metrics):
 
 * ``ada-schedule`` — interpretation (a), a *schedule*: D-SGD whose gossip graph is dense early
   and sparser after each learning-rate decay (consistent with Consensus Control's finding that
@@ -42,9 +42,9 @@ not a number from the paper); ema ∈ [0, 1) (default 0.9); hysteresis ∈ (0, 1
 1 = no dead band); k0 ∈ [1, ⌈log2 n⌉] (default: the densest); lag ∈ [1, every] (default 2; at
 most ``every`` so that a decision is in force before the next one is taken).
 
-Caveat (``ALGORITHMS.md`` §4.3): Θ ≈ ‖(I − W)(X − X̄)‖/√n depends on the graph itself, so a
-denser graph lowers Ξ but raises 1 − λ₂; Θ moves much less with K than Ξ does. The learning-rate
-decays move Θ by 10× and drive most of the decisions.
+Caveat (docs/algorithms.md#consensus-distance-and-the-estimator): Θ ≈ ‖(I − W)(X − X̄)‖/√n depends
+on the graph itself, so a denser graph lowers Ξ but raises 1 − λ₂; Θ moves much less with K than Ξ
+does. The learning-rate decays move Θ by 10× and drive most of the decisions.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from concord.core.algorithms.catalog import CATALOG, AdaptiveGraph, adaptive_graph_algorithms
 from concord.core.graphs.graph import TopologyError
 from concord.core.graphs.topology import (
     DIRECTED_TOPOLOGIES,
@@ -77,7 +78,8 @@ __all__ = [
     "schedule_graphs",
 ]
 
-ADA_ALGORITHMS: tuple[str, ...] = ("ada-schedule", "ada-feedback")
+# the algorithms that choose their own graphs (`AlgorithmSpec.adaptive_graph` of the catalog)
+ADA_ALGORITHMS: tuple[str, ...] = adaptive_graph_algorithms()
 
 
 def _is_int(v: object) -> TypeGuard[int]:
@@ -216,10 +218,22 @@ class FeedbackConfig:
         return m * self.every - 1 if m >= 1 else None
 
 
-_HYPER = {
-    "ada-schedule": ("graphs",),
-    "ada-feedback": tuple(f.name for f in fields(FeedbackConfig)),
+_HYPER: dict[AdaptiveGraph, tuple[str, ...]] = {
+    "schedule": ("graphs",),
+    "feedback": tuple(f.name for f in fields(FeedbackConfig)),
 }
+
+
+def _kind(algorithm: str) -> AdaptiveGraph | None:
+    spec = CATALOG.get(algorithm)
+    return None if spec is None else spec.adaptive_graph
+
+
+def _hyper_keys(algorithm: str) -> tuple[str, ...]:
+    kind = _kind(algorithm)
+    if kind is None:
+        raise ValueError(f"algorithm {algorithm!r} does not choose its graphs")
+    return _HYPER[kind]
 
 
 def feedback_config(hyper: Mapping[str, Any]) -> FeedbackConfig:
@@ -229,11 +243,10 @@ def feedback_config(hyper: Mapping[str, Any]) -> FeedbackConfig:
 
 
 def _check_keys(algorithm: str, hyper: Mapping[str, Any]) -> None:
-    unknown = sorted(set(hyper) - set(_HYPER[algorithm]))
+    valid = _hyper_keys(algorithm)
+    unknown = sorted(set(hyper) - set(valid))
     if unknown:
-        raise ValueError(
-            f"hyper: unknown key(s) {unknown} for {algorithm}; valid: {list(_HYPER[algorithm])}"
-        )
+        raise ValueError(f"hyper: unknown key(s) {unknown} for {algorithm}; valid: {list(valid)}")
 
 
 def hyper_problems(algorithm: str, hyper: Mapping[str, Any], n: int, phases: int) -> list[str]:
@@ -243,9 +256,9 @@ def hyper_problems(algorithm: str, hyper: Mapping[str, Any], n: int, phases: int
         _check_keys(algorithm, hyper)
     except ValueError as exc:
         problems.append(str(exc))
-    known = {k: v for k, v in hyper.items() if k in _HYPER[algorithm]}
+    known = {k: v for k, v in hyper.items() if k in _hyper_keys(algorithm)}
     try:
-        if algorithm == "ada-schedule":
+        if _kind(algorithm) == "schedule":
             schedule_graphs(known.get("graphs"), n, phases)
         else:
             FeedbackConfig(**known).k_start(n)
@@ -377,10 +390,11 @@ def initial_topologies(
 ) -> dict[int, str]:
     """Phase index (1-based) → topology at the start of a run: ada-schedule's per-phase graphs,
     ada-feedback's ``exponential:k0`` in every phase; {} for other algorithms (no overrides)."""
-    if algorithm == "ada-schedule":
+    kind = _kind(algorithm)
+    if kind == "schedule":
         graphs = schedule_graphs(hyper.get("graphs"), n, phases)
         return dict(enumerate(graphs, start=1))
-    if algorithm == "ada-feedback":
+    if kind == "feedback":
         k = feedback_config(hyper).k_start(n)
         return {i: exponential_name(k) for i in range(1, phases + 1)}
     return {}

@@ -174,7 +174,7 @@ def distance_stats(graph: Graph) -> tuple[int, float] | None:
     """(diameter, mean distance over ordered pairs i ≠ j), or None if disconnected.
 
     For n = 1 returns (0, 0.0). Mean distance is what RelaySum's effective delay depends on
-    (ALGORITHMS §2.3 tree statistics: chain n=16 → 15 / 5.67, binary tree n=16 → 6 / 3.48).
+    (tree statistics: chain n=16 → 15 / 5.67, binary tree n=16 → 6 / 3.48).
     """
     if graph.n == 1:
         return 0, 0.0
@@ -233,7 +233,7 @@ def is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-# ---- named static graphs (ALGORITHMS.md §2.2) ------------------------------------------------
+# ---- named static graphs (docs/algorithms.md#topologies) -----------------------------------------
 
 
 def complete_graph(n: int) -> Graph:

@@ -5,7 +5,7 @@ Every matrix built here is **symmetric and doubly stochastic** (rows and columns
 non-negative entries; `validate_mixing` checks exactly that. One gossip round on row-stacked
 models X (n × d) is X ← W X.
 
-Weight rules (ALGORITHMS.md §2.1):
+Weight rules (docs/algorithms.md#mixing-weights):
 
 * ``metropolis`` — Metropolis–Hastings: w_ij = 1 / (1 + max(deg_i, deg_j)) on each edge,
   w_ii = 1 − Σ_j w_ij (used by the RelaySGD gossip baselines, Vogels et al. NeurIPS 2021).
@@ -22,9 +22,9 @@ instead: `push_weights` gives node i's mass to itself and its out-neighbours in 
 purpose: every other algorithm relies on W being symmetric and doubly stochastic.
 
 Lazy (slack) matrix (DeTAG experiments, Lu & De Sa 2021): W_κ = κ W + (1 − κ) I, κ ∈ (0, 1].
-Spectral quantities (ALGORITHMS.md §1): λ := max(|λ₂|, |λₙ|) = ‖W − 11ᵀ/n‖₂ for a symmetric
-doubly-stochastic W; spectral gap 1 − λ; mixing parameter p = 1 − λ² (Koloskova et al. 2020:
-‖XW − X̄‖² ≤ (1 − p)‖X − X̄‖²).
+Spectral quantities (docs/algorithms.md#spectral-quantities): λ := max(|λ₂|, |λₙ|) = ‖W − 11ᵀ/n‖₂
+for a symmetric doubly-stochastic W; spectral gap 1 − λ; mixing parameter p = 1 − λ² (Koloskova et
+al. 2020: ‖XW − X̄‖² ≤ (1 − p)‖X − X̄‖²).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A *directed* schedule (``directed=True``, push-sum / SGP) has column-stochastic 
 graphs are the undirected supports of the arcs, and connectivity means *strong* connectivity of the
 arcs over one period. Only push-sum algorithms may use one (`concord.core.config` enforces it).
 
-Spectral summary (`Spectral`, ALGORITHMS.md §1 and §2.3):
+Spectral summary (`Spectral`, docs/algorithms.md#spectral-quantities):
 
 * static: λ = max(|λ₂|, |λₙ|) of W;
 * periodic (T > 1): λ = ‖P − 11ᵀ/n‖₂ for the one-period product P = W_{T−1}···W_0 (equal to

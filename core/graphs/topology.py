@@ -1,9 +1,9 @@
-"""Named topologies and their gossip schedules (torch-free) — ALGORITHMS.md §2.
+"""Named topologies and their gossip schedules (torch-free) — docs/algorithms.md#topologies.
 
 Entry points: `make_schedule` (what the engines and the orchestrator use), `build_graph` (static
 graphs and trees, e.g. for RelaySum), `describe` (the JSON summary behind
 ``concord topology NAME --peers N --json``), plus `double_binary_trees` and `bfs_spanning_tree`.
-Node ids are 0…n−1, n ≥ 2. Definitions (ALGORITHMS.md §2.2):
+Node ids are 0…n−1, n ≥ 2. Definitions:
 
 * ``complete`` all pairs; ``ring`` i ↔ i±1 mod n; ``chain`` i ↔ i+1; ``star`` 0 ↔ i.
 * ``torus`` m × (n/m) periodic grid with m the largest divisor of n with m ≤ √n (Tao Lin's

@@ -1,4 +1,4 @@
-"""Spanning trees for RelaySum / RelaySGD (Vogels et al. NeurIPS 2021; ALGORITHMS.md §5.4).
+"""Spanning trees for RelaySum / RelaySGD (Vogels et al. NeurIPS 2021; docs/algorithms.md#relaysgd).
 
 Torch-free (the config validator uses it). `relay_trees` picks, on the run's topology graph, the
 tree(s) RelaySGD relays over, from the algorithm's hyperparameters ``hyper.tree`` and
@@ -6,7 +6,7 @@ tree(s) RelaySGD relays over, from the algorithm's hyperparameters ``hyper.tree`
 
 * ``"auto"`` (default): the topology itself if it is a tree (``chain``, ``binary-tree``,
   ``star``, an edge-list file that is a tree); the two trees of ``double-binary-tree`` if the
-  topology is exactly their union (half of the coordinates go over each, §5.4); otherwise the
+  topology is exactly their union (half of the coordinates go over each); otherwise the
   BFS spanning tree from ``root``;
 * ``"chain"``, ``"binary-tree"``, ``"double-binary-tree"``: that named tree (pair) of
   `concord.core.graphs.topology`, which must be a subgraph of the topology — peers only exchange

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from concord.lab.presets.spec import Preset, Relation, Setting, Setup
 
 # ---------------------------------------------------------------------------------------------
-# RelaySGD vs gossip under Dirichlet heterogeneity (Vogels et al. 2021, Table 2; ALGORITHMS §5.8)
+# RelaySGD vs gossip under Dirichlet heterogeneity (Vogels et al. 2021, Table 2;
+# docs/algorithms.md#relaysgd)
 
 _ALPHAS = (("a1", "α = 1", 1.0), ("a0.1", "α = 0.1", 0.1), ("a0.01", "α = 0.01", 0.01))
 _GOSSIP_GRID = (0.025, 0.05, 0.1, 0.2, 0.4)
@@ -30,7 +31,8 @@ RELAYSGD_DIRICHLET = Preset(
         "RelaySum (Vogels et al., NeurIPS 2021) Table 2 scaled down to one CPU: MNIST-1D generated "
         "locally (20 000 samples, 16 000 for training, 4 000 test), the `cnn1d` model, **16 "
         "peers**, Dirichlet partition of the training set with the 10-worker grouping of "
-        "ALGORITHMS.md §5.6 (α ∈ {1, 0.1, 0.01}), local batch 16, local Nesterov momentum 0.9 "
+        "docs/algorithms.md#data-partitions (α ∈ {1, 0.1, 0.01}), local batch 16, local "
+        "Nesterov momentum 0.9 "
         "(QGM: its quasi-global momentum β = 0.9 instead), weight decay 1e-4, 5 % linear warm-up, "
         "LR ×0.1 at 50 % and 75 %, 16 epochs (992 steps). Metric: the **worst peer's** test "
         "accuracy after the last step (the paper's metric; every replica on the whole test set), "
@@ -138,7 +140,8 @@ RELAYSGD_DIRICHLET = Preset(
         Relation("a0.01", "qgm-ring", "dsgd-ring"),
     ),
     expected_text=(
-        "ALGORITHMS.md §9 item 7: at α = 0.01, RelaySGD (trees/chain) ≈ all-reduce ≫ D²/QGM > "
+        "docs/algorithms.md#reproduction-targets item 7: at α = 0.01, RelaySGD (trees/chain) "
+        "≈ all-reduce ≫ D²/QGM > "
         "D-SGD (ring) (paper, CIFAR-10/VGG-11 with momentum: 89.1 vs 90.2 vs 61–63 vs 53.9 %). "
         "Encoded as: RelaySGD at most 2 pt below all-reduce, RelaySGD (trees) more than 5 pt "
         "above D² and QGM, D² and QGM above D-SGD — worst-peer accuracy, mean over seeds."
@@ -153,7 +156,7 @@ RELAYSGD_DIRICHLET = Preset(
 )
 
 # ---------------------------------------------------------------------------------------------
-# DeTAG on unshuffled (label-sorted) data (Lu & De Sa 2021, §7; ALGORITHMS §6.6)
+# DeTAG on unshuffled (label-sorted) data (Lu & De Sa 2021, §7; docs/algorithms.md#detag-and-dsgt)
 
 _FRACTIONS = (("x0", "0 % shuffled", 0.0), ("x25", "25 % shuffled", 0.25),
               ("x50", "50 % shuffled", 0.5), ("x100", "100 % shuffled", 1.0))  # fmt: skip
@@ -277,7 +280,8 @@ DETAG_UNSHUFFLED = Preset(
         Relation("x0", "detag-k0.01", "dsgt-k0.01"),
     ),
     expected_text=(
-        "ALGORITHMS.md §9 item 9 and the paper's curves (§6.6): with 0–50 % shuffled data D-PSGD "
+        "docs/algorithms.md#reproduction-targets item 9 and the paper's curves: with 0–50 % "
+        "shuffled data D-PSGD "
         "(D-SGD) stalls while DSGT and DeTAG (R = 2, η = 0.2) converge, DeTAG fastest and DSGT "
         "more stable than D²; with W_κ, κ = 0.01, DeTAG (η = 0.4, R = 2) beats DSGT; with fully "
         "shuffled data all are similar. Encoded per column X ∈ {0, 25, 50} %: DSGT > D-SGD, "

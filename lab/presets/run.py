@@ -8,12 +8,12 @@ each run) and then writes a report (`concord.lab.presets.report`): ``report.md``
 exact command, mean ± std tables and the expected orderings checked against the measurements, and
 PNG plots.
 
-Presets (ALGORITHMS.md §9 items 7 and 9):
+Presets (docs/algorithms.md#reproduction-targets, items 7 and 9):
 
 - ``relaysgd-dirichlet`` — Vogels et al. 2021 (RelaySum), Table 2 at MNIST-1D scale: 16 peers,
-  Dirichlet α ∈ {1, 0.1, 0.01} (§5.6), metric = the worst peer's test accuracy (the paper's) and
-  the averaged model's;
-- ``detag-unshuffled`` — Lu & De Sa 2021 (DeTAG), the "unshuffled data" experiment (§6.6): a ring
+  Dirichlet α ∈ {1, 0.1, 0.01} (docs/algorithms.md#data-partitions), metric = the worst peer's test
+  accuracy (the paper's) and the averaged model's;
+- ``detag-unshuffled`` — Lu & De Sa 2021 (DeTAG), the "unshuffled data" experiment: a ring
   of 8, label-sorted data with the first X % shuffled, X ∈ {0, 25, 50, 100}, plus the slack matrix
   W_κ = κW + (1 − κ)I with κ = 0.01.
 

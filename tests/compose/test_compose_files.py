@@ -299,7 +299,7 @@ def test_dockerfile_copies_every_package_and_the_ignore_file_lets_them_through()
     for source in sources:
         assert (ROOT / source).exists(), f"COPY {source}: not in the build context (repo root)"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    packages = list(project["tool"]["setuptools"]["package-dir"].values())  # folder per package
     needed = {"pyproject.toml", project["project"]["readme"], *packages}
     assert needed <= set(sources), f"the Dockerfile does not copy {needed - set(sources)}"
     ignore = (COMPOSE / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()

@@ -1,6 +1,6 @@
 """The baselines gradient tracking, D², exact diffusion, QGM and local SGD against their textbook
 recursions (float64 round-off), their invariants, state, phases, control and hyperparameter
-errors, and the heterogeneous-quadratics reproduction of ALGORITHMS.md §9.5."""
+errors, and the heterogeneous-quadratics reproduction of docs/algorithms.md#reproduction-targets."""
 
 from __future__ import annotations
 
@@ -464,7 +464,7 @@ def test_config_checks_the_baselines() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# ALGORITHMS.md §9.5: heterogeneous quadratics
+# docs/algorithms.md#reproduction-targets: heterogeneous quadratics
 
 
 def test_heterogeneous_quadratics_dsgd_stalls_the_trackers_converge() -> None:

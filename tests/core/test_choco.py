@@ -122,8 +122,8 @@ def test_compressed_consensus_converges_geometrically(
 
 
 def test_aggressive_compression_with_gamma_one_diverges() -> None:
-    """ALGORITHMS §9.10: top-1 % with γ = 1 does not contract (measured: the distance grows
-    ~10× per 50 rounds), which is why γ must shrink with the compression."""
+    """docs/algorithms.md#reproduction-targets: top-1 % with γ = 1 does not contract (measured: the
+    distance grows ~10× per 50 rounds), which is why γ must shrink with the compression."""
     distances, _ = _consensus("topk", 0.01, 1.0, 200)
     assert distances[-1] > distances[0]
 

@@ -42,11 +42,12 @@ def one_round_theta(W: np.ndarray, X: np.ndarray) -> float:
 
 def test_ring_spectrum_matches_closed_form() -> None:
     lam2, lamn, p = spectrum(ring_w(N))
-    # closed form 1/3 + (2/3)cos(2π/n) for λ₂ and −1/3 for even n (ALGORITHMS.md §2.3); eigvalsh
-    # is accurate to ~1e-15 for a 16×16 symmetric matrix
+    # closed form 1/3 + (2/3)cos(2π/n) for λ₂ and −1/3 for even n
+    # (docs/algorithms.md#spectral-quantities); eigvalsh is accurate to ~1e-15 for a 16×16 symmetric
+    # matrix
     assert lam2 == pytest.approx(1 / 3 + 2 / 3 * np.cos(2 * np.pi / N), abs=1e-12)
     assert lamn == pytest.approx(-1 / 3, abs=1e-12)
-    assert p == pytest.approx(0.0989, abs=1e-4)  # value tabulated in ALGORITHMS.md §2.3
+    assert p == pytest.approx(0.0989, abs=1e-4)  # docs/algorithms.md#spectral-quantities
 
 
 def test_consensus_distance_matches_numpy() -> None:
@@ -102,7 +103,8 @@ def test_sandwich_random_disagreement() -> None:
     for _ in range(5):
         X = rng.normal(size=(N, 64)) * rng.uniform(0.1, 10.0)
         xi, th = _check_sandwich(W, X)
-        # random disagreement is mostly high-frequency: Θ is of the order of Ξ (ALGORITHMS §4.3)
+        # random disagreement is mostly high-frequency: Θ is of the order of Ξ
+        # (docs/algorithms.md#consensus-distance-and-the-estimator)
         assert 0.5 * xi < th < 1.5 * xi
 
 

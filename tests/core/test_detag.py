@@ -1,7 +1,8 @@
 """DeTAG / DeTAGM / DeTAG* and DSGT (`concord.core.algorithms.detag`): the accelerated gossip alone,
 the algorithms against direct transcriptions of Lu & De Sa's Algorithm 2 and of the classical DSGT
 recursion (float64 round-off), their invariants, round indices, phases, state and hyperparameter
-errors, and the label-sorted reproduction of ALGORITHMS.md §9.9 on a convex problem."""
+errors, and the label-sorted reproduction of docs/algorithms.md#reproduction-targets on a convex
+problem."""
 
 from __future__ import annotations
 
@@ -474,7 +475,8 @@ def test_config_checks() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# ALGORITHMS.md §9.9: on label-sorted data D-SGD stalls where DSGT/DeTAG converge
+# docs/algorithms.md#reproduction-targets: on label-sorted data D-SGD stalls where DSGT/DeTAG
+# converge
 
 
 @pytest.mark.parametrize("shuffled", [0.0, 0.5])

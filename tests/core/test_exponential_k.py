@@ -58,7 +58,8 @@ def test_spectral_gap_grows_with_k(n: int) -> None:
 
 
 def test_spectral_gap_strictly_grows_for_powers_of_two() -> None:
-    # n = 16: 0.0507 (ring, ALGORITHMS.md §2.3), 0.1476, 0.3911, 0.5 (the static exponential)
+    # n = 16: 0.0507 (ring, docs/algorithms.md#spectral-quantities), 0.1476, 0.3911, 0.5 (the static
+    # exponential)
     gaps = [describe(exponential_name(k), 16)["spectral_gap"] for k in range(1, 5)]
     assert gaps == sorted(gaps)
     assert len(set(gaps)) == 4

@@ -156,7 +156,8 @@ def test_validate_names_the_matrix_and_checks_support() -> None:
 def test_ring_spectral_closed_form(n: int) -> None:
     W = metropolis_hastings(build_graph("ring", n))
     l2, ln = spectral_values(W)
-    # eigenvalues 1/3 + (2/3)cos(2πk/n) (ALGORITHMS §2.3); eigvalsh is accurate to ~1e-15
+    # eigenvalues 1/3 + (2/3)cos(2πk/n) (docs/algorithms.md#spectral-quantities); eigvalsh is
+    # accurate to ~1e-15
     assert l2 == pytest.approx(1 / 3 + 2 / 3 * math.cos(2 * math.pi / n), abs=1e-12)
     k_min = n // 2
     assert ln == pytest.approx(1 / 3 + 2 / 3 * math.cos(2 * math.pi * k_min / n), abs=1e-12)

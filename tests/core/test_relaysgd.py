@@ -1,6 +1,6 @@
 """RelaySum / RelaySGD (Vogels et al. NeurIPS 2021): exact averaging after diameter steps
-(ALGORITHMS.md §9.3), heterogeneous quadratics (§9.5), the §5.2 count rule, spanning trees,
-hyperparameter and config errors, state, phases and traffic."""
+(docs/algorithms.md#reproduction-targets), heterogeneous quadratics, the count rule, spanning
+trees, hyperparameter and config errors, state, phases and traffic."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_relaysgd_without_gradient_stays_at_the_initial_model() -> None:
 def _reference_relaysgd(
     tree: Graph, x0: torch.Tensor, grads: list[torch.Tensor], lr: float, drops: dict[int, set[Edge]]
 ) -> torch.Tensor:
-    """RelaySGD exactly as written in ALGORITHMS.md §5.1–5.2: messages m and counts c per edge,
+    """RelaySGD exactly as written in docs/algorithms.md#relaysgd: messages m and counts c per edge,
     x_i ← (1/n)[S_i + (n − N_i) x⁰]; a dropped message is removed from the sum and the count."""
     n = tree.n
     nbrs = [tree.neighbors(i) for i in range(n)]
@@ -207,8 +207,8 @@ def test_relaysgd_reaches_the_optimum_where_dsgd_stalls() -> None:
     # D-SGD's fixed point is off x* by O(η ζ / (1 − λ)): it has stopped improving …
     assert dsgd[-1] > 0.5
     assert dsgd[-1] == pytest.approx(dsgd[499], rel=1e-6)
-    # … RelaySGD's only fixed point is x_i = x* (ALGORITHMS.md §5.2), reached linearly; 1e-6
-    # is the brief's bar, far above float64 round-off
+    # … RelaySGD's only fixed point is x_i = x* (docs/algorithms.md#relaysgd), reached linearly;
+    # 1e-6 is the brief's bar, far above float64 round-off
     for topology in ("chain", "binary-tree"):
         assert _quadratics("relaysgd", topology, 1000)[-1] <= 1e-6
     assert _quadratics("relaysgd", "ring", 1000, tree="chain")[-1] <= 1e-6  # chain ⊂ ring

@@ -1,4 +1,4 @@
-"""SGP / push-sum (Assran et al. 2019, ALGORITHMS.md §3.6) and its directed schedule: column-
+"""SGP / push-sum (Assran et al. 2019, docs/algorithms.md#sgp) and its directed schedule: column-
 stochastic validation, the one-peer directed exponential graph, push-sum weights and their
 invariants, equality with D-SGD where P is doubly stochastic, state, phases, control, config."""
 
@@ -104,7 +104,8 @@ def test_directed_one_peer_exponential_schedule(n: int) -> None:
         if 2 * hop != n:  # (the hop n/2 is its own inverse)
             assert not np.array_equal(W, W.T)
     P = np.linalg.multi_dot([*reversed(sch.matrices()), np.eye(n)])
-    exact = n & (n - 1) == 0  # power of 2: Π_k (I + S^{2^k})/2 = 11ᵀ/n (ALGORITHMS.md §2.3)
+    # power of 2: Π_k (I + S^{2^k})/2 = 11ᵀ/n (docs/algorithms.md#spectral-quantities)
+    exact = n & (n - 1) == 0
     assert np.allclose(P, 1 / n, rtol=0, atol=1e-15) == exact
     assert sch.spectral().exact_average_after == (period if exact else None)
 

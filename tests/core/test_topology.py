@@ -28,7 +28,8 @@ from concord.core.graphs.topology import (
 )
 from concord.core.registry import UnknownNameError
 
-# The ALGORITHMS.md §2.3 table is printed to 4 decimals: compare at half a unit of the 4th decimal.
+# The docs/algorithms.md#spectral-quantities table is printed to 4 decimals: compare at half a unit
+# of the 4th decimal.
 TABLE_TOL = 5e-5
 
 # n values each topology accepts (small, odd, even, powers of two where required).
@@ -55,7 +56,8 @@ def test_names_match_registry() -> None:
 
 
 def test_module_is_torch_free() -> None:
-    # the orchestrator imports concord.core.graphs.topology and must never import torch (STYLE.md)
+    # the orchestrator imports concord.core.graphs.topology and must never import torch
+    # (docs/architecture.md#layers)
     code = (
         "import sys, concord.core.graphs.topology, concord.core.graphs.mixing; "
         "sys.exit('torch' in sys.modules)"
@@ -277,7 +279,8 @@ def test_matrix_is_cached_read_only_and_rejects_bad_round() -> None:
 def test_tree_statistics(
     n: int, diameter: int, mean_chain: float, tree_diam: int, mean_tree: float
 ) -> None:
-    # ALGORITHMS §2.3 tree table, printed to 2 decimals → compare to half a unit of the 2nd
+    # docs/algorithms.md#spectral-quantities tree table, printed to 2 decimals → compare to half a
+    # unit of the 2nd
     chain, tree = describe("chain", n), describe("binary-tree", n)
     assert chain["diameter"] == diameter
     assert chain["mean_distance"] == pytest.approx(mean_chain, abs=5e-3)

@@ -292,8 +292,9 @@ def test_duplicates_decided_rounds_and_other_stages_do_not_decide_twice() -> Non
 
 @pytest.mark.parametrize("stage", ["train", "calibrate"])
 def test_a_statistic_outside_the_plan_is_ignored_not_raised(stage: str) -> None:
-    """Bad input is rejected and counted, never a crash (STYLE.md): a Stats whose step lies
-    outside the plan is valid on the wire (the schema only checks step ≥ 0)."""
+    """Bad input is rejected and counted, never a crash (docs/architecture.md#failure-handling): a
+    Stats whose step lies outside the plan is valid on the wire (the schema only checks step ≥
+    0)."""
     cfg = config()
     plan = plan_of(cfg)
     if stage == "train":

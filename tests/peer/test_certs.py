@@ -1,7 +1,7 @@
 """Run CA and peer certificates (SANs, usages, permissions, chain checks, clear errors) and a real
 grpc.aio mTLS server built from them: a peer certificate from the run CA is accepted; no
 certificate, another CA's certificate and plaintext are refused with UNAVAILABLE
-(TRANSPORT.md §4.2) and the server keeps serving."""
+(docs/deployment.md#mtls-certificates) and the server keeps serving."""
 
 from __future__ import annotations
 

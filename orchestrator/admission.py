@@ -1,0 +1,187 @@
+"""Admission: which peers are in the run and which are still alive — sans-io (no MQTT, no clock:
+the caller passes ``now``, a `time.monotonic` value).
+
+`Admission` owns the peer table (`PeerInfo` per peer id ``0 … n-1``):
+
+* **gathering** — each peer announces itself with a retained ``status`` "ready" carrying its gRPC
+  address, steps per epoch and model fingerprint; the run starts when every peer did
+  (`Admission.ready`) and all agree (`Admission.agreed_steps_per_epoch`);
+* **liveness** — every message from a peer counts as a sign of life (`Admission.heard`); a peer
+  is dropped when it reports "failed" (`Admission.on_status` says so), when its Last-Will
+  ("offline") is not contradicted within two heartbeats, or when it is silent for the liveness
+  timeout while it still owes the stage work (`Admission.sweep`). While the orchestrator is cut
+  off from the broker nobody is silent by their own fault (`Admission.cut_off`): after a reconnect
+  peers get the broker session's longest reconnect backoff on top of the timeout to come back.
+
+What a drop means for pending rounds and the schedule is the caller's business
+(`concord.orchestrator.app`): `Admission.drop` only marks the peer and says whether it was news.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from concord.errors import OrchestratorError
+from concord.protos.control_plane import Heartbeat, Message, Metrics, Stats, Status
+
+log = structlog.get_logger("concord.orchestrator.admission")
+
+
+@dataclass
+class PeerInfo:
+    state: str = "unknown"
+    address: str | None = None
+    step: int = 0
+    last_seen: float = 0.0
+    steps_per_epoch: int = 0
+    fingerprint: str = ""
+    stage_done: str = ""  # last stage this peer reported done
+    gone: bool = False
+    offline_at: float | None = None  # its Last-Will arrived (confirmed by silence, see sweep)
+
+
+@dataclass(frozen=True)
+class StatusOutcome:
+    """What one ``status`` message means to the caller: ``changed`` — waiters should re-check;
+    ``drop`` — the peer failed and must be dropped for this reason."""
+
+    changed: bool
+    drop: str | None = None
+
+
+class Admission:
+    """The peer table of one run (see the module docstring)."""
+
+    def __init__(self, n: int, *, liveness_timeout: float, heartbeat: float) -> None:
+        self.n = n
+        self.peers = {i: PeerInfo() for i in range(n)}
+        self.timeout = liveness_timeout
+        self.confirm = 2 * heartbeat + 0.2  # a Last-Will stands once this passed in silence
+        self.grace_until = 0.0  # nobody is silent before this (after a broker outage)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def knows(self, peer: int) -> bool:
+        return 0 <= peer < self.n
+
+    def live(self) -> set[int]:
+        return {i for i, p in self.peers.items() if not p.gone}
+
+    def expected(self, stage: str) -> set[int]:
+        """Live peers that still owe ``stage`` its work (whose statistics a round waits for)."""
+        return {i for i in self.live() if self.peers[i].stage_done != stage}
+
+    def finished(self, stage: str) -> list[int]:
+        return [i for i, p in self.peers.items() if p.stage_done == stage]
+
+    def dropped(self) -> list[int]:
+        return sorted(i for i, p in self.peers.items() if p.gone)
+
+    def addresses(self, peers: list[int]) -> list[str]:
+        return [self.peers[i].address or "" for i in peers]
+
+    def newest_step(self, peers: list[int]) -> int:
+        return max((self.peers[i].step for i in peers), default=0)
+
+    # -- gathering -----------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Every peer announced its address and steps per epoch."""
+        return all(p.address and p.steps_per_epoch for p in self.peers.values())
+
+    def missing(self) -> list[int]:
+        return sorted(i for i, p in self.peers.items() if not p.address)
+
+    def agreed_steps_per_epoch(self) -> int:
+        """The peers' common steps per epoch; `OrchestratorError` unless all peers agree on it
+        and on the model fingerprint."""
+        spe = {p.steps_per_epoch for p in self.peers.values()}
+        fps = {p.fingerprint for p in self.peers.values()}
+        if len(spe) != 1 or len(fps) != 1:
+            raise OrchestratorError(
+                f"peers disagree on steps per epoch {sorted(spe)} or model fingerprint "
+                f"({len(fps)} different): are they running the same config?"
+            )
+        return spe.pop()
+
+    # -- events --------------------------------------------------------------------------------
+
+    def heard(self, peer: int, message: Message, now: float) -> None:
+        """A message from a known ``peer`` arrived: anything but a Last-Will is a sign of life."""
+        info = self.peers[peer]
+        if not (isinstance(message, Status) and message.state == "offline"):
+            info.offline_at = None  # alive after all
+        if isinstance(message, Heartbeat):
+            info.last_seen, info.step = now, message.step
+        elif isinstance(message, Stats | Metrics):
+            info.last_seen = now
+
+    def on_status(self, peer: int, status: Status, now: float, stage: str) -> StatusOutcome:
+        """File a peer's ``status`` (``stage``: the run's current stage, "" before setup)."""
+        info = self.peers[peer]
+        if status.peer != peer:
+            log.warning("control.rejected", topic="status", peer=peer, problem="peer mismatch")
+            return StatusOutcome(changed=False)
+        if status.state == "offline":  # a Last-Will: confirmed by silence in sweep
+            info.state, info.offline_at = status.state, now
+            return StatusOutcome(changed=False)
+        info.state, info.last_seen, info.step = status.state, now, status.step
+        drop = None
+        if status.state in ("ready", "training"):
+            if status.address:
+                info.address = status.address
+            if status.steps_per_epoch:
+                info.steps_per_epoch = status.steps_per_epoch
+            if status.fingerprint:
+                info.fingerprint = status.fingerprint
+        elif status.state == "done":
+            info.stage_done = status.stage
+        elif status.state == "failed" and stage and not info.gone:
+            drop = f"status {status.state}" + (f": {status.reason}" if status.reason else "")
+        return StatusOutcome(changed=True, drop=drop)
+
+    def drop(self, peer: int, reason: str) -> bool:
+        """Mark ``peer`` gone; False if it already was."""
+        info = self.peers[peer]
+        if info.gone:
+            return False
+        info.gone = True
+        log.warning("peer.dropped", peer=peer, reason=reason, live=sorted(self.live()))
+        return True
+
+    def begin_stage(self, now: float) -> None:
+        """A stage starts: every peer's silence is counted from now."""
+        for info in self.peers.values():
+            info.last_seen = now
+
+    # -- liveness ------------------------------------------------------------------------------
+
+    def cut_off(self, now: float, backoff: float) -> None:
+        """The broker session is down: no Last-Will stands, and silence counts only from
+        ``backoff`` seconds (the longest reconnect delay) after this."""
+        self.grace_until = now + backoff
+        for info in self.peers.values():
+            info.offline_at = None
+
+    def sweep(self, now: float, stage: str) -> list[tuple[int, str]]:
+        """The peers to drop now, with the reason (each once): a Last-Will that stood for
+        ``confirm`` seconds, or a peer busy in ``stage`` and silent past the timeout. Nobody is
+        dropped before the run's first stage."""
+        out: list[tuple[int, str]] = []
+        if not stage:
+            return out
+        for i, info in self.peers.items():
+            if info.offline_at is not None and now - info.offline_at > self.confirm:
+                info.offline_at = None
+                if not info.gone:
+                    out.append((i, "Last-Will (offline) and silent since"))
+        if now >= self.grace_until:
+            named = {i for i, _ in out}
+            for i, info in self.peers.items():
+                busy = info.stage_done != stage
+                silent = now - max(info.last_seen, self.grace_until)
+                if not info.gone and i not in named and busy and silent > self.timeout:
+                    out.append((i, f"silent for {silent:.1f} s"))
+        return out

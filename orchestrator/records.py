@@ -1,0 +1,140 @@
+"""Run records: every file the orchestrator leaves in the run directory (``--out``).
+
+* ``log.jsonl`` — the orchestrator's structured log (`concord.runtime.logs.open_log`, bound with
+  run and ``role = "orchestrator"``);
+* ``orchestrator.json`` (broker, run, pid), ``manifest.json`` (`manifest`), ``calibration.json``,
+  ``orchestrator-summary.json`` (`summary`) — whole JSON documents, replaced atomically
+  (`RunRecords.write_json`);
+* ``metrics.jsonl`` — run-level per-step and evaluation records (`RunRecords.metric`, fed by
+  `concord.orchestrator.metrics.MetricsTable`);
+* ``control.jsonl`` — every decided round (`RunRecords.rounds`, from
+  `concord.orchestrator.rounds.RoundBook`);
+* ``schedules.jsonl`` — every schedule version published (`RunRecords.schedule`);
+* ``graphs.jsonl`` — ada-feedback runs only: every graph decision point (`RunRecords.graph`).
+
+The line files are opened (truncated) when `RunRecords` is made and closed by
+`RunRecords.close`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from concord.core.config import RunConfig
+from concord.core.control.plan import PhasePlan
+from concord.core.graphs.adagraph import FeedbackDecision
+from concord.core.graphs.topology import describe, exponential_name, max_exponential_k
+from concord.orchestrator.admission import PeerInfo
+from concord.orchestrator.rounds import RoundRecord
+
+
+class RunRecords:
+    """The run directory's record files (see the module docstring)."""
+
+    def __init__(self, out: Path, *, graphs: bool = False) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self._metrics: IO[str] = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        self._control: IO[str] = open(out / "control.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        self._schedules: IO[str] = open(out / "schedules.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        self._graphs: IO[str] | None = None
+        if graphs:
+            self._graphs = open(out / "graphs.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+
+    def write_json(self, name: str, data: Any) -> None:
+        """Replace ``name`` with ``data`` as indented JSON (written aside, then renamed)."""
+        tmp = self.out / f"{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.replace(self.out / name)
+
+    def metric(self, record: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(record) + "\n")
+
+    def rounds(self, records: Iterable[RoundRecord]) -> None:
+        for rec in records:
+            self._control.write(json.dumps(rec.to_json()) + "\n")
+
+    def schedule(self, row: dict[str, Any]) -> None:
+        self._schedules.write(json.dumps(row) + "\n")
+        self._schedules.flush()
+
+    def graph(self, decision: FeedbackDecision) -> None:
+        if self._graphs is not None:
+            self._graphs.write(json.dumps(decision.to_json()) + "\n")
+            self._graphs.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._control.close()
+        self._schedules.close()
+        if self._graphs is not None:
+            self._graphs.close()
+
+
+def manifest(
+    cfg: RunConfig,
+    run_id: str,
+    plan: PhasePlan,
+    steps_per_epoch: int,
+    *,
+    topologies: Mapping[int, str],
+    peers: Mapping[int, PeerInfo],
+) -> dict[str, Any]:
+    """``manifest.json``: the run's shape, the admitted ``peers``' addresses and fingerprint, and
+    a description of every topology it may gossip on (``topologies``: the per-phase graphs the
+    schedule publishes, adaptive runs)."""
+    names = {
+        topologies.get(p.index) or p.topology or cfg.topology
+        for p in plan.phases
+        if p.mode == "gossip"
+    }
+    if cfg.spec.adaptive_graph == "feedback":  # every graph K may move to
+        names |= {exponential_name(k) for k in range(1, max_exponential_k(cfg.peers) + 1)}
+    described = {
+        name: describe(name, cfg.peers, weights=cfg.weights, kappa=cfg.kappa, seed=cfg.seed)
+        for name in sorted(names)
+    }
+    return {
+        "run": run_id,
+        "engine": "processes",
+        "created": time.time(),
+        "peers": cfg.peers,
+        "steps": plan.total_steps,
+        "steps_per_epoch": steps_per_epoch,
+        "plan": plan.to_dict(),
+        "topologies": described,
+        "addresses": {i: p.address for i, p in peers.items()},
+        "fingerprint": peers[0].fingerprint,
+        "config": cfg.to_dict(),
+    }
+
+
+def summary(
+    run_id: str,
+    *,
+    peers_done: list[int],
+    peers_dropped: list[int],
+    schedule_versions: int,
+    rejected_payloads: int,
+    stats_ignored: int,
+    graph_decisions: int | None,
+    graph_steps_partial: int | None,
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """``orchestrator-summary.json``; the CPU time includes an embedded broker's routing."""
+    return {
+        "run": run_id,
+        "peers_done": peers_done,
+        "peers_dropped": peers_dropped,
+        "schedule_versions": schedule_versions,
+        "rejected_payloads": rejected_payloads,
+        "stats_ignored": stats_ignored,
+        "graph_decisions": graph_decisions,
+        "graph_steps_partial": graph_steps_partial,
+        "wall_seconds": wall_seconds,
+        "cpu_seconds": time.process_time(),
+    }
