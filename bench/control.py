@@ -20,7 +20,8 @@ measured in one run on this machine.
    QoS the contract gives stats and decisions (0) — the same two hops as stats → orchestrator →
    decision.
 2. **Lagged-control overhead.** ``concord.sim.processes.run_processes``: orchestrator + 4 peer
-   processes, ring, D-SGD, ~1.09M-parameter MLP on mnist1d, 1 torch thread each, evaluation only at the end.
+   processes, ring, D-SGD, ~1.09M-parameter MLP on mnist1d, 1 torch thread each, evaluation only
+   at the end.
    The run's plan has ``--blocks`` phases (LR milestones at i/blocks): phase 1 warms up (not timed),
    then controlled (adaptive, ``lagged = true``, factor 1e6) and uncontrolled blocks alternate
    *within one run*, starting with a controlled block in odd repeats and with an uncontrolled one in

@@ -10,7 +10,8 @@ process (docs/transport.md#memory), all on 127.0.0.1):
   filling a preallocated buffer — the fastest asyncio variant (docs/transport.md#benchmarks);
 * ``grpc``: ``grpc_exchange(size_bytes, repeats) -> list[float]`` (seconds per exchange, its
   own spawned processes and warm-up, the real `concord.peer.transport.Transport`), imported
-  lazily from ``bench/_grpc.py``. If that fails, the run prints ``grpc contender unavailable: <reason>`` and the baselines alone.
+  lazily from ``bench/_grpc.py``. If that fails, the run prints ``grpc contender unavailable:
+  <reason>`` and the baselines alone.
 
 Time per exchange = from the first byte sent to the receiver's acknowledgement; ``--warmup``
 discarded exchanges, then the median of ``--repeats`` (halved, at least 3, for sizes > 64 MiB).

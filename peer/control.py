@@ -33,8 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import structlog
 import torch
@@ -57,6 +57,7 @@ from concord.protos.control_plane import (
 from concord.protos.mqtt import Bus
 
 log = structlog.get_logger("concord.peer.control")
+T = TypeVar("T")
 
 
 class ControlClient:
@@ -250,7 +251,7 @@ class OrchestratedControl:
         self._held: list[Stats] = []  # lagged: this step's statistics, for its metrics record
         self._plan_of: int | None = None  # lagged: the step whose decision plans this one
 
-    def _call(self, coro: Any) -> Any:
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         t0 = time.perf_counter()
         try:
             return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout + 30)

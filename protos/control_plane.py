@@ -47,46 +47,210 @@ orchestrator imports it).
 
 The state (schedule, plan, control, status and presence with their Last-Wills) stays QoS 1 and
 retained: it is rare, and a retained message is what a late or reconnecting client starts from.
+
+**Each payload's schema is its class declaration**: field types with their constraints (strict
+scalars, bounds, finite statistics, allowed values; unknown fields refused), validated by pydantic.
+`decode` is msgpack-unpack plus validation against that declaration, `encode` validates before it
+packs, and `message_schemas` exports every payload's JSON Schema (for the documentation).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, ClassVar, Literal, TypeVar, get_args
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import NoneType, UnionType
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Literal,
+    NamedTuple,
+    TypeAlias,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 import msgpack
+from pydantic import (
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+    with_config,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, ErrorDetails, core_schema
+from typing_extensions import TypedDict
 
 from concord.errors import PayloadError as PayloadError
 
 SCHEMA_VERSION = 2  # 2: Metrics.stats (lagged statistics ride on the step record), Presence
 ROOT = "concord/v1"
 MAX_PAYLOAD_BYTES = 256 * 1024  # control messages are small; anything bigger is rejected
+MAX_ROUNDS = 10_000  # gossip rounds of one step: a round number beyond this is a forgery
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Declared field types
+#
+# Every payload schema below is its class declaration: a frozen dataclass whose field types
+# carry their constraints (pydantic validates them; type checkers see plain ``int``, ``str``, …).
+# Scalars are strict — no ``"1"`` → 1, ``1.0`` → 1 or ``True`` → 1 coercions (an int is accepted
+# for a float); unknown fields are refused. Invariants spanning fields are the classes'
+# ``@model_validator`` methods. The messages are plain dataclasses, not pydantic models:
+# constructing one does not validate (a sender may build a bad one), `encode` and `decode` do.
+
+PeerState = Literal["starting", "ready", "training", "done", "failed", "offline"]
+PEER_STATES: tuple[str, ...] = get_args(PeerState)
+RunAction = Literal["start", "stop"]
+RUN_ACTIONS: tuple[str, ...] = get_args(RunAction)
+PresenceState = Literal["online", "offline"]
+PRESENCE_STATES: tuple[str, ...] = get_args(PresenceState)
+Stage = Literal["calibrate", "train"]
+STAGES: tuple[str, ...] = get_args(Stage)
+EVENTS: tuple[str, ...] = ("step", "eval")
+
+
+@dataclass(frozen=True)
+class Says:
+    """How a constraint reads in an error: ``<field> <text>; got <value>`` (default: derived from
+    the field's bounds, e.g. "must be ≥ 0")."""
+
+    text: str
+
+
+class _Check:
+    """A constraint checked after the type (a ``value_error`` at the field's place); ``phrase``
+    is its wording in errors, `json` what it adds to the field's JSON Schema."""
+
+    def __init__(self, phrase: str) -> None:
+        self.phrase = phrase
+
+    def check(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def json(self) -> dict[str, Any]:
+        return {}
+
+    def _validate(self, value: Any) -> Any:
+        if not self.check(value):
+            raise ValueError(self.phrase)
+        return value
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._validate, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {**handler(schema), **self.json()}
+
+
+class OneOf(_Check):
+    """A string out of ``values`` (an ``enum`` in the JSON Schema; ``str`` to type checkers, so
+    senders may pass any ``str`` variable)."""
+
+    def __init__(self, values: tuple[str, ...]) -> None:
+        super().__init__(f"must be one of {', '.join(values)}")
+        self.values = values
+
+    def check(self, value: Any) -> bool:
+        return value in self.values
+
+    def json(self) -> dict[str, Any]:
+        return {"enum": list(self.values)}
+
+
+class HostPort(_Check):
+    """``host:port`` with a port in 1–65535 (a gRPC address)."""
+
+    def __init__(self) -> None:
+        super().__init__("must be 'host:port' with a port in 1–65535")
+
+    def check(self, value: Any) -> bool:
+        host, sep, port = value.rpartition(":")
+        return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+    def json(self) -> dict[str, Any]:
+        return {"pattern": r"^.+:[0-9]{1,5}$"}
+
+
+@with_config(ConfigDict(extra="forbid"))
+class PhaseTopology(TypedDict):
+    """One entry of `Schedule.phases`: a phase and its topology (None: the run's topology)."""
+
+    index: Annotated[int, Strict(), Field(ge=0)]
+    topology: Annotated[str, Strict()] | None
+
+
+class Shaped(_Check):
+    """A map validated as a `TypedDict` (its JSON Schema), kept a plain ``dict`` in Python."""
+
+    def __init__(self, shape: type, phrase: str) -> None:
+        super().__init__(phrase)
+        self.adapter: TypeAdapter[Any] = TypeAdapter(shape)
+
+    def check(self, value: Any) -> bool:
+        try:
+            self.adapter.validate_python(value)
+        except ValidationError:
+            return False
+        return True
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return self.adapter.json_schema()
+
+
+Int: TypeAlias = Annotated[int, Strict()]
+NonNeg: TypeAlias = Annotated[int, Strict(), Field(ge=0)]
+Round: TypeAlias = Annotated[
+    int, Strict(), Field(ge=1, le=MAX_ROUNDS), Says(f"is 1-based, at most {MAX_ROUNDS}")
+]
+Float: TypeAlias = Annotated[float, Strict()]
+FiniteNonNeg: TypeAlias = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
+Str: TypeAlias = Annotated[str, Strict()]
+Bool: TypeAlias = Annotated[bool, Strict()]
+StageName: TypeAlias = Annotated[str, Strict(), OneOf(STAGES)]
+Address: TypeAlias = Annotated[str, Strict(), HostPort()]
+PhaseEntry: TypeAlias = Annotated[
+    dict[Str, Any], Shaped(PhaseTopology, "must be {index: int ≥ 0, topology: str | None}")
+]
+
+# decoding: strict scalars in lax containers (a dict is accepted for an embedded message);
+# encoding re-validates the message object itself
+_CONFIG = ConfigDict(extra="forbid", revalidate_instances="always")
 
 
 # ---------------------------------------------------------------------------------------------
 # Payload schemas
 
-PeerState = Literal["starting", "ready", "training", "done", "failed", "offline"]
-PEER_STATES: tuple[str, ...] = get_args(PeerState)
-RunAction = Literal["start", "stop"]
-PresenceState = Literal["online", "offline"]
-PRESENCE_STATES: tuple[str, ...] = get_args(PresenceState)
-Stage = Literal["calibrate", "train"]
-STAGES: tuple[str, ...] = get_args(Stage)
-
 
 @dataclass(frozen=True)
 class Message:
-    """Base of all payloads: ``KIND`` names the schema; subclasses list their fields."""
+    """Base of all payloads: ``KIND`` names the schema; subclasses declare their fields."""
 
     KIND: ClassVar[str] = ""
+    __pydantic_config__: ClassVar[ConfigDict] = _CONFIG
 
     def validate(self) -> None:
-        """Extra range checks; raise ValueError with the field name."""
+        """Check the message against its schema; `PayloadError` (topic: the kind) if it fails."""
+        try:
+            _check(type(self), self, self.KIND)
+        except PayloadError as exc:  # the topic names the kind already
+            raise PayloadError(self.KIND, exc.problem.removeprefix(f"{self.KIND}: ")) from None
 
 
 @dataclass(frozen=True)
@@ -100,40 +264,32 @@ class Schedule(Message):
     ``decided_at`` ≥ that step."""
 
     KIND: ClassVar[str] = "schedule"
-    version: int
-    peers: list[int]  # ids of the live peers the topology is built over
-    topology: str
-    weights: str | None
-    kappa: float
-    seed: int
-    phases: list[dict[str, Any]]  # [{"index": k, "topology": name | None}]
-    reason: str = ""
-    addresses: list[str] = field(default_factory=list)  # gRPC host:port of peers[i]
-    effective_step: int = 0  # peers switch to this schedule at the start of this step
-    decided_at: int | None = None  # ada-feedback: the latest decision point it reflects
+    version: NonNeg
+    # ids of the live peers the topology is built over
+    peers: Annotated[
+        list[NonNeg],
+        Field(min_length=1, json_schema_extra={"uniqueItems": True}),
+        Says("must list at least one live peer"),
+    ]
+    topology: Str
+    weights: Str | None
+    kappa: Annotated[float, Strict(), Field(gt=0, le=1)]
+    seed: Int
+    phases: list[PhaseEntry]  # [{"index": k, "topology": name | None}]
+    reason: Str = ""
+    addresses: list[Address] = field(default_factory=list)  # gRPC host:port of peers[i]
+    effective_step: NonNeg = 0  # peers switch to this schedule at the start of this step
+    decided_at: NonNeg | None = None  # ada-feedback: the latest decision point it reflects
 
-    def validate(self) -> None:
-        _nonneg("version", self.version)
-        _nonneg("effective_step", self.effective_step)
-        if self.decided_at is not None:
-            _nonneg("decided_at", self.decided_at)
-        if len(set(self.peers)) != len(self.peers) or any(p < 0 for p in self.peers):
+    @model_validator(mode="after")
+    def _consistent(self) -> Schedule:
+        if len(set(self.peers)) != len(self.peers):
             raise ValueError(f"peers must be distinct ids ≥ 0; got {self.peers}")
-        if not self.peers:
-            raise ValueError("peers must list at least one live peer")
         if self.addresses and len(self.addresses) != len(self.peers):
             raise ValueError(
                 f"addresses lists {len(self.addresses)} entries for {len(self.peers)} peers"
             )
-        for i, a in enumerate(self.addresses):
-            host, sep, port = a.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"addresses[{i}] = {a!r}; expected 'host:port'")
-        if not 0 < self.kappa <= 1:
-            raise ValueError(f"kappa must be in (0, 1]; got {self.kappa}")
-        for i, ph in enumerate(self.phases):
-            if not isinstance(ph, dict) or set(ph) != {"index", "topology"}:
-                raise ValueError(f"phases[{i}] must be {{index, topology}}; got {ph!r}")
+        return self
 
 
 @dataclass(frozen=True)
@@ -142,53 +298,39 @@ class Plan(Message):
     settings."""
 
     KIND: ClassVar[str] = "plan"
-    total_steps: int
-    phases: dict[str, Any]
-    lr: dict[str, Any]
-    control: dict[str, Any]
-
-    def validate(self) -> None:
-        _nonneg("total_steps", self.total_steps)
+    total_steps: NonNeg
+    phases: dict[Str, Any]
+    lr: dict[Str, Any]
+    control: dict[Str, Any]
 
 
 @dataclass(frozen=True)
 class RunControl(Message):
-    KIND: ClassVar[str] = "control"
-    action: str  # "start" | "stop"
-    reason: str = ""
-    ts: float = 0.0
-    stage: str = "train"  # "calibrate": the uncontrolled pass of constant targets; "train"
-    steps: int = 0  # steps to run in this stage (0: the whole plan)
-    step_base: int = 0  # added to step numbers on the data plane (stages never reuse a step)
+    """Start (or stop) a stage of the run; retained, so a late peer learns the current one."""
 
-    def validate(self) -> None:
-        if self.action not in get_args(RunAction):
-            raise ValueError(f"action must be 'start' or 'stop'; got {self.action!r}")
-        _stage(self.stage)
-        _nonneg("steps", self.steps)
-        _nonneg("step_base", self.step_base)
+    KIND: ClassVar[str] = "control"
+    action: Annotated[str, Strict(), OneOf(RUN_ACTIONS)]  # "start" | "stop"
+    reason: Str = ""
+    ts: Float = 0.0
+    stage: StageName = "train"  # "calibrate": the uncontrolled pass of constant targets; "train"
+    steps: NonNeg = 0  # steps to run in this stage (0: the whole plan)
+    step_base: NonNeg = 0  # added to step numbers on the data plane (stages never reuse a step)
 
 
 @dataclass(frozen=True)
 class Status(Message):
-    KIND: ClassVar[str] = "status"
-    peer: int
-    state: str
-    step: int = 0
-    address: str | None = None
-    ts: float = 0.0
-    stage: str = "train"
-    steps_per_epoch: int = 0  # from the peer's data partition (all peers must agree)
-    fingerprint: str = ""  # model fingerprint (parameter names, shapes, dtypes)
-    reason: str = ""  # why a peer failed
+    """A peer's lifecycle state; retained, its Last-Will is state "offline"."""
 
-    def validate(self) -> None:
-        _nonneg("peer", self.peer)
-        _nonneg("step", self.step)
-        _nonneg("steps_per_epoch", self.steps_per_epoch)
-        _stage(self.stage)
-        if self.state not in PEER_STATES:
-            raise ValueError(f"state must be one of {', '.join(PEER_STATES)}; got {self.state!r}")
+    KIND: ClassVar[str] = "status"
+    peer: NonNeg
+    state: Annotated[str, Strict(), OneOf(PEER_STATES)]
+    step: NonNeg = 0
+    address: Str | None = None
+    ts: Float = 0.0
+    stage: StageName = "train"
+    steps_per_epoch: NonNeg = 0  # from the peer's data partition (all peers must agree)
+    fingerprint: Str = ""  # model fingerprint (parameter names, shapes, dtypes)
+    reason: Str = ""  # why a peer failed
 
 
 @dataclass(frozen=True)
@@ -198,27 +340,19 @@ class Presence(Message):
     broker (its Last-Will) when it crashes or its connection breaks."""
 
     KIND: ClassVar[str] = "orchestrator"
-    state: str
-    ts: float = 0.0
-    reason: str = ""
-
-    def validate(self) -> None:
-        if self.state not in PRESENCE_STATES:
-            raise ValueError(
-                f"state must be one of {', '.join(PRESENCE_STATES)}; got {self.state!r}"
-            )
+    state: Annotated[str, Strict(), OneOf(PRESENCE_STATES)]
+    ts: Float = 0.0
+    reason: Str = ""
 
 
 @dataclass(frozen=True)
 class Heartbeat(Message):
-    KIND: ClassVar[str] = "heartbeat"
-    peer: int
-    step: int
-    ts: float
+    """A peer's periodic sign of life, with the step it is at."""
 
-    def validate(self) -> None:
-        _nonneg("peer", self.peer)
-        _nonneg("step", self.step)
+    KIND: ClassVar[str] = "heartbeat"
+    peer: NonNeg
+    step: NonNeg
+    ts: Float
 
 
 @dataclass(frozen=True)
@@ -228,23 +362,13 @@ class Stats(Message):
     ``ada-feedback`` run (graph feedback; the orchestrator routes it by the step's phase)."""
 
     KIND: ClassVar[str] = "stats"
-    peer: int
-    step: int
-    round: int
-    theta: float  # θ_i = ‖x_i(after) − x_i(before)‖²
-    grad_norm: float  # ‖g_i‖ of this step
-    bytes_sent: int = 0
-    stage: str = "train"
-
-    def validate(self) -> None:
-        _stage(self.stage)
-        _nonneg("peer", self.peer)
-        _nonneg("step", self.step)
-        if self.round < 1:
-            raise ValueError(f"round is 1-based; got {self.round}")
-        _finite_nonneg("theta", self.theta)
-        _finite_nonneg("grad_norm", self.grad_norm)
-        _nonneg("bytes_sent", self.bytes_sent)
+    peer: NonNeg
+    step: NonNeg
+    round: Round
+    theta: FiniteNonNeg  # θ_i = ‖x_i(after) − x_i(before)‖²
+    grad_norm: FiniteNonNeg  # ‖g_i‖ of this step
+    bytes_sent: NonNeg = 0
+    stage: StageName = "train"
 
 
 @dataclass(frozen=True)
@@ -254,23 +378,13 @@ class Decision(Message):
     lag is part of the run's config, which every peer has)."""
 
     KIND: ClassVar[str] = "decision"
-    step: int
-    round: int
-    repeat: bool
-    target: float | None = None
-    statistic: float | None = None
-    rounds_next: int | None = None
-    reason: str = ""
-
-    def validate(self) -> None:
-        _nonneg("step", self.step)
-        _nonneg("round", self.round)
-        if self.target is not None:
-            _finite_nonneg("target", self.target)
-        if self.statistic is not None:
-            _finite_nonneg("statistic", self.statistic)
-        if self.rounds_next is not None and self.rounds_next < 1:
-            raise ValueError(f"rounds_next must be ≥ 1; got {self.rounds_next}")
+    step: NonNeg
+    round: Annotated[int, Strict(), Field(ge=0, le=MAX_ROUNDS)]
+    repeat: Bool
+    target: FiniteNonNeg | None = None
+    statistic: FiniteNonNeg | None = None
+    rounds_next: Annotated[int, Strict(), Field(ge=1, le=MAX_ROUNDS)] | None = None
+    reason: Str = ""
 
 
 @dataclass(frozen=True)
@@ -281,26 +395,17 @@ class Metrics(Message):
     per peer and step, the same as without control."""
 
     KIND: ClassVar[str] = "metrics"
-    peer: int
-    step: int
-    values: dict[str, float] = field(default_factory=dict)
-    event: str = "step"  # "step" (training step record) or "eval" (evaluation of the replica)
+    peer: NonNeg
+    step: NonNeg
+    values: dict[Str, Float] = field(default_factory=dict)  # NaN allowed: a diverged loss
+    event: Annotated[str, Strict(), OneOf(EVENTS)] = "step"  # "step" record or "eval"uation
     stats: list[Stats] = field(default_factory=list)  # lagged control: this step's rounds
 
-    def validate(self) -> None:
-        _nonneg("peer", self.peer)
-        _nonneg("step", self.step)
-        if self.event not in ("step", "eval"):
-            raise ValueError(f"event must be 'step' or 'eval'; got {self.event!r}")
-        for key, value in self.values.items():
-            if not isinstance(key, str) or not _is_number(value):
-                raise ValueError(f"values must map names to numbers; got {key!r}: {value!r}")
+    @model_validator(mode="after")
+    def _consistent(self) -> Metrics:
         if self.stats and self.event != "step":
             raise ValueError("stats ride only on a step record (event 'step')")
         for i, s in enumerate(self.stats):
-            if not isinstance(s, Stats):
-                raise ValueError(f"stats[{i}] must be a stats map; got {s!r}")
-            s.validate()
             if (s.peer, s.step) != (self.peer, self.step):
                 raise ValueError(
                     f"stats[{i}] is for peer {s.peer} step {s.step}, "
@@ -308,31 +413,31 @@ class Metrics(Message):
                 )
             if s.round != i + 1:
                 raise ValueError(f"stats[{i}] has round {s.round}; rounds go 1, 2, … in order")
+        return self
 
 
 MESSAGES: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (Schedule, Plan, RunControl, Status, Presence, Heartbeat, Stats, Decision, Metrics)
 }
+_ADAPTERS: dict[type[Message], TypeAdapter[Any]] = {
+    cls: TypeAdapter(cls) for cls in MESSAGES.values()
+}
 
 
-def _is_number(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _nonneg(name: str, v: int) -> None:
-    if v < 0:
-        raise ValueError(f"{name} must be ≥ 0; got {v}")
-
-
-def _stage(v: str) -> None:
-    if v not in STAGES:
-        raise ValueError(f"stage must be one of {', '.join(STAGES)}; got {v!r}")
-
-
-def _finite_nonneg(name: str, v: float) -> None:
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be a finite number ≥ 0; got {v}")
+def message_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of every payload, by kind: the wire map, ``v`` and ``kind`` included."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind, cls in MESSAGES.items():
+        schema = _ADAPTERS[cls].json_schema()
+        schema["properties"] = {
+            "v": {"const": SCHEMA_VERSION, "type": "integer", "title": "Schema version"},
+            "kind": {"const": kind, "type": "string", "title": "Kind"},
+            **schema["properties"],
+        }
+        schema["required"] = ["v", "kind", *schema.get("required", [])]
+        out[kind] = schema
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,13 +514,20 @@ class Topics:
 
 def encode(message: Message) -> bytes:
     """msgpack map {"v": SCHEMA_VERSION, "kind": KIND, **fields} (validated first)."""
-    try:
-        message.validate()
-    except ValueError as exc:
-        raise PayloadError(message.KIND, str(exc)) from None
-    payload = {"v": SCHEMA_VERSION, "kind": message.KIND, **asdict(message)}
+    message.validate()
+    payload = {"v": SCHEMA_VERSION, "kind": message.KIND, **_to_map(message)}
     packed: bytes = msgpack.packb(payload, use_bin_type=True)
     return packed
+
+
+def _to_map(message: Message) -> dict[str, Any]:
+    """The message's fields in declaration order, embedded messages as maps (what
+    `dataclasses.asdict` gives for a validated message, without copying every container)."""
+    layout = _layout(type(message))
+    out = {name: getattr(message, name) for name in layout.names}
+    for name in layout.embedded:
+        out[name] = [_to_map(m) if isinstance(m, Message) else m for m in out[name]]
+    return out
 
 
 M = TypeVar("M", bound=Message)
@@ -443,65 +555,189 @@ def decode(topic: str, payload: bytes, expect: type[M] | None = None) -> Message
         raise PayloadError(topic, f"unknown kind {kind!r}")
     if expect is not None and cls is not expect:
         raise PayloadError(topic, f"expected a {expect.KIND!r} message, got {kind!r}")
-    return _build(topic, cls, data)
+    return _check(cls, data, topic)
 
 
-def _build(topic: str, cls: type[Message], data: Mapping[str, Any]) -> Message:
-    names = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise PayloadError(topic, f"unknown field(s) {', '.join(unknown)} in {cls.KIND!r}")
-    for name, f in names.items():
-        if name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise PayloadError(topic, f"{cls.KIND}.{name} is missing")
-            continue
-        check = _CHECKS.get(str(f.type))
-        if check is not None and not check(data[name]):
-            raise PayloadError(topic, f"{cls.KIND}.{name} must be {f.type}; got {data[name]!r}")
-    values = dict(data)
-    for name, inner in _NESTED.get(cls.KIND, {}).items():
-        if name in values:
-            values[name] = [
-                _nested(topic, f"{cls.KIND}.{name}[{i}]", inner, item)
-                for i, item in enumerate(values[name])
-            ]
+def _check(cls: type[M], data: Any, topic: str) -> M:
+    """Validate ``data`` (a map, or a message object) as a ``cls``; `PayloadError` otherwise."""
     try:
-        message = cls(**values)
-        message.validate()
-    except (TypeError, ValueError) as exc:
-        raise PayloadError(topic, f"{cls.KIND}: {exc}") from None
+        message: M = _ADAPTERS[cls].validate_python(data)
+    except ValidationError as exc:
+        raise PayloadError(topic, _problem(cls, data, exc.errors(include_url=False))) from None
     return message
 
 
-def _nested(topic: str, where: str, cls: type[Message], item: Mapping[str, Any]) -> Message:
-    """A message embedded in another (a map without ``v``/``kind``); errors name its place."""
+# ---------------------------------------------------------------------------------------------
+# Validation errors → one specific problem, in the contract's words
+#
+# "stats.theta must be float; got 'x'" (a wrong type: the field and its declared type),
+# "stats.grad_norm is missing", "unknown field(s) extra in 'stats'", "stats: theta must be a
+# finite number ≥ 0; got nan" (a constraint), "metrics.stats[0]: …" (inside an embedded message).
+# Several errors: unknown fields first, then missing ones, wrong types, broken constraints.
+
+_UNKNOWN, _MISSING, _TYPE, _CONSTRAINT = range(4)
+_NOT_TYPE_ERRORS = {"value_error", "assertion_error", "finite_number", "literal_error"}
+
+
+class _Found(NamedTuple):
+    rank: int  # _UNKNOWN … _CONSTRAINT
+    where: str  # "" or the embedded message's place, "metrics.stats[0]: "
+    kind: str  # of the message it concerns
+    text: str  # the problem (for an unknown field: its name)
+
+
+def _problem(cls: type[Message], data: Any, errors: list[ErrorDetails]) -> str:
+    found = [_describe(cls, data, e) for e in errors]
+    first = min(found, key=lambda f: f.rank)  # min keeps the first of a rank: pydantic's order
+    if first.rank != _UNKNOWN:
+        return first.text
+    names = sorted(f.text for f in found if f[:3] == first[:3])  # all of that message, at once
+    return f"{first.where}unknown field(s) {', '.join(names)} in {first.kind!r}"
+
+
+def _describe(cls: type[Message], data: Any, error: ErrorDetails) -> _Found:
+    loc, kind, where = list(error["loc"]), error["type"], ""
+    is_type = _is_type_error(kind)
+    # descend into embedded messages (metrics.stats[i]) unless the item itself has a wrong type
+    while len(loc) >= 2 and isinstance(loc[1], int) and not (len(loc) == 2 and is_type):
+        inner = _layout(cls).embedded.get(str(loc[0]))
+        if inner is None:
+            break
+        where += f"{cls.KIND}.{loc[0]}[{loc[1]}]: "
+        data, cls, loc = _child(_child(data, loc[0]), loc[1]), inner, loc[2:]
+    if not loc:  # an invariant across fields (a model validator)
+        return _Found(_CONSTRAINT, where, cls.KIND, f"{where}{cls.KIND}: {_error_text(error)}")
+    name = str(loc[0])
+    if kind == "unexpected_keyword_argument" and len(loc) == 1:
+        return _Found(_UNKNOWN, where, cls.KIND, name)
+    if kind == "missing" and len(loc) == 1:
+        return _Found(_MISSING, where, cls.KIND, f"{where}{cls.KIND}.{name} is missing")
+    if is_type:  # the field and its declared type, whatever inside it is wrong
+        shown = _layout(cls).type_names.get(name, "?")
+        text = f"{where}{cls.KIND}.{name} must be {shown}; got {_child(data, name)!r}"
+        return _Found(_TYPE, where, cls.KIND, text)
+    place = name + "".join(f"[{k!r}]" if isinstance(k, str) else f"[{k}]" for k in loc[1:])
+    hint = _layout(cls).hints.get(name)
+    phrase = (_phrase(hint, len(loc) - 1) if hint is not None else "") or _error_text(error)
+    text = f"{where}{cls.KIND}: {place} {phrase}; got {error['input']!r}"
+    return _Found(_CONSTRAINT, where, cls.KIND, text)
+
+
+def _is_type_error(kind: str) -> bool:
+    return kind not in _NOT_TYPE_ERRORS and not kind.startswith(("greater_", "less_", "too_"))
+
+
+def _error_text(error: ErrorDetails) -> str:
+    ctx = error.get("ctx") or {}
+    if isinstance(ctx.get("error"), Exception):
+        return str(ctx["error"])
+    return error["msg"]
+
+
+def _child(data: Any, key: str | int) -> Any:
     try:
-        return _build(topic, cls, item)
-    except PayloadError as exc:
-        raise PayloadError(topic, f"{where}: {exc.problem}") from None
+        if isinstance(key, str) and not isinstance(data, Mapping):
+            return getattr(data, key)
+        return data[key]
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return None
 
 
-# fields holding lists of embedded messages, per kind
-_NESTED: dict[str, dict[str, type[Message]]] = {"metrics": {"stats": Stats}}
+@dataclass(frozen=True)
+class _Layout:
+    """What encoding and error reporting need to know of a message class's declaration."""
+
+    names: tuple[str, ...]  # the fields, in declaration (= wire) order
+    hints: dict[str, Any]  # declared types, constraints included (``Annotated``)
+    type_names: dict[str, str]  # as errors name them: "int", "float | None", "list[Stats]"
+    embedded: dict[str, type[Message]]  # fields holding lists of embedded messages
+
+    @classmethod
+    def of(cls, message: type[Message]) -> _Layout:
+        names = tuple(f.name for f in fields(message))
+        extras = get_type_hints(message, include_extras=True)
+        plain = get_type_hints(message)
+        embedded = {}
+        for name in names:
+            args = get_args(plain[name])
+            if get_origin(plain[name]) is list and _is_message_class(args[0]):
+                embedded[name] = args[0]
+        return cls(
+            names,
+            {n: extras[n] for n in names},
+            {n: _type_name(plain[n]) for n in names},
+            embedded,
+        )
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+_LAYOUTS: dict[type[Message], _Layout] = {}
 
 
-_CHECKS: dict[str, Callable[[object], bool]] = {
-    "int": _is_int,
-    "float": _is_number,
-    "bool": lambda v: isinstance(v, bool),
-    "str": lambda v: isinstance(v, str),
-    "str | None": lambda v: v is None or isinstance(v, str),
-    "float | None": lambda v: v is None or _is_number(v),
-    "int | None": lambda v: v is None or _is_int(v),
-    "list[int]": lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
-    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-    "list[dict[str, Any]]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
-    "dict[str, Any]": lambda v: isinstance(v, dict),
-    "dict[str, float]": lambda v: isinstance(v, dict),
-    "list[Stats]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
-}
+def _layout(cls: type[Message]) -> _Layout:
+    layout = _LAYOUTS.get(cls)
+    if layout is None:
+        layout = _LAYOUTS[cls] = _Layout.of(cls)
+    return layout
+
+
+def _is_message_class(tp: object) -> bool:
+    return isinstance(tp, type) and issubclass(tp, Message)
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin in (Union, UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is not None:
+        return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in args)}]"
+    if tp is NoneType:
+        return "None"
+    return getattr(tp, "__name__", None) or str(tp).removeprefix("typing.")
+
+
+def _phrase(tp: Any, depth: int) -> str:
+    """The wording of the constraints declared ``depth`` levels into ``tp`` (0: on the field,
+    1: on a list item or dict value, …)."""
+    metadata: list[Any] = []
+    while True:
+        if get_origin(tp) is Annotated:
+            tp, *meta = get_args(tp)
+            metadata += meta
+            continue
+        if get_origin(tp) in (Union, UnionType):  # X | None: the constraints of X
+            tp = next(a for a in get_args(tp) if a is not NoneType)
+            continue
+        if depth == 0:
+            break
+        args = get_args(tp)
+        if not args:
+            return ""
+        tp, metadata, depth = args[-1], [], depth - 1
+    return _wording(metadata)
+
+
+def _wording(metadata: list[Any]) -> str:
+    found: dict[str, Any] = {}
+    for m in metadata:
+        if isinstance(m, Says):
+            return m.text
+        if isinstance(m, _Check):
+            return m.phrase
+        for item in getattr(m, "metadata", [m]):  # Field(...) holds annotated-types objects
+            for attr in ("ge", "gt", "le", "lt", "min_length", "allow_inf_nan"):
+                if getattr(item, attr, None) is not None:
+                    found[attr] = getattr(item, attr)
+    low = ("[", found["ge"]) if "ge" in found else ("(", found["gt"]) if "gt" in found else None
+    high = ("]", found["le"]) if "le" in found else (")", found["lt"]) if "lt" in found else None
+    finite = "a finite number " if found.get("allow_inf_nan") is False else ""
+    if low and high:
+        return f"must be {finite}in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low:
+        return f"must be {finite}{'≥' if low[0] == '[' else '>'} {low[1]}"
+    if high:
+        return f"must be {finite}{'≤' if high[0] == ']' else '<'} {high[1]}"
+    if "min_length" in found:
+        return f"must have at least {found['min_length']} item(s)"
+    return f"must be {finite.strip()}" if finite else ""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import msgpack
 import pytest
 
 from concord.protos.control_plane import (
+    MAX_ROUNDS,
     MESSAGES,
     SCHEMA_VERSION,
     TOPICS,
@@ -24,6 +27,7 @@ from concord.protos.control_plane import (
     Topics,
     decode,
     encode,
+    message_schemas,
 )
 
 EXAMPLES = [
@@ -240,3 +244,217 @@ def test_encode_refuses_invalid_messages() -> None:
                 version=0, peers=[0, 0], topology="ring", weights=None, kappa=1.0, seed=0, phases=[]
             )
         )
+
+
+# -- the schemas are the class declarations ------------------------------------------------------
+
+
+def test_every_message_exports_its_json_schema() -> None:
+    schemas = message_schemas()
+    assert set(schemas) == set(MESSAGES)
+    for kind, schema in schemas.items():
+        cls = MESSAGES[kind]
+        names = [f.name for f in dataclasses.fields(cls)]
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        assert schema["title"] == cls.__name__
+        assert schema["additionalProperties"] is False, kind  # unknown fields are refused
+        assert list(schema["properties"]) == ["v", "kind", *names], kind  # the wire map's keys
+        assert schema["properties"]["v"]["const"] == SCHEMA_VERSION
+        assert schema["properties"]["kind"]["const"] == kind
+        assert schema["required"] == ["v", "kind", *required], kind
+        json.dumps(schema)  # plain JSON, ready for the docs
+    stats = schemas["stats"]["properties"]
+    assert stats["round"] == {
+        "minimum": 1,
+        "maximum": MAX_ROUNDS,
+        "title": "Round",
+        "type": "integer",
+    }
+    assert stats["theta"]["minimum"] == 0
+    assert stats["stage"]["enum"] == ["calibrate", "train"]
+    assert schemas["status"]["properties"]["state"]["enum"][-1] == "offline"
+    assert schemas["metrics"]["properties"]["stats"]["items"] == {"$ref": "#/$defs/Stats"}
+    schedule = schemas["schedule"]["properties"]
+    assert schedule["peers"]["minItems"] == 1
+    assert schedule["peers"]["uniqueItems"]
+    assert schedule["kappa"]["exclusiveMinimum"] == 0
+    assert schedule["kappa"]["maximum"] == 1
+    assert schedule["phases"]["items"]["required"] == ["index", "topology"]
+
+
+def test_wire_format_is_the_plain_field_map() -> None:
+    """Valid messages encode to the msgpack map of their fields in declaration order, behind
+    ``v`` and ``kind`` — byte for byte what peers and orchestrators of this schema version send."""
+    s1 = Stats(peer=1, step=5, round=1, theta=0.25, grad_norm=1.5, bytes_sent=4096)
+    s2 = Stats(peer=1, step=5, round=2, theta=0.125, grad_norm=1.5)
+    fields_1 = {"peer": 1, "step": 5, "round": 1, "theta": 0.25, "grad_norm": 1.5}
+    assert encode(s1) == _raw(
+        v=SCHEMA_VERSION, kind="stats", **fields_1, bytes_sent=4096, stage="train"
+    )
+    m = Metrics(peer=1, step=5, values={"loss": 0.5}, stats=[s1, s2])
+    assert encode(m) == _raw(
+        v=SCHEMA_VERSION,
+        kind="metrics",
+        peer=1,
+        step=5,
+        values={"loss": 0.5},
+        event="step",
+        stats=[dataclasses.asdict(s1), dataclasses.asdict(s2)],
+    )
+    for message in EXAMPLES:
+        body = msgpack.unpackb(encode(message), raw=False)
+        assert body == {"v": SCHEMA_VERSION, "kind": message.KIND, **dataclasses.asdict(message)}
+
+
+def test_constructing_does_not_validate_but_sending_does() -> None:
+    bad = Stats(peer=0, step=0, round=1, theta=math.inf, grad_norm=0.0)
+    with pytest.raises(PayloadError, match=r"theta must be a finite number ≥ 0; got inf") as info:
+        bad.validate()
+    assert (info.value.topic, info.value.problem) == (
+        "stats",
+        "theta must be a finite number ≥ 0; got inf",
+    )
+    with pytest.raises(PayloadError, match="theta"):
+        encode(bad)
+    Stats(peer=0, step=0, round=1, theta=0.0, grad_norm=0.0).validate()
+
+
+def _forged(kind: str, **fields: object) -> bytes:
+    return _raw(v=SCHEMA_VERSION, kind=kind, **fields)
+
+
+_STATS = {"peer": 1, "step": 5, "round": 1, "theta": 0.5, "grad_norm": 1.0}
+_DECISION = {"step": 5, "round": 1, "repeat": False}
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        (
+            _forged("stats", **_STATS, admin=True),
+            "unknown field(s) admin in 'stats'",
+        ),
+        (
+            _forged("decision", **_DECISION, zz=1, aa=2),
+            "unknown field(s) aa, zz in 'decision'",
+        ),
+        (
+            _forged("stats", **{**_STATS, "grad_norm": math.inf}),
+            "stats: grad_norm must be a finite number ≥ 0; got inf",
+        ),
+        (
+            _forged("decision", **_DECISION, statistic=math.nan),
+            "decision: statistic must be a finite number ≥ 0; got nan",
+        ),
+        (
+            _forged("decision", **_DECISION, target=-0.5),
+            "decision: target must be a finite number ≥ 0; got -0.5",
+        ),
+        (
+            _forged("stats", **{**_STATS, "peer": -3}),
+            "stats: peer must be ≥ 0; got -3",
+        ),
+        (
+            _forged("stats", **{**_STATS, "bytes_sent": -1}),
+            "stats: bytes_sent must be ≥ 0; got -1",
+        ),
+        (
+            _forged("stats", **{**_STATS, "round": 2**40}),
+            f"stats: round is 1-based, at most {MAX_ROUNDS}; got {2**40}",
+        ),
+        (
+            _forged("decision", **_DECISION, rounds_next=MAX_ROUNDS + 1),
+            f"decision: rounds_next must be in [1, {MAX_ROUNDS}]; got {MAX_ROUNDS + 1}",
+        ),
+        (
+            _forged("decision", **{**_DECISION, "round": 10**9}),
+            f"decision: round must be in [0, {MAX_ROUNDS}]; got {10**9}",
+        ),
+        (
+            _forged("decision", **{**_DECISION, "repeat": 1}),
+            "decision.repeat must be bool; got 1",
+        ),
+        (_forged("heartbeat", peer=1, step=2.0, ts=0.0), "heartbeat.step must be int; got 2.0"),
+        (_forged("heartbeat", peer="1", step=2, ts=0.0), "heartbeat.peer must be int; got '1'"),
+        (_forged("heartbeat", peer=1, step=2, ts="now"), "heartbeat.ts must be float; got 'now'"),
+        (
+            _forged("metrics", peer=1, step=5, values={"loss": "low"}),
+            "metrics.values must be dict[str, float]; got {'loss': 'low'}",
+        ),
+        (
+            _forged("metrics", peer=1, step=5, stats=[{**_STATS, "theta": math.nan}]),
+            "metrics.stats[0]: stats: theta must be a finite number ≥ 0; got nan",
+        ),
+        (
+            _forged("metrics", peer=1, step=5, stats=[{**_STATS, "round": 0}]),
+            f"metrics.stats[0]: stats: round is 1-based, at most {MAX_ROUNDS}; got 0",
+        ),
+        (
+            _forged(
+                "schedule",
+                version=1,
+                peers=[0, -1],
+                topology="ring",
+                weights=None,
+                kappa=1.0,
+                seed=0,
+                phases=[],
+            ),
+            "schedule: peers[1] must be ≥ 0; got -1",
+        ),
+        (
+            _forged(
+                "schedule",
+                version=1,
+                peers=[0],
+                topology="ring",
+                weights=None,
+                kappa=1.0,
+                seed=0,
+                phases=[{"index": 1, "topology": "ring", "extra": 1}],
+            ),
+            "schedule: phases[0] must be {index: int ≥ 0, topology: str | None}; "
+            "got {'index': 1, 'topology': 'ring', 'extra': 1}",
+        ),
+        (
+            _forged("plan", total_steps=10, phases={}, lr={}, control=[]),
+            "plan.control must be dict[str, Any]; got []",
+        ),
+        (
+            _forged("control", action="restart"),
+            "control: action must be one of start, stop; got 'restart'",
+        ),
+        (
+            _forged("metrics", peer=1, step=5, event="epoch"),
+            "metrics: event must be one of step, eval; got 'epoch'",
+        ),
+        (_forged("presence"), "unknown kind 'presence'"),
+    ],
+)
+def test_forged_messages_are_refused_with_a_clear_problem(payload: bytes, problem: str) -> None:
+    with pytest.raises(PayloadError) as info:
+        decode("concord/v1/r/x", payload)
+    assert info.value.problem == problem
+    assert info.value.topic == "concord/v1/r/x"
+
+
+def test_bytes_and_non_string_keys_are_refused() -> None:
+    with pytest.raises(PayloadError, match="not a msgpack map"):
+        decode("t", _forged("presence", state=b"online"))
+    with pytest.raises(PayloadError, match="not a msgpack map"):
+        decode("t", msgpack.packb({"v": SCHEMA_VERSION, 1: "x"}))
+
+
+def test_decoded_numbers_keep_their_declared_types() -> None:
+    """An int is a valid float on the wire (a foreign writer's ``0``); it arrives as a float."""
+    s = decode("t", _forged("stats", **{**_STATS, "theta": 0, "grad_norm": 2}))
+    assert isinstance(s, Stats)
+    assert (s.theta, s.grad_norm) == (0.0, 2.0)
+    assert isinstance(s.theta, float)
+    m = decode("t", _forged("metrics", peer=1, step=5, values={"loss": math.nan}))
+    assert isinstance(m, Metrics)
+    assert math.isnan(m.values["loss"])
