@@ -9,9 +9,8 @@ differs between engines comes in from outside:
 * the `ControlHook`, which turns a controlled step into a `RoundControl`: the vectorized engine
   decides from the global statistic at once; a peer asks the orchestrator;
 * the `GraphHook` of the adaptive-graph algorithms (`concord.core.graphs.adagraph`), which sees
-every gossip
-  step's θ_i and ‖g_i‖: the vectorized engine feeds its graph controller, a peer publishes them
-  to the orchestrator. The topology overrides themselves are applied by the engine
+  every gossip step's θ_i and ‖g_i‖: the vectorized engine feeds its graph controller, a peer
+  publishes them to the orchestrator. The topology overrides themselves are applied by the engine
   (`concord.core.control.runplan.Schedules.set_topologies`) before a step; the record names the
   graph used.
 """

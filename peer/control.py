@@ -369,8 +369,7 @@ class OrchestratedControl:
 
 class GraphStats:
     """`concord.core.loop.GraphHook` of a peer in an ada-feedback run (module docstring). Called
-    from the
-    training thread; publishing happens on the event loop without waiting."""
+    from the training thread; publishing happens on the event loop without waiting."""
 
     def __init__(
         self,

@@ -109,8 +109,7 @@ class Schedules:
     ``members`` (default: every peer) is the set the orchestrator's schedule lists; a repaired
     schedule after a peer left is applied with `set_members`. Per-phase topology *overrides*
     (`set_topologies`: the adaptive graphs of `concord.core.graphs.adagraph`, which a peer takes
-    from the
-    orchestrator's published schedule) replace the plan's topology of those phases."""
+    from the orchestrator's published schedule) replace the plan's topology of those phases."""
 
     def __init__(self, cfg: RunConfig, members: Sequence[int] | None = None) -> None:
         self.cfg = cfg

@@ -48,8 +48,7 @@ def run_without_plots(
     cfg: Any, out_dir: Path, *, progress: bool = False, calibration_cache: Path | None = None
 ) -> Mapping[str, Any]:
     """`concord.sim.engine.run` without the per-run PNGs (1–3 s each on a small CPU; the report
-    plots
-    every run's curves instead). Module-level, so it pickles into the sweep's workers."""
+    plots every run's curves instead). Module-level, so it pickles into the sweep's workers."""
     from concord.sim.engine import run
 
     return run(cfg, out_dir, progress=progress, calibration_cache=calibration_cache, plots=False)

@@ -1,7 +1,6 @@
 """`concord.core.graphs.adagraph`: the two Ada interpretations — the feedback controller (decisions,
 hysteresis, clamping, lag, gaps), the dense → sparse schedule, hyperparameter validation, and the
-config
-errors of ada-schedule / ada-feedback."""
+config errors of ada-schedule / ada-feedback."""
 
 from __future__ import annotations
 

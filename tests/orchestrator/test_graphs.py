@@ -1,7 +1,7 @@
 """`concord.orchestrator.graphs.GraphBook`: the orchestrator's ada-feedback bookkeeping — steps
 complete when every expected peer reported (or on a timeout), feed the graph controller in step
-order,
-and every decision point yields a decision (the same numbers as the controller fed directly)."""
+order, and every decision point yields a decision (the same numbers as the controller fed
+directly)."""
 
 from __future__ import annotations
 

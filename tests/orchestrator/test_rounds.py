@@ -3,8 +3,7 @@ decisions out.
 
 Every decision of a `RoundBook` is checked against a `ConsensusController` fed directly with the
 same Θ (`concord.core.control.consensus.theta`) and mean gradient norm: the book must add nothing
-but the
-bookkeeping (who reported, timeouts, duplicates, lost rounds)."""
+but the bookkeeping (who reported, timeouts, duplicates, lost rounds)."""
 
 from __future__ import annotations
 
