@@ -23,6 +23,84 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+# what a finished run leaves in its directory: found there, the directory is "reused"
+_RUN_FILES = (
+    "orchestrator.json",
+    "orchestrator-summary.json",
+    "summary.json",
+    "manifest.json",
+    "metrics.jsonl",
+    "control.jsonl",
+    "schedules.jsonl",
+    "graphs.jsonl",
+    "calibration.json",
+    "partition.json",
+    "edges.json",
+    "log.jsonl",
+    "checkpoint.pt",
+    "accuracy.png",
+    "consensus.png",
+    "rounds.png",
+    "bytes.png",
+)
+_RUN_DIRS = ("peers", "logs", "reference")
+
+
+def _prepare_out(out: Path, force: bool, *, dirs: bool = False) -> None:
+    """Refuse a run directory that holds an earlier run's files (they would be read as this
+    run's), unless ``force``: then remove those files first (nothing else in it). ``dirs``: the
+    launcher's sub-directories count too (``concord sim``; the orchestrator it starts shares the
+    run directory with the launcher's ``logs/``)."""
+    import shutil
+
+    found = [n for n in _RUN_FILES if (out / n).exists()]
+    found += [f"{n}/" for n in _RUN_DIRS if dirs and (out / n).is_dir()]
+    if not found:
+        return
+    if not force:
+        _fail(
+            f"--out {out} already holds a run ({', '.join(found[:4])}"
+            f"{', …' if len(found) > 4 else ''}); choose another directory or pass --force to "
+            "replace it"
+        )
+    for name in found:
+        path = out / name.rstrip("/")
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _check_advertise(advertise: str | None) -> None:
+    """``--advertise HOST:PORT``: a port in 1–65535 and a host that is an IP or resolves."""
+    if advertise is None:
+        return
+    import ipaddress
+    import socket
+
+    host, sep, port = advertise.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        _fail(f"--advertise {advertise!r}: expected HOST:PORT with a port in 1-65535")
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(host, int(port))
+    except (OSError, UnicodeError) as exc:
+        _fail(f"--advertise {advertise!r}: host {host!r} does not resolve ({exc})")
+
+
+def _fresh_run_id(cfg: RunConfig) -> str:
+    """A run id of its own: ``<name or concord>-<8 hex>``."""
+    import uuid
+
+    base = "".join(c if c.isalnum() or c in "_.-" else "-" for c in (cfg.name or "concord"))
+    return f"{base[:48].strip('-_.') or 'concord'}-{uuid.uuid4().hex[:8]}"
+
+
 def _label(cfg: RunConfig) -> str:
     control = cfg.control.mode if cfg.controlled_phases() else "none"
     extra = f" {control}×{cfg.control.factor:g}" if control != "none" else ""
@@ -105,6 +183,9 @@ def topology(
     show_default=True,
     help="also run an all-reduce reference with the same budget and compare",
 )
+@click.option(
+    "--force", is_flag=True, help="replace the earlier run in --out (default: refuse to reuse it)"
+)
 def sim(
     config: Path | None,
     engine: str | None,
@@ -113,6 +194,7 @@ def sim(
     quiet: bool,
     broker: str | None,
     reference: str,
+    force: bool,
 ) -> None:
     """Run n peers on this host and print the final table (next to an all-reduce reference).
 
@@ -143,6 +225,7 @@ def sim(
         return run_vectorized(c, d, progress=not quiet)
 
     run_dir = out or default_run_dir(cfg)
+    _prepare_out(run_dir, force, dirs=True)
     try:
         summary = run(cfg, run_dir)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
@@ -358,7 +441,12 @@ def _sweep_preset(
     help="follow the orchestrator on this MQTT broker (default: orchestrator.broker; "
     "unset: static mode, network.addresses)",
 )
-@click.option("--run-id", default=None, help="control-plane run id (default: the config's name)")
+@click.option(
+    "--run-id",
+    default=None,
+    help="control-plane run id, the orchestrator's (default: the config's name; with a broker "
+    "one of the two is required)",
+)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
 @click.option(
     "--out",
@@ -366,6 +454,7 @@ def _sweep_preset(
     default=None,
     help="run directory (default: runs/peer-<id>)",
 )
+@click.option("--force", is_flag=True, help="replace the earlier run in --out")
 def peer(
     config: Path,
     peer_id: int,
@@ -375,6 +464,7 @@ def peer(
     run_id: str | None,
     overrides: Sequence[str],
     out: Path | None,
+    force: bool,
 ) -> None:
     """Run one peer: its replica, a gRPC server, and links to its graph neighbours."""
     from concord.core.config import load_config
@@ -383,13 +473,25 @@ def peer(
     items = list(overrides)
     if broker is not None:
         items.append(f"orchestrator.broker={broker}")
+    _check_advertise(advertise)
     try:
         cfg = load_config(config, items)
+    except ConfigError as exc:
+        _fail(str(exc))
+    if cfg.orchestrator.broker is not None and run_id is None and not cfg.name:
+        _fail(
+            "a peer that follows an orchestrator needs the run's id: set 'name' in the config "
+            "(the same file the orchestrator runs) or pass --run-id (the orchestrator logs its "
+            "id and writes it to orchestrator.json)"
+        )
+    run_dir = out or Path("runs") / f"peer-{peer_id}"
+    _prepare_out(run_dir, force)
+    try:
         code = run_peer(
             cfg,
             peer_id,
             listen=listen,
-            out=out or Path("runs") / f"peer-{peer_id}",
+            out=run_dir,
             advertise=advertise,
             run_id=run_id,
         )
@@ -412,7 +514,11 @@ def peer(
     metavar="mqtt://HOST:PORT",
     help="MQTT broker (default: orchestrator.broker; unset: embed one on 127.0.0.1)",
 )
-@click.option("--run-id", default=None, help="control-plane run id (default: the config's name)")
+@click.option(
+    "--run-id",
+    default=None,
+    help="control-plane run id (default: the config's name; neither: a fresh <concord>-<8 hex>)",
+)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
 @click.option(
     "--out",
@@ -420,12 +526,14 @@ def peer(
     default=None,
     help="directory for the manifest, metrics and logs (default: runs/orchestrator)",
 )
+@click.option("--force", is_flag=True, help="replace the earlier run in --out")
 def orchestrator(
     config: Path,
     broker: str | None,
     run_id: str | None,
     overrides: Sequence[str],
     out: Path | None,
+    force: bool,
 ) -> None:
     """Coordinate the peers of a run over MQTT: schedules, plan, consensus control, liveness."""
     from concord.core.config import load_config
@@ -437,10 +545,13 @@ def orchestrator(
         items.append(f"orchestrator.broker={broker}")
     try:
         cfg = load_config(config, items)
-        Topics(run_id or cfg.name or "concord")
-        code = run_orchestrator(
-            cfg, out or Path("runs") / "orchestrator", broker=None, run_id=run_id
-        )
+        rid = run_id or cfg.name or _fresh_run_id(cfg)
+        Topics(rid)
+        if run_id is None and not cfg.name:
+            click.echo(f"run id: {rid} (peers join with --run-id {rid})", err=True)
+        run_dir = out or Path("runs") / "orchestrator"
+        _prepare_out(run_dir, force)
+        code = run_orchestrator(cfg, run_dir, broker=None, run_id=rid)
     except (ConfigError, OrchestratorError, ValueError, OSError) as exc:
         _fail(str(exc), 1)
     sys.exit(code)

@@ -13,6 +13,10 @@ the caller passes ``now``, a `time.monotonic` value).
   off from the broker nobody is silent by their own fault (`Admission.cut_off`): after a reconnect
   peers get the broker session's longest reconnect backoff on top of the timeout to come back.
 
+A status is not trusted: one whose address is not ``host:port`` (port 1–65535) is refused (logged,
+dropped) and so is an address change of an admitted peer once the run is set up (a repaired
+schedule must carry the addresses the peers already know, or they refuse it).
+
 What a drop means for pending rounds and the schedule is the caller's business
 (`concord.orchestrator.app`): `Admission.drop` only marks the peer and says whether it was news.
 """
@@ -27,6 +31,16 @@ from concord.errors import OrchestratorError
 from concord.protos.control_plane import Heartbeat, Message, Metrics, Stats, Status
 
 log = structlog.get_logger("concord.orchestrator.admission")
+
+
+def address_problem(address: str) -> str | None:
+    """Why ``address`` is not a usable gRPC ``host:port`` (None: it is)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "expected HOST:PORT with a port in 1-65535"
+    if any(c.isspace() for c in host) or "/" in host:
+        return "the host contains spaces or '/'"
+    return None
 
 
 @dataclass
@@ -85,6 +99,11 @@ class Admission:
     def newest_step(self, peers: list[int]) -> int:
         return max((self.peers[i].step for i in peers), default=0)
 
+    def known_step(self, peers: set[int]) -> int:
+        """The step every one of ``peers`` is known to have reached (the slowest's last report);
+        0 when there are none."""
+        return min((self.peers[i].step for i in peers), default=0)
+
     # -- gathering -----------------------------------------------------------------------------
 
     def ready(self) -> bool:
@@ -127,6 +146,18 @@ class Admission:
         if status.state == "offline":  # a Last-Will: confirmed by silence in sweep
             info.state, info.offline_at = status.state, now
             return StatusOutcome(changed=False)
+        if status.address is not None and status.state in ("ready", "training"):
+            problem = address_problem(status.address)
+            if problem is None and stage and info.address and status.address != info.address:
+                problem = f"changes the admitted address {info.address!r} during the run"
+            if problem is not None:
+                log.warning(
+                    "control.rejected",
+                    topic="status",
+                    peer=peer,
+                    problem=f"address {status.address!r}: {problem}",
+                )
+                return StatusOutcome(changed=False)
         info.state, info.last_seen, info.step = status.state, now, status.step
         drop = None
         if status.state in ("ready", "training"):
@@ -155,6 +186,7 @@ class Admission:
         """A stage starts: every peer's silence is counted from now."""
         for info in self.peers.values():
             info.last_seen = now
+            info.step = 0  # step numbers restart with every stage
 
     # -- liveness ------------------------------------------------------------------------------
 

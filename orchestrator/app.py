@@ -27,6 +27,19 @@ The run, as seen from here:
    no peer finished).
 
 SIGTERM/SIGINT publish "stop" and exit.
+
+Nothing received is trusted (the control plane has broker-level security only): every message is
+handled inside a guard (an exception is logged with topic and sender and counted as
+``handler_errors``, never propagated); statistics from unknown or dropped peers, implausibly
+large ones (above `MAX_STATISTIC`) and ones for steps that are not open
+(`concord.orchestrator.rounds`) are refused and counted (``stats_refused``); a status with a
+malformed address is refused (`concord.orchestrator.admission`).
+
+Run ids and retained state: the run's retained topics (``control``, ``schedule``, ``plan``, the
+presence and every peer's ``status``) are cleared at the end of the run, and ``control``,
+``schedule`` and ``plan`` at its start. A run refuses to start (`OrchestratorError`) while another
+orchestrator's presence under the same run id is retained "online" and fresh (refreshed every
+`PRESENCE_REFRESH` seconds by its owner; older than `PRESENCE_STALE`: a crashed run's leftover).
 """
 
 from __future__ import annotations
@@ -62,6 +75,7 @@ from concord.orchestrator.records import RunRecords, manifest, summary
 from concord.orchestrator.rounds import RoundBook
 from concord.orchestrator.schedules import Schedules, plan_message
 from concord.protos.control_plane import (
+    TOPICS,
     Decision,
     Message,
     Metrics,
@@ -77,6 +91,10 @@ from concord.runtime.logs import open_log
 log = structlog.get_logger("concord.orchestrator.app")
 
 PUBLISH_DRAIN = 5.0  # seconds the last publishing tasks get at the end of the run
+PRESENCE_REFRESH = 10.0  # seconds between re-publications of the retained "online" presence
+PRESENCE_STALE = 3 * PRESENCE_REFRESH  # an "online" presence older than this is a leftover
+RETAINED_SETTLE = 0.5  # seconds to let the retained messages arrive after (re)subscribing
+MAX_STATISTIC = 1e100  # θ_i or ‖g_i‖ above this is no measurement (and would overflow sums)
 
 
 class Orchestrator:
@@ -101,6 +119,10 @@ class Orchestrator:
         self.records = RunRecords(out, graphs=cfg.spec.adaptive_graph == "feedback")
         self.metrics = MetricsTable(self.records.metric)
         self.bus: Bus | None = None
+        self.handler_errors = 0  # messages whose handling raised (logged, never propagated)
+        self.stats_refused = 0  # statistics refused here (the round book counts its own)
+        self.rival: Presence | None = None  # another orchestrator's presence on our run id
+        self._own_presence: set[float] = set()  # ts of the presences we published
 
     def expected(self) -> set[int]:
         """Peers whose statistics a round of the current stage waits for."""
@@ -109,10 +131,33 @@ class Orchestrator:
     # -- events in -----------------------------------------------------------------------------
 
     async def on_message(self, kind: str, peer: int | None, message: Message) -> None:
+        """The Bus's handler: one message, guarded — handling it can never raise."""
+        try:
+            await self._handle(kind, peer, message)
+        except Exception as exc:  # a bug or an input nobody foresaw: log, count, go on
+            self.handler_errors += 1
+            log.exception(
+                "control.handler_failed",
+                topic=self.topics.topic(kind, peer) if kind in TOPICS else kind,
+                sender=peer,
+                error=repr(exc),
+            )
+
+    def _refuse(self, kind: str, peer: int | None, problem: str) -> None:
+        self.stats_refused += kind in ("stats", "metrics")
+        log.warning("control.rejected", topic=kind, peer=peer, problem=problem)
+
+    async def _handle(self, kind: str, peer: int | None, message: Message) -> None:
+        if isinstance(message, Presence):
+            if message.ts not in self._own_presence:  # not our own, echoed back
+                self.rival = message
+                if message.state == "online":
+                    log.warning("orchestrator.rival", ts=message.ts, reason=message.reason)
+            return
         if peer is None:
-            return  # every subscribed kind is per-peer
+            return  # every other subscribed kind is per-peer
         if not self.admission.knows(peer):
-            log.warning("control.rejected", topic=kind, peer=peer, problem="unknown peer id")
+            self._refuse(kind, peer, "unknown peer id")
             return
         now = time.monotonic()
         self.admission.heard(peer, message, now)
@@ -132,13 +177,24 @@ class Orchestrator:
 
     def _on_stats(self, kind: str, peer: int, stats: list[Stats], now: float) -> None:
         if any(s.peer != peer for s in stats):
-            log.warning("control.rejected", topic=kind, peer=peer, problem="peer mismatch")
+            self._refuse(kind, peer, "peer mismatch")
             return
+        if self.admission.peers[peer].gone:
+            self._refuse(kind, peer, "statistics of a dropped peer")
+            return
+        if any(max(s.theta, s.grad_norm) > MAX_STATISTIC for s in stats):
+            self._refuse(kind, peer, f"statistic above {MAX_STATISTIC:g}")
+            return
+        expected = self.expected()
+        base = self.admission.known_step(expected)
         for s in stats:
             if self.graphs is not None and self.schedules.is_graph_statistic(s):
-                self._publish_graphs(self.graphs.add(s, self.expected(), now))
+                self._publish_graphs(self.graphs.add(s, expected, now))
             elif self.book is not None:
-                self._publish_all(self.book.add(s, self.expected(), now))
+                refused = self.book.refused
+                self._publish_all(self.book.add(s, expected, now, base))
+                if self.book.refused > refused:
+                    self._refuse(kind, peer, f"step {s.step} is not open (peers at {base})")
 
     def _drop(self, peer: int, reason: str) -> None:
         """Drop ``peer``: pending rounds stop waiting for it, the schedule is repaired."""
@@ -206,6 +262,43 @@ class Orchestrator:
             self.records.graph(d)
             self._spawn(self._publish_schedule(reason, effective_step=d.effective), "schedule")
 
+    async def _presence(self, state: str, reason: str = "") -> None:
+        assert self.bus is not None
+        ts = time.time()
+        self._own_presence.add(ts)
+        await self.bus.publish("orchestrator", Presence(state=state, ts=ts, reason=reason))
+
+    async def _refresh_presence(self) -> None:
+        """Owned task: keep the retained "online" presence fresh (what tells a second
+        orchestrator on this run id that this one is alive)."""
+        while True:
+            await asyncio.sleep(PRESENCE_REFRESH)
+            await self._presence("online")
+
+    def _check_no_rival(self) -> None:
+        """`OrchestratorError` if another orchestrator is live under this run id."""
+        p = self.rival
+        if p is None or p.state != "online":
+            return
+        age = time.time() - p.ts
+        if age < PRESENCE_STALE:
+            raise OrchestratorError(
+                f"another orchestrator is live under run id {self.run_id!r} (its presence is "
+                f"'online', refreshed {age:.0f} s ago): give this run its own id (--run-id or "
+                "the config's name) or stop the other run"
+            )
+        log.warning("orchestrator.stale_presence", age=round(age, 1), run=self.run_id)
+
+    async def _clear_retained(self, *, peers: bool) -> None:
+        """Publish empty retained payloads on the run's retained topics."""
+        assert self.bus is not None
+        for kind in ("control", "schedule", "plan"):
+            await self.bus.clear(kind)
+        if peers:
+            for i in range(self.cfg.peers):
+                await self.bus.clear("status", i)
+            await self.bus.clear("orchestrator")
+
     # -- the run -------------------------------------------------------------------------------
 
     async def _wait(self, predicate: Callable[[], bool], timeout: float | None, what: str) -> None:
@@ -257,7 +350,7 @@ class Orchestrator:
                     url,
                     f"orchestrator-{self.run_id}",
                     self.topics,
-                    subscribe=["status", "heartbeat", "stats", "metrics"],
+                    subscribe=["status", "heartbeat", "stats", "metrics", "orchestrator"],
                     handler=self.on_message,
                     will=will,
                 )
@@ -266,23 +359,32 @@ class Orchestrator:
             self.records.write_json("orchestrator.json", info)
             if not await self.bus.wait_connected(self.cfg.network.startup_timeout):
                 raise OrchestratorError(f"cannot reach the MQTT broker at {url}")
-            for kind in ("control", "schedule", "plan"):
-                await self.bus.clear(kind)
+            await asyncio.sleep(RETAINED_SETTLE)  # the retained presence, if any, is in
+            try:
+                self._check_no_rival()
+            except OrchestratorError:
+                self.records.close()
+                raise
+            await self._clear_retained(peers=False)
             # retained, and re-published by the Bus after every reconnect
-            await self.bus.publish("orchestrator", Presence(state="online", ts=time.time()))
+            await self._presence("online")
             watchdog = asyncio.create_task(self._liveness(), name="orchestrator-liveness")
+            refresh = asyncio.create_task(self._refresh_presence(), name="orchestrator-presence")
             try:
                 return await self._run_inner()
             finally:
-                watchdog.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watchdog
+                for task in (watchdog, refresh):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
                 stop = RunControl(action="stop", ts=time.time(), reason="run finished")
                 await self.bus.publish("control", stop)
-                bye = Presence(state="offline", ts=time.time(), reason="run finished")
-                await self.bus.publish("orchestrator", bye)
+                await self._presence("offline", "run finished")
                 if self._tasks:
                     await asyncio.wait(list(self._tasks), timeout=PUBLISH_DRAIN)
+                # a later run under this id must not read this one's state
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._clear_retained(peers=True), PUBLISH_DRAIN)
                 self.metrics.flush()
                 self.records.close()
 
@@ -337,6 +439,8 @@ class Orchestrator:
                 schedule_versions=self.schedules.version,
                 rejected_payloads=bus.rejected,
                 stats_ignored=book.ignored + (graphs.ignored if graphs else 0),
+                stats_refused=self.stats_refused,
+                handler_errors=self.handler_errors,
                 graph_decisions=len(graphs.feedback.decisions) if graphs else None,
                 graph_steps_partial=graphs.partial if graphs else None,
                 wall_seconds=time.monotonic() - self.started,

@@ -18,6 +18,16 @@ norm the mean of the peers' ‖g_i‖ of round 1 — both computed by core
 `concord.core.control.consensus.theta` runs). A round that stays incomplete for ``timeout``
 seconds (a peer vanished without a Last-Will yet, a lost message) is decided on what arrived, so
 one slow peer never stalls the others for longer than that.
+
+Statistics are not trusted (the control plane is not authenticated): besides the schema's checks
+(finite, non-negative) a statistic is *ignored* when it is for another stage, a round already
+decided, a step behind the newest one begun, a step or round outside the plan or
+``control.max_rounds``, or a duplicate; and *refused* (``refused``) when its step is not open:
+more than `OPEN_AHEAD` steps that report statistics (controlled steps; every step while
+calibrating) ahead of ``base`` — the step the peers are known to be at (the caller's: the slowest
+expected peer's last reported step) or the newest step this book decided, whichever is later. A
+forged statistic for a far step would otherwise open a round there, be decided on its timeout,
+and make every real statistic "stale".
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ from concord.protos.control_plane import Decision, Stats
 # the names this module has always offered for core's arithmetic (Θ of a round, a mean)
 estimator = theta_from_locals
 mean = mean_of
+
+OPEN_AHEAD = 8  # statistics-reporting steps past the peers' known step that are still open
 
 
 @dataclass
@@ -91,6 +103,8 @@ class RoundBook:
         self._latest: int | None = None  # newest step the controller began
         self.max_rounds = controller.config.max_rounds if controller is not None else 1
         self.ignored = 0  # duplicates, rounds already decided, steps outside the plan / stale
+        self.refused = 0  # statistics for steps that are not open (module docstring)
+        self._newest: int | None = None  # newest step a round was decided for
 
     @property
     def lagged(self) -> bool:
@@ -98,13 +112,19 @@ class RoundBook:
 
     # -- input ---------------------------------------------------------------------------------
 
-    def add(self, stats: Stats, expected: set[int], now: float) -> list[Decision]:
-        """File one peer's statistic; returns the decisions to publish (possibly none)."""
+    def add(
+        self, stats: Stats, expected: set[int], now: float, base: int | None = None
+    ) -> list[Decision]:
+        """File one peer's statistic; returns the decisions to publish (possibly none).
+        ``base``: the step the peers are known to be at (None: no window, module docstring)."""
         key = (stats.step, stats.round)
         stale = self._latest is not None and stats.step < self._latest
         outside = stats.step >= self.plan.total_steps or stats.round > self.max_rounds
         if stats.stage != self.stage or key in self.decided or stale or outside:
             self.ignored += 1
+            return []
+        if base is not None and not self.is_open(stats.step, base):
+            self.refused += 1
             return []
         pending = self.pending.get(key)
         if pending is None:
@@ -114,6 +134,22 @@ class RoundBook:
             return []
         pending.stats[stats.peer] = stats
         return self._complete(expected, now)
+
+    def is_open(self, step: int, base: int) -> bool:
+        """Fewer than `OPEN_AHEAD` statistics-reporting steps lie strictly between the later of
+        ``base`` and the newest decided step, and ``step``."""
+        low = max(base, -1 if self._newest is None else self._newest) + 1
+        if step <= low:
+            return True
+        if self.stage == "calibrate":
+            between = step - low
+        else:
+            between = sum(
+                max(0, min(p.end, step) - max(p.start, low))
+                for p in self.plan.phases
+                if p.controlled
+            )
+        return between < OPEN_AHEAD
 
     def expire(self, expected: set[int], now: float) -> list[Decision]:
         """Re-check pending rounds (a peer left, or time passed); decide the complete or stale."""
@@ -129,6 +165,7 @@ class RoundBook:
                 continue
             del self.pending[key]
             self.decided.add(key)
+            self._newest = p.step if self._newest is None else max(self._newest, p.step)
             out.extend(self._decide(p, partial=not done))
         return out
 

@@ -21,6 +21,15 @@ plain gossip), lagged mode keeps the last planned number of rounds; control resu
 decisions arrive again. Each step records how its rounds were decided ("orchestrator",
 "lagged-plan", "fallback").
 
+Nothing on the control plane is authenticated (broker-level security only), so nothing received is
+trusted to be sane: every message handler runs inside a guard (an exception is logged with the
+topic and sender and counted in ``handler_errors``, never propagated); a schedule is applied only
+if ``schedule_check`` (the coordination's: the members, addresses and mixing matrices this peer
+expects) accepts it, otherwise it is refused with a logged reason and counted in
+``schedules_refused`` and the peer keeps its schedule; and the rounds of a step never exceed
+``control.max_rounds`` whatever a decision says (a larger ``rounds_next``, or a barrier "repeat"
+at the last allowed round, is clamped, logged and counted in ``OrchestratedControl.clamped``).
+
 `GraphStats` is the `concord.core.loop.GraphHook` of an ``ada-feedback`` run
 (`concord.core.graphs.adagraph`): after
 every gossip step it publishes θ_i of the step's last round and ‖g_i‖, which the orchestrator's
@@ -42,6 +51,8 @@ import torch
 from concord.core.algorithms import RoundControl, StepReport
 from concord.core.control.plan import Phase
 from concord.protos.control_plane import (
+    MAX_ROUNDS,
+    TOPICS,
     Decision,
     Heartbeat,
     Message,
@@ -59,12 +70,23 @@ from concord.protos.mqtt import Bus
 log = structlog.get_logger("concord.peer.control")
 T = TypeVar("T")
 
+ScheduleCheck = Callable[[Schedule, Schedule | None], str | None]
+"""(candidate, schedule accepted so far) → why the candidate is refused (None: accepted)."""
+
 
 class ControlClient:
     def __init__(
-        self, url: str, run_id: str, peer_id: int, *, heartbeat: float, step: Callable[[], int]
+        self,
+        url: str,
+        run_id: str,
+        peer_id: int,
+        *,
+        heartbeat: float,
+        step: Callable[[], int],
+        schedule_check: ScheduleCheck | None = None,
     ) -> None:
         self.peer_id = peer_id
+        self.schedule_check = schedule_check
         self.topics = Topics(run_id)
         self.heartbeat = heartbeat
         self.current_step = step
@@ -86,6 +108,9 @@ class ControlClient:
         self._waiters: dict[tuple[int, int] | int, asyncio.Future[Decision | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._beat: asyncio.Task[None] | None = None
+        self.handler_errors = 0  # messages whose handling raised (logged, never propagated)
+        self.schedules_refused = 0  # schedules that failed `schedule_check`
+        self._refused: set[int] = set()  # versions refused (each logged once)
 
     async def __aenter__(self) -> ControlClient:
         await self.bus.__aenter__()
@@ -99,6 +124,9 @@ class ControlClient:
                 await self._beat
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+        # our retained status must not outlive us (a later run under this id would read it)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.bus.clear("status", self.peer_id), 5)
         await self.bus.close()
 
     @property
@@ -108,9 +136,54 @@ class ControlClient:
     # -- incoming ------------------------------------------------------------------------------
 
     def _on_message(self, kind: str, peer: int | None, message: Message) -> None:
+        """The Bus's handler: one message, guarded — handling it can never raise."""
+        try:
+            self._handle(message)
+        except Exception as exc:  # a bug or an input nobody foresaw: log, count, go on
+            self.handler_errors += 1
+            log.exception(
+                "control.handler_failed",
+                topic=self.topics.topic(kind, peer) if kind in TOPICS else kind,
+                sender=peer,
+                error=repr(exc),
+            )
+
+    def _on_schedule(self, s: Schedule) -> None:
+        current = self.schedule
+        if current is not None and s.version < current.version:
+            return  # an older version (a re-delivery): nothing new
+        if current is not None and s == current:
+            return
+        why = self.schedule_check(s, current) if self.schedule_check is not None else None
+        if why is not None:
+            self.schedules_refused += 1
+            if s.version not in self._refused:
+                self._refused.add(s.version)
+                log.warning(
+                    "schedule.refused",
+                    version=s.version,
+                    peers=s.peers,
+                    reason=why,
+                    kept=None if current is None else current.version,
+                )
+            return
+        self.schedule = s
+
+    def recheck(self) -> None:
+        """Check the schedule held again (``schedule_check`` learned more, e.g. our address):
+        one that no longer passes is dropped, and the next valid one is waited for."""
+        s = self.schedule
+        if s is None or self.schedule_check is None:
+            return
+        why = self.schedule_check(s, None)
+        if why is not None:
+            self.schedules_refused += 1
+            log.warning("schedule.refused", version=s.version, peers=s.peers, reason=why)
+            self.schedule = None
+
+    def _handle(self, message: Message) -> None:
         if isinstance(message, Schedule):
-            if self.schedule is None or message.version >= self.schedule.version:
-                self.schedule = message
+            self._on_schedule(message)
         elif isinstance(message, Plan):
             self.plan = message
         elif isinstance(message, RunControl):
@@ -233,10 +306,13 @@ class OrchestratedControl:
         lag: int = 1,
         timeout: float,
         bytes_sent: Callable[[], int],
+        max_rounds: int = MAX_ROUNDS,
     ) -> None:
         self.client = client
         self.loop = loop
         self.stage = stage
+        self.max_rounds = max(1, max_rounds)  # control.max_rounds: no decision goes beyond
+        self.clamped = 0  # decisions asking for more rounds than that (logged)
         self.lagged = lagged and stage == "train"
         self.lag = lag
         self.timeout = timeout
@@ -286,7 +362,10 @@ class OrchestratedControl:
             d = self._call(self.client.decision(self._plan_of, self.timeout))
         self._plan_of = None
         if d is not None and d.rounds_next is not None:
-            self.planned, self.target, self.how = d.rounds_next, d.target, "lagged-plan"
+            rounds = d.rounds_next
+            if rounds > self.max_rounds:
+                rounds = self._clamp(d, asked=rounds)
+            self.planned, self.target, self.how = rounds, d.target, "lagged-plan"
         else:
             self.how = "fallback"
             self.fallbacks += 1
@@ -317,7 +396,23 @@ class OrchestratedControl:
             log.warning("control.fallback", step=self.step, round=round_index)
             return False
         self.target = d.target
+        if d.repeat and round_index >= self.max_rounds:
+            self._clamp(d, asked=round_index + 1)
+            return False
         return d.repeat
+
+    def _clamp(self, d: Decision, *, asked: int) -> int:
+        """A decision asks for more rounds than ``control.max_rounds``: run that many."""
+        self.clamped += 1
+        log.warning(
+            "control.clamped",
+            step=d.step,
+            round=d.round,
+            asked=asked,
+            max_rounds=self.max_rounds,
+            reason=d.reason,
+        )
+        return self.max_rounds
 
     def end(self, step: int) -> float | None:
         self._take_plan(wait=False)  # a step without rounds never needed its plan

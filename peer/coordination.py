@@ -24,6 +24,16 @@ the config (``network.addresses``); one stage, ``train``.
    records a fallback;
 4. report "done", wait for the run's "stop" (not when the orchestrator is gone).
 
+A received schedule is applied only if `ScheduleCheck` accepts it (the control plane is not
+authenticated; a retained forged or stale schedule must not crash or mislead the peer): it names
+this run's topology, weights, κ and seed; its peers are the ones this peer expects (version 1:
+every peer of the run; later: a subset of the schedule in force — peers are dropped, never added)
+and include this peer; each peer keeps its address (this peer's is the one it advertised); its
+phase indices are the plan's; and every phase's topology yields a valid mixing matrix over its
+peers (core's builder and validation: symmetric doubly stochastic, column-stochastic for push-sum
+topologies, which only push-sum algorithms may use). Otherwise it is refused with a logged reason
+(`concord.peer.control.ControlClient`) and the peer keeps its current schedule.
+
 Per-step metrics go, as `Metrics` messages, to the orchestrator too.
 """
 
@@ -41,7 +51,14 @@ import structlog
 from concord.core.config import RunConfig
 from concord.core.control.plan import Phase
 from concord.core.graphs.adagraph import FeedbackConfig, feedback_config, initial_topologies
-from concord.core.graphs.topology import exponential_name, max_exponential_k
+from concord.core.graphs.mixing import validate_column_stochastic, validate_mixing
+from concord.core.graphs.topology import (
+    DIRECTED_TOPOLOGIES,
+    exponential_k,
+    exponential_name,
+    make_schedule,
+    max_exponential_k,
+)
 from concord.core.loop import StepRunner
 from concord.core.task import ClassificationTask
 from concord.peer.comm import PeerComm
@@ -54,6 +71,7 @@ from concord.runtime.driver import StepHooks
 __all__ = [
     "Membership",
     "OrchestratedCoordination",
+    "ScheduleCheck",
     "Stage",
     "StaticCoordination",
     "phase_topologies",
@@ -161,6 +179,95 @@ class StaticCoordination:
 def phase_topologies(schedule: Schedule) -> dict[int, str | None]:
     """Phase index → the topology the schedule gives it (None: the run's topology)."""
     return {int(p["index"]): p["topology"] for p in schedule.phases}
+
+
+class ScheduleCheck:
+    """Whether a received schedule may be applied by peer ``peer_id`` (module docstring): called
+    with the candidate and the schedule accepted so far; returns why it is refused, or None."""
+
+    def __init__(self, cfg: RunConfig, peer_id: int) -> None:
+        self.cfg = cfg
+        self.peer_id = peer_id
+        self.advertise = ""  # this peer's own address, once known (`OrchestratedCoordination.join`)
+        self.phases: int | None = None  # number of phases of the plan, once known
+        self._mixing: dict[tuple[str, int], str | None] = {}
+
+    def __call__(self, s: Schedule, current: Schedule | None) -> str | None:
+        cfg, me = self.cfg, self.peer_id
+        ours = (cfg.topology, cfg.weights, cfg.kappa, cfg.seed)
+        theirs = (s.topology, s.weights, s.kappa, s.seed)
+        if theirs != ours:
+            return f"topology/weights/kappa/seed {theirs} are not this run's {ours}"
+        members = set(s.peers)
+        foreign = sorted(m for m in members if not 0 <= m < cfg.peers)
+        if foreign:
+            return f"peers {foreign} are not peers of this run (0..{cfg.peers - 1})"
+        if me not in members:
+            return f"it does not include this peer ({me}); a peer is never told to leave"
+        everyone = set(range(cfg.peers))
+        if s.version <= 1 and members != everyone:
+            missing = sorted(everyone - members)
+            return f"version {s.version} must list every peer of the run; missing {missing}"
+        expected = everyone if current is None else set(current.peers)
+        if not members <= expected:
+            return f"peers {sorted(members - expected)} were dropped earlier or never admitted"
+        if len(s.addresses) != len(s.peers):
+            return f"{len(s.addresses)} addresses for {len(s.peers)} peers"
+        address = dict(zip(s.peers, s.addresses, strict=True))
+        if self.advertise and address[me] != self.advertise:
+            return f"it gives this peer the address {address[me]!r}, not {self.advertise!r}"
+        if current is not None and len(current.addresses) == len(current.peers):
+            known = dict(zip(current.peers, current.addresses, strict=True))
+            moved = sorted(p for p in members if known.get(p, address[p]) != address[p])
+            if moved:
+                return f"it changes the addresses of peers {moved}"
+        return self._phases_problem(s)
+
+    def _phases_problem(self, s: Schedule) -> str | None:
+        indices = [int(p["index"]) for p in s.phases]
+        if len(set(indices)) != len(indices) or any(i < 1 for i in indices):
+            return f"phase indices {indices} must be distinct and >= 1"
+        if self.phases is not None and any(i > self.phases for i in indices):
+            return f"phase indices {indices} beyond the plan's {self.phases} phases"
+        names = {p["topology"] or self.cfg.topology for p in s.phases} | {self.cfg.topology}
+        for name in sorted(names):
+            why = self.mixing_problem(name, len(s.peers))
+            if why is not None:
+                return why
+        return None
+
+    def mixing_problem(self, name: str, m: int) -> str | None:
+        """Why topology ``name`` over ``m`` peers does not give this run valid mixing matrices
+        (built and validated with core's code, as `concord.core.control.runplan` builds them)."""
+        key = (name, m)
+        if key not in self._mixing:
+            self._mixing[key] = self._build_problem(name, m)
+        return self._mixing[key]
+
+    def _build_problem(self, name: str, m: int) -> str | None:
+        cfg = self.cfg
+        if name.startswith("file:") and name != cfg.topology:
+            return f"topology {name!r} is not this run's edge-list file"
+        directed = name in DIRECTED_TOPOLOGIES
+        if directed and not cfg.spec.directed:
+            algorithm = cfg.algorithm
+            return f"topology {name!r} is directed; algorithm {algorithm!r} needs symmetric W"
+        if m < 2:
+            return None  # a lone survivor keeps its own model
+        k = exponential_k(name)
+        if k is not None and name != "ring":
+            name = exponential_name(min(k, max_exponential_k(m)))
+        try:
+            schedule = make_schedule(name, m, weights=cfg.weights, kappa=cfg.kappa, seed=cfg.seed)
+            W = schedule.matrix(0)
+            what = f"topology {name!r} over {m} peers"
+            if schedule.directed:
+                validate_column_stochastic(W, what=what)
+            else:
+                validate_mixing(W, what=what)
+        except Exception as exc:  # unknown names, bad sizes, invalid matrices: all refusals
+            return f"topology {name!r} over {m} peers: {exc}"
+        return None
 
 
 class Membership:
@@ -303,8 +410,14 @@ class OrchestratedCoordination:
         self.addresses = [""] * cfg.peers
         feedback = feedback_config(cfg.hyper) if cfg.spec.adaptive_graph == "feedback" else None
         self.membership = Membership(peer_id, feedback, cfg.peers)
+        self.check = ScheduleCheck(cfg, peer_id)
         self.client = ControlClient(
-            broker, run_id, peer_id, heartbeat=cfg.orchestrator.heartbeat, step=step
+            broker,
+            run_id,
+            peer_id,
+            heartbeat=cfg.orchestrator.heartbeat,
+            step=step,
+            schedule_check=self.check,
         )
         self.membership.client = self.client
         self.exit_code = 0
@@ -330,7 +443,8 @@ class OrchestratedCoordination:
     async def join(self, task: ClassificationTask, transport: Transport, advertise: str) -> bool:
         """Announce "ready" and wait for the first schedule; False: no broker or no schedule."""
         ctl, timeout = self.client, self.cfg.network.startup_timeout
-        self._advertise = advertise
+        self._advertise = self.check.advertise = advertise
+        ctl.recheck()  # a schedule received before our address was known (stale, forged)
         if not await ctl.bus.wait_connected(timeout):
             self.log.error("peer.no_broker", broker=self.broker)
             return False
@@ -382,6 +496,7 @@ class OrchestratedCoordination:
             lag=cfg.control.lag,
             timeout=cfg.orchestrator.decision_timeout,
             bytes_sent=bytes_sent,
+            max_rounds=cfg.control.max_rounds,
         )
         graphs = None
         if cfg.spec.adaptive_graph == "feedback" and stage.name == "train":
@@ -390,6 +505,7 @@ class OrchestratedCoordination:
 
     def begin(self, stage: Stage, runner: StepRunner) -> None:
         self.membership.runner, self.membership.step_base = runner, stage.step_base
+        self.check.phases = len(runner.plan.phases)
         if self.client.schedule is not None:  # a stage starts everyone at once: the newest one
             self.membership.apply(self.client.schedule)
 
@@ -402,12 +518,12 @@ class OrchestratedCoordination:
 
     async def stage_done(self, stage: Stage) -> dict[str, Any]:
         control = self._control
-        fallbacks = 0
+        fallbacks = clamped = 0
         if control is not None:
             control.close()  # statistics still held (a stop between a step and its record)
-            fallbacks = control.fallbacks
+            fallbacks, clamped = control.fallbacks, control.clamped
         await self.client.status("done", stage=stage.name)
-        return {"control_fallbacks": fallbacks}
+        return {"control_fallbacks": fallbacks, "control_rounds_clamped": clamped}
 
     async def leave(self, summary: dict[str, Any]) -> None:
         """Wait for the run's "stop" (nobody says it when the orchestrator is gone)."""
@@ -428,4 +544,6 @@ class OrchestratedCoordination:
         return {
             "broker_connects": self.client.bus.connects,
             "control_payloads_rejected": self.client.bus.rejected,
+            "control_handler_errors": self.client.handler_errors,
+            "schedules_refused": self.client.schedules_refused,
         }

@@ -50,6 +50,10 @@ _GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
 _TEARDOWN = 30.0
 
 
+# files this launcher reads back (waits for, or sums up): never an earlier run's
+STALE_FILES = ("orchestrator.json", "orchestrator-summary.json", "manifest.json", "summary.json")
+
+
 def make_run_id(cfg: RunConfig) -> str:
     base = "".join(c if c.isalnum() or c in "_.-" else "-" for c in (cfg.name or "sim"))[:48]
     return f"{base.strip('-_.') or 'sim'}-{uuid.uuid4().hex[:8]}"
@@ -244,6 +248,10 @@ def run_processes(
     started = time.perf_counter()
     check_algorithm(cfg)  # a bad [hyper] table fails here, not in n peer processes
     run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in STALE_FILES:  # an earlier run's (`concord sim` refuses a reused --out first)
+        (run_dir / stale).unlink(missing_ok=True)
+    for i in range(cfg.peers):
+        (run_dir / "peers" / f"peer-{i}" / "summary.json").unlink(missing_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     run_id = make_run_id(cfg)
     config_path = run_dir / "config.toml"

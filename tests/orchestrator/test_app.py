@@ -13,7 +13,14 @@ from concord.core.control.controller import Calibration, ConsensusController
 from concord.core.control.runplan import control_config, make_lr_schedule, make_plan
 from concord.orchestrator.app import Orchestrator
 from concord.orchestrator.rounds import RoundBook
-from concord.protos.control_plane import Decision, Message, Schedule, Stats, Status
+from concord.protos.control_plane import (
+    Decision,
+    Heartbeat,
+    Message,
+    Schedule,
+    Stats,
+    Status,
+)
 
 
 class FakeBus:
@@ -51,6 +58,8 @@ def test_a_failed_peer_is_dropped_its_round_decided_and_the_schedule_repaired(
         ctl = ConsensusController(control_config(cfg), plan, Calibration({1: 1.0, 2: 1.0}, "theta"))
         orch.book = RoundBook("train", plan, controller=ctl, timeout=60.0)
         step = plan.phases[1].start
+        for i in range(3):  # the peers are there (a statistic for a far step is not open)
+            await orch.on_message("heartbeat", i, Heartbeat(peer=i, step=step, ts=1.0))
         for i in (0, 1):
             stats = Stats(peer=i, step=step, round=1, theta=4.0, grad_norm=1.0)
             await orch.on_message("stats", i, stats)
