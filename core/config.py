@@ -224,6 +224,16 @@ class NetworkConfig(_Section):
     )
     chunk_bytes: int = Field(default=1 << 20, ge=1024, le=4 << 20)
     max_tensor_bytes: int = Field(default=1 << 30, ge=1024)
+    max_abs_value: float | None = Field(
+        default=None,
+        gt=0,
+        description="refuse a received tensor holding a value of larger magnitude (None: no bound)",
+    )
+    stream_idle_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds a received stream may stay silent before the receiver closes it",
+    )
     tls: TLSConfig | None = None
 
     @field_validator("addresses")

@@ -39,6 +39,7 @@ from concord.peer.certs import CertError
 from concord.peer.comm import PeerComm
 from concord.peer.coordination import OrchestratedCoordination, StaticCoordination
 from concord.peer.memory import tune_malloc
+from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 from concord.peer.tls import load_credentials
 from concord.peer.transport import Transport
 from concord.peer.validate import STEP_WINDOW
@@ -102,6 +103,15 @@ def check_orchestrated(
             "the other peers reach this one at"
         )
     return address
+
+
+def expected_tensor_ids(cfg: RunConfig) -> frozenset[int]:
+    """The tensor ids this run's algorithm sends within a round: gossip and all-reduce always
+    (exact phases), per-edge messages only for algorithms that send them (catalog trait)."""
+    ids = {TENSOR_MIX, TENSOR_ALLREDUCE}
+    if cfg.spec.per_edge_messages:
+        ids.add(TENSOR_EDGE)
+    return frozenset(ids)
 
 
 class PeerProcess:
@@ -194,6 +204,9 @@ class PeerProcess:
             chunk_bytes=cfg.network.chunk_bytes,
             max_tensor_bytes=cfg.network.max_tensor_bytes,
             deadline=cfg.network.deadline,
+            max_abs_value=cfg.network.max_abs_value,
+            stream_idle_timeout=cfg.network.stream_idle_timeout,
+            tensor_ids=expected_tensor_ids(cfg),
             is_neighbour=is_neighbour,
             server_credentials=server_creds,
             channel_credentials=channel_creds,

@@ -8,10 +8,12 @@ the weighted sum, renormalisation) happens here, in the training thread, never o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import structlog
 import torch
 
 from concord.core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
     from concord.core.compress import Codec
     from concord.peer.mailbox import Arrival
     from concord.peer.transport import Transport
+
+log = structlog.get_logger("concord.peer.comm")
+_SLACK = 5.0  # seconds a round may overrun its deadline before the training thread gives up
 
 
 class PeerComm(Comm):
@@ -86,7 +91,23 @@ class PeerComm(Comm):
             receive_from=receive_from,
         )
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        arrived, outcome = future.result(timeout=3 * self.transport.deadline + 30)
+        try:
+            # `round_` ends at its deadline (sends and receives are bounded per tensor); this
+            # is the backstop: a round stuck beyond it is recorded as missing every neighbour,
+            # never an exception out of the training step
+            arrived, outcome = future.result(timeout=2 * self.transport.deadline + _SLACK)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            log.warning(
+                "round.overrun",
+                peer=self.rank,
+                step=step,
+                round=round,
+                tensor_id=tensor_id,
+                waited=2 * self.transport.deadline + _SLACK,
+            )
+            arrived = {}
+            outcome = MixOutcome(answered=[[]], missing=[list(receive_from)], rejected=[[]])
         wire = sum(t.numel() * t.element_size() for t in parts.values())
         self.counters.add_edges([(self.rank, j) for j in send_to], raw=flat.numel() * 4, wire=wire)
         self.last_outcome = outcome

@@ -17,6 +17,19 @@ are zero-copy ``torch.frombuffer`` views of it. The peer tunes glibc malloc at s
 without page faulting every time; the training thread drops its reference after the mix, which
 returns the memory for the next round's buffer. Buffers are never reused by the receiver itself: the
 training thread may still read an earlier `Arrival` of the same sender.
+
+Bounds (a neighbour, or anyone holding its identity, must not grow this peer without limit):
+
+* bytes in flight per sender (`reserve` / `release`): chunk 0 of a tensor reserves its byte
+  length against the sender's budget (≈ two tensors, set by the transport); the reservation moves
+  with the tensor into its slot and is released when the round collects it (`take`), when the
+  step is left (`advance`), when it turns out late or a duplicate, or when its stream dies
+  half-way (the servicer releases it). A chunk 0 over the budget is refused.
+* entries the network created and no round is waiting for yet (early tensors, rejections): at
+  most ``per_sender`` per sender and ``per_step`` per step; one more is dropped and counted
+  (`dropped`) — `deliver` raises `RejectedError` ("overload") so the sender learns it.
+* a slot whose round has already collected it (`take`) is closed: a tensor arriving for it
+  afterwards is late (``ACK_LATE``), never filed again.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from concord.errors import RejectedError
 from concord.peer import serde
 
 Key = tuple[int, int, int, int]  # (sender, step, round, tensor id)
@@ -66,6 +80,7 @@ class Counters:
     rejected: dict[str, int] = field(default_factory=dict)  # reason class → count
     late: int = 0
     send_failures: int = 0
+    missed_deadlines: int = 0  # rounds that gave up on a neighbour's tensor at the deadline
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -77,9 +92,62 @@ class Mailbox:
     Invariant: every slot's step is ≥ ``self.step`` (older slots are dropped by `advance`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, per_sender: int = 16, per_step: int = 256) -> None:
         self._slots: dict[Key, asyncio.Future[Arrival | Rejection]] = {}
         self.step = 0
+        self.per_sender, self.per_step = per_sender, per_step
+        self._unawaited: set[Key] = set()  # network-created slots no round has asked for yet
+        self._sizes: dict[Key, int] = {}  # bytes reserved by the tensor filed in a slot
+        self._held: dict[int, int] = {}  # sender → bytes reserved (assembling + filed)
+        self._closed: set[Key] = set()  # slots their round has collected (this step or later)
+        self.dropped = 0  # entries refused by the caps
+
+    # -- bytes in flight ------------------------------------------------------------------------
+
+    def held(self, sender: int) -> int:
+        return self._held.get(sender, 0)
+
+    def reserve(self, sender: int, nbytes: int, budget: int) -> bool:
+        """Reserve ``nbytes`` of ``sender``'s in-flight budget; False (nothing reserved) when it
+        would exceed ``budget``."""
+        held = self._held.get(sender, 0)
+        if held + nbytes > budget:
+            return False
+        self._held[sender] = held + nbytes
+        return True
+
+    def release(self, sender: int, nbytes: int) -> None:
+        left = self._held.get(sender, 0) - nbytes
+        if left > 0:
+            self._held[sender] = left
+        else:
+            self._held.pop(sender, None)
+
+    def _drop(self, key: Key) -> asyncio.Future[Arrival | Rejection] | None:
+        fut = self._slots.pop(key, None)
+        self._unawaited.discard(key)
+        size = self._sizes.pop(key, 0)
+        if size:
+            self.release(key[0], size)
+        return fut
+
+    def _admit(self, key: Key) -> None:
+        """Room for one more network-created slot (raises `RejectedError` "overload")."""
+        if key in self._slots:
+            return
+        sender, step = key[0], key[1]
+        mine = sum(1 for k in self._unawaited if k[0] == sender)
+        if mine >= self.per_sender:
+            self.dropped += 1
+            raise RejectedError(
+                "overload", f"peer {sender} has {mine} tensors waiting here (cap {self.per_sender})"
+            )
+        same_step = sum(1 for k in self._unawaited if k[1] == step)
+        if same_step >= self.per_step:
+            self.dropped += 1
+            raise RejectedError(
+                "overload", f"{same_step} tensors waiting for step {step} (cap {self.per_step})"
+            )
 
     def _slot(self, key: Key) -> asyncio.Future[Arrival | Rejection]:
         fut = self._slots.get(key)
@@ -87,34 +155,71 @@ class Mailbox:
             fut = self._slots[key] = asyncio.get_running_loop().create_future()
         return fut
 
-    def deliver(self, arrival: Arrival) -> bool:
-        """File a complete tensor; False when it is late (its step is over here)."""
-        if arrival.step < self.step:
+    def deliver(self, arrival: Arrival, reserved: int = 0) -> bool:
+        """File a complete tensor; False when it is late (its step is over here, or its round
+        has already collected that slot). ``reserved``: bytes `reserve`d for it, now held by its
+        slot (released by `take` / `advance`), or released at once when it is not filed. Raises
+        `RejectedError` ("overload", after releasing) when the caps leave no room for it."""
+        key = (arrival.sender, arrival.step, arrival.round, arrival.tensor_id)
+        if arrival.step < self.step or key in self._closed:
+            self.release(arrival.sender, reserved)
             return False
-        fut = self._slot((arrival.sender, arrival.step, arrival.round, arrival.tensor_id))
-        if not fut.done():
+        try:
+            self._admit(key)
+        except RejectedError:
+            self.release(arrival.sender, reserved)
+            raise
+        fut = self._slots.get(key)
+        if fut is None:
+            fut = self._slot(key)
+            self._unawaited.add(key)
+        if fut.done():  # a duplicate, or a rejection got there first
+            self.release(arrival.sender, reserved)
+        else:
             fut.set_result(arrival)
+            if reserved:
+                self._sizes[key] = reserved
         return True
 
     def reject(self, key: Key, reason: str, *, horizon: int) -> None:
         """Mark a slot as refused (so its round does not wait for it); ignored when its step is
-        over, beyond ``horizon`` (no slots for arbitrary future steps), or already filled."""
-        if not self.step <= key[1] <= horizon:
+        over, beyond ``horizon`` (no slots for arbitrary future steps), already filled or
+        collected, or when the caps leave no room (counted in `dropped`)."""
+        if not self.step <= key[1] <= horizon or key in self._closed:
             return
-        fut = self._slot(key)
+        fut = self._slots.get(key)
+        if fut is None:
+            try:
+                self._admit(key)
+            except RejectedError:
+                return
+            fut = self._slot(key)
+            self._unawaited.add(key)
         if not fut.done():
             fut.set_result(Rejection(key[0], reason))
 
     def slot(self, key: Key) -> asyncio.Future[Arrival | Rejection]:
+        """The slot a round waits on (not counted against the caps)."""
+        self._unawaited.discard(key)
         return self._slot(key)
 
+    def take(self, key: Key) -> None:
+        """The round has collected ``key`` (or given up on it): drop the slot, release its bytes,
+        and treat anything arriving for it from now on as late."""
+        fut = self._drop(key)
+        if fut is not None and not fut.done():
+            fut.cancel()
+        if key[1] >= self.step:
+            self._closed.add(key)
+
     def advance(self, step: int) -> None:
-        """Enter ``step``: slots of earlier steps are dropped."""
+        """Enter ``step``: slots of earlier steps are dropped (and their bytes released)."""
         self.step = max(self.step, step)
         for key in [k for k in self._slots if k[1] < self.step]:
-            fut = self._slots.pop(key)
-            if not fut.done():
+            fut = self._drop(key)
+            if fut is not None and not fut.done():
                 fut.cancel()
+        self._closed = {k for k in self._closed if k[1] >= self.step}
 
     def __len__(self) -> int:
         return len(self._slots)

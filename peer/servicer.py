@@ -10,10 +10,20 @@ body once into the tensor's buffer, file into the `concord.peer.mailbox.Mailbox`
 frame (or a message that is no frame at all) ends its stream with that code and the reason, is
 logged with sender and reason, counted, and — when it belongs to a round this peer is in or about
 to enter — recorded in that round's outcome as *rejected*. Everyone else keeps being served.
+
+Identity and bounds: a stream is served only for a peer id that greeted (``Hello``) on the same
+connection (`Greetings`, keyed by ``context.peer()``), and under mTLS only for the id its client
+certificate names (`concord.peer.tls.peer_id_of`; a Hello claiming another id is refused too).
+Chunk 0 reserves the tensor's bytes against its sender's in-flight budget
+(`concord.peer.mailbox.Mailbox.reserve`; over it: ``RESOURCE_EXHAUSTED``), a stream silent for
+``idle_timeout`` seconds is ended (``DEADLINE_EXCEEDED``), and a half-received tensor's
+reservation is released whenever its stream ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -25,9 +35,37 @@ from google.protobuf.message import DecodeError
 
 from concord.peer import serde
 from concord.peer.mailbox import Arrival, Counters, Mailbox
+from concord.peer.tls import peer_id_of
 from concord.peer.validate import FiniteScan, ReceiverView, RejectedError, check_frame, check_hello
 from concord.protos import data_plane_pb2 as pb
 from concord.protos import data_plane_pb2_grpc as pb_grpc
+
+
+class Greetings:
+    """Which peer ids greeted on which connection (``context.peer()``: the client's address and
+    port, one HTTP/2 connection): a stream is served only for an id that said Hello on its own
+    connection. Bounded: the oldest connections are forgotten beyond ``capacity``."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[str, set[int]] = OrderedDict()
+
+    def add(self, connection: str, peer_id: int) -> None:
+        ids = self._ids.pop(connection, set())
+        ids.add(peer_id)
+        self._ids[connection] = ids
+        while len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+    def greeted(self, connection: str, peer_id: int) -> bool:
+        return peer_id in self._ids.get(connection, ())
+
+    def ids(self, connection: str) -> frozenset[int]:
+        return frozenset(self._ids.get(connection, ()))
+
+    def __contains__(self, peer_id: object) -> bool:
+        """``peer_id`` greeted on some connection."""
+        return any(peer_id in ids for ids in self._ids.values())
 
 
 class ServedPeer(Protocol):
@@ -37,8 +75,11 @@ class ServedPeer(Protocol):
     step_window: int
     mailbox: Mailbox
     counters: Counters
-    greeted: set[int]
+    greeted: Greetings
     rejections: dict[int, tuple[int, str]]
+    require_identity: bool  # mTLS: the client certificate must name the claimed peer id
+    budget: int  # bytes in flight per sender (`Mailbox.reserve`)
+    idle_timeout: float  # seconds a stream may stay silent
 
     def view(self) -> ReceiverView: ...
 
@@ -48,8 +89,17 @@ STATUS_OF: dict[str, grpc.StatusCode] = {  # the one place domain rejections bec
     "precondition": grpc.StatusCode.FAILED_PRECONDITION,
     "permission": grpc.StatusCode.PERMISSION_DENIED,
     "too-big": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "identity": grpc.StatusCode.PERMISSION_DENIED,
+    "overload": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "idle": grpc.StatusCode.DEADLINE_EXCEEDED,
 }
-REJECTION_CODES = frozenset(STATUS_OF.values())
+# codes of a receiver that is alive and refused something (DEADLINE_EXCEEDED is left out: a
+# client sees it for its own timeouts too; a stream closed as idle rides on a READY connection)
+REJECTION_CODES = frozenset(STATUS_OF.values()) - {grpc.StatusCode.DEADLINE_EXCEEDED}
+# open Exchange streams per greeted peer id (a neighbour keeps one; a reconnect may overlap its
+# old stream briefly): more are refused before their first message is read, so a flood of
+# streams costs no message buffers
+STREAMS_PER_PEER = 3
 SERVICE = "concord.v1.Gossip"
 _M = TypeVar("_M", pb.TensorFrame, bytes)
 PROTOBUF_FRAME = "a concord.v1.TensorFrame"
@@ -81,30 +131,63 @@ class _Assembly:
 
 
 class _Stream:
-    """The receiving state of one Exchange stream: its sender, the tensor being assembled."""
+    """The receiving state of one Exchange stream: its connection and certified identity, its
+    sender, the tensor being assembled (and the bytes it reserved)."""
 
-    def __init__(self, transport: ServedPeer) -> None:
+    def __init__(self, transport: ServedPeer, connection: str, certified: int | None) -> None:
         self.t = transport
+        self.connection = connection  # context.peer(): the HTTP/2 connection it rides on
+        self.certified = certified  # the peer id of the client certificate (mTLS)
         self.sender: int | None = None  # set by the first frame that passes the checks
         self.asm: _Assembly | None = None
+        self.reserved = 0  # bytes the tensor being assembled holds of the sender's budget
+
+    def release(self) -> None:
+        """The tensor being assembled is abandoned (rejected, or its stream ended)."""
+        if self.reserved and self.sender is not None:
+            self.t.mailbox.release(self.sender, self.reserved)
+        self.reserved = 0
+        self.asm = None
 
     def accept(self, info: serde.FrameInfo, body: bytes | memoryview) -> pb.Ack | None:
         """Check one chunk and copy its body into place; the Ack once the tensor is complete,
         validated and filed. Raises `RejectedError`."""
         t = self.t
         if self.sender is None:
-            if info.sender not in t.greeted:
-                raise RejectedError("permission", f"peer {info.sender} sent frames before Hello")
+            if t.require_identity and info.sender != self.certified:
+                raise RejectedError(
+                    "identity",
+                    f"frames claim peer {info.sender}; the client certificate names "
+                    f"{'no peer' if self.certified is None else f'peer {self.certified}'}",
+                )
+            if not t.greeted.greeted(self.connection, info.sender):
+                raise RejectedError(
+                    "permission",
+                    f"peer {info.sender} sent frames before Hello on this connection",
+                )
             self.sender = info.sender
         n = len(body)
-        check_frame(info, n, t.view(), expected_sender=self.sender)
+        view = t.view()
+        check_frame(info, n, view, expected_sender=self.sender)
         asm = self.asm
         if info.chunk_index == 0:
+            if asm is not None:
+                raise RejectedError(
+                    "invalid", f"a new tensor before chunk {asm.next_index} of the last one"
+                )
+            if not t.mailbox.reserve(self.sender, info.byte_length, t.budget):
+                raise RejectedError(
+                    "overload",
+                    f"peer {self.sender} already has {t.mailbox.held(self.sender)} bytes in "
+                    f"flight here; a tensor of {info.byte_length} exceeds its budget of "
+                    f"{t.budget}",
+                )
+            self.reserved = info.byte_length
             buf = np.empty(
                 info.byte_length, dtype=np.uint8
             )  # no zero fill (see concord.peer.mailbox)
             parts = info.parts or ()  # check_frame rejected chunk 0 without a valid part table
-            scan = FiniteScan(serde.tensors_from_payload(buf, parts), parts)
+            scan = FiniteScan(serde.tensors_from_payload(buf, parts), parts, view.max_abs_value)
             asm = self.asm = _Assembly(info, buf, buf.data, scan)
         elif asm is None or not asm.continues(info):
             raise RejectedError("invalid", f"chunk {info.chunk_index} out of order")
@@ -123,6 +206,7 @@ class _Stream:
         if asm.received != head.byte_length:
             raise RejectedError("invalid", "chunks do not add up to the tensor's length")
         self.asm = None
+        reserved, self.reserved = self.reserved, 0  # now held by the mailbox slot
         arrival = Arrival(
             head.sender,
             head.step,
@@ -134,7 +218,7 @@ class _Stream:
             head.push_weight,
         )
         t.counters.received += 1
-        late = not t.mailbox.deliver(arrival)
+        late = not t.mailbox.deliver(arrival, reserved)  # "overload" when the caps are reached
         if late:
             t.counters.late += 1
         return serde.ack(
@@ -152,6 +236,7 @@ class GossipServicer(pb_grpc.GossipServicer):
 
     def __init__(self, transport: ServedPeer) -> None:
         self.t = transport
+        self.open: dict[int, int] = {}  # greeted peer id → its open Exchange streams
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register Hello, Exchange (protobuf frames) and ExchangeRaw (raw frames, no protobuf
@@ -173,13 +258,27 @@ class GossipServicer(pb_grpc.GossipServicer):
         hello = serde.hello_from_wire(request)
         try:
             check_hello(hello, self.t.view())
+            if self.t.require_identity:
+                certified = peer_id_of(context.auth_context())
+                if certified != hello.peer_id:
+                    raise RejectedError(
+                        "identity",
+                        f"Hello claims peer {hello.peer_id}; the client certificate names "
+                        f"{'no peer' if certified is None else f'peer {certified}'}",
+                    )
         except RejectedError as r:
             self.t.counters.reject(r.reason)
             log.warning(
-                "hello.rejected", peer=self.t.peer_id, sender=hello.peer_id, reason=r.detail
+                "hello.rejected",
+                peer=self.t.peer_id,
+                sender=hello.peer_id,
+                remote=context.peer(),
+                reason=r.detail,
             )
+            if r.reason == "identity":  # impersonation: a status, not just a polite reply
+                await context.abort(STATUS_OF[r.reason], r.detail)
             return serde.hello_reply(False, r.detail, self.t.peer_id)
-        self.t.greeted.add(hello.peer_id)
+        self.t.greeted.add(context.peer(), hello.peer_id)
         return serde.hello_reply(True, "", self.t.peer_id)
 
     async def Exchange(  # noqa: N802 - the RPC name of the .proto
@@ -208,12 +307,58 @@ class GossipServicer(pb_grpc.GossipServicer):
     ) -> AsyncIterator[pb.Ack]:
         """The receiving loop of both methods; ``decode`` turns one message into header and body,
         ``what`` names the expected message in the rejection of one that does not decode."""
-        stream = _Stream(self.t)
+        connection = context.peer()
+        ids = self.t.greeted.ids(connection)
+        # (a stream on a connection without Hello is refused by its first frame, `_Stream`)
+        if any(self.open.get(j, 0) >= STREAMS_PER_PEER for j in ids):
+            # refused before a message is read: the client may see its write fail (INTERNAL)
+            # before it sees this status
+            detail = f"peer {min(ids)} already has {STREAMS_PER_PEER} open streams here"
+            self.t.counters.reject("overload")
+            log.warning(
+                "frame.rejected",
+                peer=self.t.peer_id,
+                sender=min(ids),
+                remote=connection,
+                code=STATUS_OF["overload"].name,
+                reason=detail,
+            )
+            await context.abort(STATUS_OF["overload"], detail)
+            return
+        for j in ids:
+            self.open[j] = self.open.get(j, 0) + 1
+        certified = peer_id_of(context.auth_context()) if self.t.require_identity else None
+        stream = _Stream(self.t, connection, certified)
+        try:
+            async for ack in self._loop(stream, messages, context, decode, what):
+                yield ack
+        finally:
+            stream.release()  # a half-received tensor gives its bytes back, however it ended
+            for j in ids:
+                left = self.open.get(j, 0) - 1
+                if left > 0:
+                    self.open[j] = left
+                else:
+                    self.open.pop(j, None)
+
+    async def _loop(
+        self,
+        stream: _Stream,
+        messages: AsyncIterator[_M],
+        context: grpc.aio.ServicerContext,
+        decode: Callable[[_M], tuple[serde.FrameInfo, bytes | memoryview]],
+        what: str,
+    ) -> AsyncIterator[pb.Ack]:
         incoming = aiter(messages)
         while True:
             try:
-                info, body = decode(await anext(incoming))
+                async with asyncio.timeout(self.t.idle_timeout):
+                    message = await anext(incoming)  # (a protobuf frame is parsed here)
+                info, body = decode(message)
             except StopAsyncIteration:
+                return
+            except TimeoutError:
+                await self._idle(stream, context)  # raises: the RPC ends
                 return
             except (DecodeError, serde.MalformedFrameError) as exc:  # not a frame at all
                 self.t.counters.reject("invalid")
@@ -228,14 +373,34 @@ class GossipServicer(pb_grpc.GossipServicer):
                 )
                 await context.abort(STATUS_OF["invalid"], detail)  # raises: the RPC ends
                 return
+            del message
             try:
                 ack = stream.accept(info, body)
             except RejectedError as r:
+                stream.release()
                 await self._reject(r, info, stream.sender, context)  # raises: the RPC ends
                 return
             del body  # a raw body is a view of its whole message: let it go before the next
             if ack is not None:
                 yield ack
+
+    async def _idle(self, stream: _Stream, context: grpc.aio.ServicerContext) -> None:
+        """End a stream silent for ``idle_timeout`` seconds (a stalled tensor gives its bytes
+        back); logged, counted, the sender reconnects when it has something to send."""
+        detail = f"stream idle for {self.t.idle_timeout:g} s" + (
+            f" in chunk {stream.asm.next_index} of a tensor" if stream.asm is not None else ""
+        )
+        stream.release()
+        self.t.counters.reject("idle")
+        log.warning(
+            "frame.rejected",
+            peer=self.t.peer_id,
+            sender=stream.sender,
+            remote=context.peer(),
+            code=STATUS_OF["idle"].name,
+            reason=detail,
+        )
+        await context.abort(STATUS_OF["idle"], detail)
 
     async def _reject(
         self,

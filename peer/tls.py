@@ -16,6 +16,8 @@ default).
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +41,11 @@ __all__ = [
     "load_credentials",
     "load_material",
     "load_server_credentials",
+    "peer_id_of",
 ]
+
+# the subject CN `concord.peer.certs.issue_peer` writes
+_PEER_CN = re.compile(r"^peer-(\d{1,9})$")
 
 
 @dataclass(frozen=True)
@@ -107,3 +113,18 @@ def load_credentials(
         root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert
     )
     return server, channel
+
+
+def peer_id_of(auth: Mapping[str, Sequence[bytes]]) -> int | None:
+    """The peer id a verified client certificate names (its subject CN ``peer-<id>``, as
+    `concord.peer.certs.issue_peer` issues it), from a gRPC ``context.auth_context()``; None
+    when there is no certificate or its CN names no peer. gRPC has verified the chain to the run
+    CA before a handler runs (``require_client_auth``), so the CN can be trusted."""
+    names = auth.get("x509_common_name") or []
+    ids = set()
+    for raw in names:
+        m = _PEER_CN.match(raw.decode("utf-8", "replace"))
+        if m is None:
+            return None
+        ids.add(int(m.group(1)))
+    return ids.pop() if len(ids) == 1 else None

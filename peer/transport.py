@@ -12,7 +12,14 @@ Failure is data: `Transport.round_` returns who answered, who is missing and who
 (with the reason). A neighbour whose connection failed (refused, reset, timed out) is marked down
 and not waited for; the next send to it reconnects, at most once per backoff interval (0.2 s
 doubling to 5 s). A neighbour that merely refused one of our tensors is still alive and still
-waited for.
+waited for. Deadlines are per tensor: writing a whole tensor, like waiting for one, ends at the
+round's deadline; a miss is a missing neighbour in the outcome, never an exception.
+
+Receive bounds (`server_options`, `concord.peer.servicer`, `concord.peer.mailbox`): gRPC refuses
+messages above twice the chunk size and more than `MAX_STREAMS` concurrent streams per
+connection; each sender may have `BUDGET_TENSORS` tensors' bytes in flight (received but not yet
+collected by a round); each stream is closed after ``stream_idle_timeout`` seconds of silence;
+the mailbox holds at most `PER_SENDER` early entries per sender and `PER_STEP` per step.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from concord.core.comm import MixOutcome
 from concord.peer import serde
 from concord.peer.mailbox import Arrival, Counters, Mailbox, Rejection
-from concord.peer.servicer import REJECTION_CODES, GossipServicer
-from concord.peer.validate import STEP_WINDOW, ReceiverView
+from concord.peer.servicer import REJECTION_CODES, GossipServicer, Greetings
+from concord.peer.validate import STEP_WINDOW, TENSOR_IDS, ReceiverView, tensor_bytes
 from concord.protos import data_plane_pb2 as pb
 from concord.protos import data_plane_pb2_grpc as pb_grpc
 
@@ -52,6 +59,28 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+MAX_STREAMS = 8  # per connection: a neighbour needs its Hello and one Exchange stream
+BUDGET_TENSORS = 2  # tensors' bytes in flight per sender
+PER_SENDER = 16  # early mailbox entries per sender (tensors, rejections no round awaits yet)
+PER_STEP = 256  # … and per step
+
+
+def server_options(chunk_bytes: int, idle_timeout: float) -> list[tuple[str, int]]:
+    """The server's gRPC options: `SERVER_OPTIONS` with the receive limit at twice the chunk size
+    (a chunk somewhat over ``chunk_bytes`` still reaches the servicer, which refuses it with its
+    reason and counts it; anything larger gRPC refuses itself), `MAX_STREAMS` concurrent streams
+    per connection, and connections without any call closed after the idle timeout."""
+    limit = min(MAX_MESSAGE, 2 * chunk_bytes + (64 << 10))  # + room for the header
+    options = [(k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"]
+    return [
+        *options,
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_concurrent_streams", MAX_STREAMS),
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.max_connection_idle_ms", max(1000, int(idle_timeout * 1000))),
+    ]
+
+
 RAW_METHOD = "/concord.v1.Gossip/ExchangeRaw"
 Wire = Literal["raw", "protobuf"]
 log = structlog.get_logger("concord.peer.transport")
@@ -184,24 +213,24 @@ class Link:
         self.backoff = min(self.backoff * 2, 5.0)
 
     async def send(self, fan: Fanout, key: tuple[int, int, int], timeout: float) -> bool:
-        """Write every chunk of ``fan``, each within ``timeout`` seconds; False when the link is
-        refused, down, or fails now (then marked down)."""
+        """Write every chunk of ``fan``, the whole tensor (a reconnect included) within
+        ``timeout`` seconds; False when the link is refused, down, or fails now (then marked
+        down)."""
         if self.refused is not None:
             return False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
         if not self.up and (
             time.monotonic() < self.next_try or not await self.connect(min(timeout, 2.0))
         ):
             return False
         for done in [k for k, f in self.acks.items() if f.done()]:
             del self.acks[done]
-        loop = asyncio.get_running_loop()
         self.acks[key] = loop.create_future()
         try:
-            async with asyncio.timeout(None) as budget:  # re-armed per chunk, no task per write
+            async with asyncio.timeout_at(end):  # per tensor, not per chunk
                 for index in range(fan.count):
-                    message = fan.message(index)
-                    budget.reschedule(loop.time() + timeout)
-                    await self.call.write(message)
+                    await self.call.write(fan.message(index))
             return True
         except (
             TimeoutError,
@@ -260,9 +289,14 @@ class Transport:
         server_credentials: grpc.ServerCredentials | None = None,
         channel_credentials: grpc.ChannelCredentials | None = None,
         wire: Wire = "raw",
+        max_abs_value: float | None = None,
+        stream_idle_timeout: float = 60.0,
+        tensor_ids: frozenset[int] = TENSOR_IDS,
     ) -> None:
         """``wire``: how this peer sends ("raw": ExchangeRaw; "protobuf": Exchange); it receives
-        both."""
+        both. ``max_abs_value`` / ``stream_idle_timeout``: ``network.*``; ``tensor_ids``: the
+        tensor ids the run's algorithm sends (others are refused). With ``server_credentials``
+        (mTLS) a client certificate must name the peer id its Hello and frames claim."""
         self.run_id, self.peer_id, self.world_size = run_id, peer_id, world_size
         self.addresses = list(addresses)
         self.fingerprint, self.dim, self.codec, self.ratio = fingerprint, dim, codec, ratio
@@ -274,9 +308,15 @@ class Transport:
         self.server_credentials = server_credentials
         self.channel_credentials = channel_credentials
         self.wire: Wire = wire
-        self.mailbox = Mailbox()
+        self.max_abs_value = max_abs_value
+        self.idle_timeout = stream_idle_timeout
+        self.tensor_ids = frozenset(tensor_ids)
+        self.require_identity = server_credentials is not None
+        codecs = frozenset({"none", codec})
+        self.budget = BUDGET_TENSORS * max(1, tensor_bytes(dim, codecs, ratio, levels))
+        self.mailbox = Mailbox(per_sender=PER_SENDER, per_step=max(PER_STEP, 4 * world_size))
         self.counters = Counters()
-        self.greeted: set[int] = set()
+        self.greeted = Greetings(capacity=max(1024, 8 * world_size))
         self.rejections: dict[int, tuple[int, str]] = {}  # sender → (step, reason), latest
         self.hello = serde.hello_request(run_id, peer_id, fingerprint, codec)
         self.links: dict[int, Link] = {}
@@ -314,10 +354,12 @@ class Transport:
             is_neighbour=self.is_neighbour,
             world_size=self.world_size,
             step_window=self.step_window,
+            tensor_ids=self.tensor_ids,
+            max_abs_value=self.max_abs_value,
         )
 
     async def start(self, listen: str) -> int:
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.server = grpc.aio.server(options=server_options(self.chunk_bytes, self.idle_timeout))
         GossipServicer(self).add_to_server(self.server)
         # the standard grpc.health.v1 service: "" and "concord.v1.Gossip" report SERVING
         self.health = health.aio.HealthServicer()
@@ -412,6 +454,10 @@ class Transport:
                 # its STEP_WINDOW), desynchronising the gossip for good
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                     got = await asyncio.wait_for(asyncio.shield(slot), max(0.0, end - loop.time()))
+                if got is None:
+                    self.counters.missed_deadlines += 1
+            # collected (or given up): the slot's bytes are released, a later copy is late
+            self.mailbox.take((j, step, round, tensor_id))
             if isinstance(got, Arrival):
                 arrived[j] = got
             elif isinstance(got, Rejection):

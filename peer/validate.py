@@ -16,9 +16,20 @@ import torch
 
 from concord.core.compress import make_codec
 from concord.errors import RejectedError as RejectedError
-from concord.peer.serde import PROTOCOL_VERSION, FrameInfo, Hello, PartSpec
+from concord.peer.serde import (
+    PROTOCOL_VERSION,
+    TENSOR_ALLREDUCE,
+    TENSOR_EDGE,
+    TENSOR_MIX,
+    FrameInfo,
+    Hello,
+    PartSpec,
+)
 
-Reason = Literal["invalid", "precondition", "permission", "too-big"]
+# "identity": the TLS certificate names another peer; "overload": a receive bound (in-flight
+# bytes, mailbox entries) is exhausted; "idle": a stream stayed silent past its idle timeout
+Reason = Literal["invalid", "precondition", "permission", "too-big", "identity", "overload", "idle"]
+TENSOR_IDS = frozenset({TENSOR_MIX, TENSOR_ALLREDUCE, TENSOR_EDGE})  # every id the protocol has
 
 ALLOWED_DTYPES = (
     torch.float32,
@@ -49,6 +60,8 @@ class ReceiverView:
     world_size: int
     step_window: int = STEP_WINDOW  # + the algorithm's longest run of local-only steps
     levels: int = 16  # compression.levels (qsgd parts: int8 levels up to 127, int16 above)
+    tensor_ids: frozenset[int] = TENSOR_IDS  # the ids this run's algorithm sends at all
+    max_abs_value: float | None = None  # network.max_abs_value: bound on floating values
 
 
 def check_hello(h: Hello, view: ReceiverView) -> None:
@@ -104,6 +117,13 @@ def check_frame(f: FrameInfo, body_len: int, view: ReceiverView, *, expected_sen
         raise RejectedError(
             "precondition", f"step {f.step} is too far ahead of this peer's {view.current_step}"
         )
+    if f.tensor_id not in view.tensor_ids:
+        raise RejectedError(
+            "permission",
+            f"tensor id {f.tensor_id} is not expected (this peer takes {sorted(view.tensor_ids)})",
+        )
+    if f.tensor_id == TENSOR_ALLREDUCE and f.round != 0:
+        raise RejectedError("permission", f"all-reduce tensor in round {f.round}; expected 0")
     if not view.is_neighbour(f.sender, f.step, f.round, f.tensor_id):
         raise RejectedError(
             "permission", f"peer {f.sender} is not a neighbour in step {f.step} round {f.round}"
@@ -137,7 +157,9 @@ def check_parts(f: FrameInfo, view: ReceiverView) -> None:
         )
 
 
-def _non_finite(name: str, t: torch.Tensor, where: str = "") -> RejectedError | None:
+def _non_finite(
+    name: str, t: torch.Tensor, where: str = "", bound: float | None = None
+) -> RejectedError | None:
     """The rejection of ``t`` (one floating part, or a slice of it) when it holds a NaN or ±inf.
 
     A float32/bfloat16 sum is one vectorised pass and is non-finite whenever an element is (one
@@ -145,22 +167,36 @@ def _non_finite(name: str, t: torch.Tensor, where: str = "") -> RejectedError | 
     against ~7.5 / ~9 ms for ``aminmax``). Only when the sum is not finite (a bad value, or finite
     values overflowing the sum: possible, never seen with real parameters) does the exact check
     run: ``aminmax``, one min/max pass without temporaries (NaN propagates into both, ±inf shows
-    in one). float16 sums overflow at 65504, so float16 takes ``aminmax`` directly."""
-    if t.dtype != torch.float16 and math.isfinite(float(t.sum())):
+    in one). float16 sums overflow at 65504, so float16 takes ``aminmax`` directly. With a
+    ``bound`` (``network.max_abs_value``) every element must also satisfy |v| ≤ bound: that needs
+    the ``aminmax`` pass always."""
+    if bound is None and t.dtype != torch.float16 and math.isfinite(float(t.sum())):
         return None
     lo, hi = torch.aminmax(t)
     if math.isfinite(float(lo)) and math.isfinite(float(hi)):
+        top = max(-float(lo), float(hi))
+        if bound is not None and top > bound:
+            return RejectedError(
+                "invalid",
+                f"part {name!r} has a value of magnitude {top:.6g} > max_abs_value {bound:g}"
+                f"{where}",
+            )
         return None
     bad = int((~torch.isfinite(t)).sum())
     return RejectedError("invalid", f"part {name!r} has {bad} non-finite value(s){where}")
 
 
-def check_values(tensors: dict[str, torch.Tensor], parts: tuple[PartSpec, ...]) -> None:
-    """Finite values in every floating part of an assembled tensor."""
+def check_values(
+    tensors: dict[str, torch.Tensor],
+    parts: tuple[PartSpec, ...],
+    max_abs_value: float | None = None,
+) -> None:
+    """Finite values (of magnitude ≤ ``max_abs_value`` when set) in every floating part of an
+    assembled tensor."""
     for p in parts:
         t = tensors[p.name]
         if t.is_floating_point() and t.numel() > 0:
-            err = _non_finite(p.name, t)
+            err = _non_finite(p.name, t, bound=max_abs_value)
             if err is not None:
                 raise err
 
@@ -176,9 +212,15 @@ class FiniteScan:
     """`check_values` for a tensor being assembled, region by region: `advance` checks the
     floating elements that the chunks received so far cover completely, each chunk while it is
     still in cache. Once the scan has advanced to the tensor's byte length, every floating
-    element has been checked exactly once."""
+    element has been checked exactly once (finite, and within ``max_abs_value`` when set)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], parts: tuple[PartSpec, ...]) -> None:
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        parts: tuple[PartSpec, ...],
+        max_abs_value: float | None = None,
+    ) -> None:
+        self._bound = max_abs_value
         self._pending = [
             _Pending(p, t)
             for p in parts
@@ -192,7 +234,20 @@ class FiniteScan:
             t = q.values
             end = min(t.numel(), max(0, (received - q.part.offset) // t.element_size()))
             if end > q.done:
-                err = _non_finite(q.part.name, t[q.done : end], f" (elements {q.done}–{end - 1})")
+                err = _non_finite(
+                    q.part.name, t[q.done : end], f" (elements {q.done}–{end - 1})", self._bound
+                )
                 if err is not None:
                     raise err
                 q.done = end
+
+
+def tensor_bytes(dim: int, codecs: frozenset[str], ratio: float, levels: int) -> int:
+    """The largest payload (bytes) of a ``dim``-vector in any of ``codecs``: what one legitimate
+    incoming tensor occupies (the part tables are checked exactly, so no valid tensor is larger)."""
+    largest = 0
+    for name in codecs:
+        specs = make_codec(name, ratio=ratio, levels=levels).part_specs(dim)
+        size = sum(n * torch.empty(0, dtype=dt).element_size() for dt, n in specs.values())
+        largest = max(largest, size)
+    return largest

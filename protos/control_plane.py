@@ -97,6 +97,9 @@ ROOT = "concord/v1"
 MAX_PAYLOAD_BYTES = 256 * 1024  # control messages are small; anything bigger is rejected
 MAX_ROUNDS = 10_000  # gossip rounds of one step: a round number beyond this is a forgery
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# a peer id level: ASCII digits only (str.isdigit also takes "²", which int() refuses), few
+# enough for int() (a 5,000-digit level exceeds its digit limit)
+_PEER_LEVEL = re.compile(r"[0-9]{1,9}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,7 +503,7 @@ class Topics:
         if spec is None:
             raise PayloadError(topic, f"unknown topic {parts[0]!r}; known: {', '.join(TOPICS)}")
         if spec.per_peer:
-            if len(parts) != 2 or not parts[1].isdigit():
+            if len(parts) != 2 or not _PEER_LEVEL.fullmatch(parts[1]):
                 raise PayloadError(topic, f"expected {spec.kind}/<peer id>")
             return spec.kind, int(parts[1])
         if len(parts) != 1:
@@ -534,7 +537,9 @@ M = TypeVar("M", bound=Message)
 
 
 def decode(topic: str, payload: bytes, expect: type[M] | None = None) -> Message:
-    """Validate ``payload`` received on ``topic``; `PayloadError` says exactly what is wrong."""
+    """Validate ``payload`` received on ``topic``; `PayloadError` says exactly what is wrong. On
+    a topic of the contract (``concord/v1/<run>/<topic>…``) the message must be of the kind that
+    topic carries."""
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise PayloadError(topic, f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
     try:
@@ -555,7 +560,21 @@ def decode(topic: str, payload: bytes, expect: type[M] | None = None) -> Message
         raise PayloadError(topic, f"unknown kind {kind!r}")
     if expect is not None and cls is not expect:
         raise PayloadError(topic, f"expected a {expect.KIND!r} message, got {kind!r}")
-    return _check(cls, data, topic)
+    message = _check(cls, data, topic)
+    carries = _topic_kind(topic)  # after the schema: a malformed message says what is wrong
+    if carries is not None and carries != cls.KIND:
+        raise PayloadError(topic, f"a {kind!r} message on a {carries!r} topic")
+    return message
+
+
+def _topic_kind(topic: str) -> str | None:
+    """The kind a topic of some run (``concord/v1/<run>/<topic>…``) carries; None for a topic
+    outside the contract (its problems are `Topics.parse`'s)."""
+    levels = topic.split("/")
+    if len(levels) < 4 or "/".join(levels[:2]) != ROOT:
+        return None
+    spec = TOPICS.get(levels[3])
+    return None if spec is None else spec.kind
 
 
 def _check(cls: type[M], data: Any, topic: str) -> M:

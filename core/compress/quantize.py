@@ -196,7 +196,8 @@ class QSGD(Codec):
     def _encode_rows(self, x: torch.Tensor, keys: Sequence[int]) -> dict[str, torch.Tensor]:
         k, d = x.shape
         s = self.levels
-        norm = x.square().sum(dim=1, keepdim=True, dtype=torch.float64).sqrt_()
+        # squares in float64: a float32 square overflows to inf above |x| ≈ 1.8e19
+        norm = x.double().square_().sum(dim=1, keepdim=True).sqrt_()
         norm32 = norm.to(torch.float32)
         y = x.abs().div_(torch.where(norm32 > 0, norm32, torch.ones_like(norm32))).mul_(s)
         level = y.floor()

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+import torch
 
 from concord.core.config import load_config
 from concord.core.models import FlatParams, build_model
 from concord.peer import serde
 from concord.peer.certs import init_ca, issue_peer
+from concord.protos import data_plane_pb2 as pb
 from concord.protos import data_plane_pb2_grpc as pb_grpc
 from tests.integration.peers import Peers, write_config
 
@@ -104,5 +106,55 @@ def test_clients_without_a_valid_certificate_are_refused(tmp_path: Path, who: st
             assert _hello(channel, fingerprint) is True
         peers.procs[0].send_signal(signal.SIGTERM)
         assert peers.wait(timeout=60) == {0: 0}
+    finally:
+        peers.kill_all()
+
+
+def test_a_valid_certificate_of_another_peer_cannot_impersonate(tmp_path: Path) -> None:
+    """A client holding peer 0's own valid certificate claims to be peer 1: its Hello and its
+    frames are refused (PERMISSION_DENIED, counted as "identity"), the peer keeps running."""
+    config = _tls_config(tmp_path, epochs=500, startup=1.0)
+    cfg = load_config(config, environ={})
+    flat = FlatParams(build_model("mlp", 1, input_shape=(40,), num_classes=10, hidden=[8]))
+    address = cfg.network.addresses[0]  # type: ignore[index]
+    certs = tmp_path / "certs"
+    peers = Peers(config, tmp_path, [0])
+    try:
+        metrics = tmp_path / "peer-0" / "metrics.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (metrics.is_file() and metrics.stat().st_size):
+            time.sleep(0.1)
+        stolen = grpc.ssl_channel_credentials(
+            (certs / "ca.crt").read_bytes(),
+            (certs / "peer-0.key").read_bytes(),
+            (certs / "peer-0.crt").read_bytes(),
+        )
+        with grpc.secure_channel(address, stolen) as channel:
+            result = _hello(channel, flat.fingerprint())  # claims peer 1
+            assert isinstance(result, grpc.RpcError)
+            assert result.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "certificate names peer 0" in (result.details() or "")
+            frames = serde.frames(
+                run_id="itest",
+                sender=1,
+                step=0,
+                round=0,
+                tensor_id=0,
+                codec="none",
+                dim=flat.d,
+                parts={"values": torch.zeros(flat.d)},
+                chunk_bytes=1 << 20,
+            )
+            raw = channel.stream_stream(
+                "/concord.v1.Gossip/ExchangeRaw", response_deserializer=pb.Ack.FromString
+            )
+            with pytest.raises(grpc.RpcError) as info:
+                list(raw(iter([serde.raw_message(f.header, f.body) for f in frames]), timeout=10))
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED  # type: ignore[attr-defined]
+            assert "certificate names peer 0" in info.value.details()  # type: ignore[attr-defined]
+        peers.procs[0].send_signal(signal.SIGTERM)
+        assert peers.wait(timeout=60) == {0: 0}
+        summary = json.loads((tmp_path / "peer-0" / "summary.json").read_text())
+        assert summary["frames_rejected"].get("identity") == 2
     finally:
         peers.kill_all()

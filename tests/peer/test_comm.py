@@ -166,3 +166,28 @@ def test_a_push_sum_frame_without_a_weight_is_rejected(loop: asyncio.AbstractEve
     torch.testing.assert_close(res.x[0], torch.full((D,), 0.5 * 1 + 0.5 * 3), rtol=0, atol=0)
     assert res.push is not None
     assert res.push.tolist() == [0.75]
+
+
+class StuckTransport(FakeTransport):
+    """A round that never ends (a transport bug, or a loop blocked past every deadline)."""
+
+    deadline = 0.2
+
+    async def round_(self, **_: Any) -> tuple[dict[int, Arrival], MixOutcome]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+def test_a_round_stuck_past_its_deadline_is_missing_neighbours_not_an_exception(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import concord.peer.comm as comm_module
+
+    monkeypatch.setattr(comm_module, "_SLACK", 0.3)
+    comm = PeerComm(0, 4, StuckTransport({}), loop)  # type: ignore[arg-type]
+    x = torch.ones(1, D)
+    W = np.full((4, 4), 0.25)
+    result = comm.mix(x, W, step=0, round=1)  # gives up after 2 × 0.2 + 0.3 s
+    assert result.outcome.missing == [[1, 2, 3]]
+    assert result.outcome.answered == [[]]
+    assert torch.allclose(result.x, x)  # renormalised over itself alone

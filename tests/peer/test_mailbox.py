@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
+from concord.errors import RejectedError
 from concord.peer.mailbox import Arrival, Mailbox, Rejection
 from concord.peer.serde import PartSpec
 
@@ -60,5 +62,49 @@ def test_advance_cancels_waiting_slots_of_old_steps() -> None:
         assert slot.cancelled()
         box.advance(0)  # never goes back
         assert box.step == 1
+
+    asyncio.run(main())
+
+
+def test_a_flood_is_capped_per_sender_and_per_step_and_counted() -> None:
+    async def main() -> None:
+        box = Mailbox(per_sender=4, per_step=6)
+        box.advance(2)
+        for r in range(4):
+            assert box.deliver(_arrival(1, 2, r))
+        with pytest.raises(RejectedError, match="cap 4"):  # the 5th early tensor of sender 1
+            box.deliver(_arrival(1, 2, 99))
+        for r in range(2):
+            assert box.deliver(_arrival(2, 2, r))
+        with pytest.raises(RejectedError, match="cap 6"):  # a 7th entry for step 2
+            box.deliver(_arrival(3, 2, 0))
+        box.reject((3, 2, 5, 0), "bad", horizon=4)  # rejections count too: dropped
+        assert len(box) == 6
+        assert box.dropped == 3
+        # a round's own slot is never capped, and awaiting a slot frees its place
+        assert not box.slot((3, 2, 0, 0)).done()
+        box.slot((1, 2, 0, 0))
+        assert box.deliver(_arrival(1, 3, 0))  # sender 1 has 3 early entries again
+
+    asyncio.run(main())
+
+
+def test_bytes_in_flight_are_released_when_taken_dropped_or_late() -> None:
+    async def main() -> None:
+        box = Mailbox()
+        assert box.reserve(1, 12, budget=24)
+        assert box.reserve(1, 12, budget=24)
+        assert not box.reserve(1, 1, budget=24)  # over the budget: nothing reserved
+        assert box.held(1) == 24
+        assert box.deliver(_arrival(1, 0, 1), reserved=12)
+        assert box.deliver(_arrival(1, 1, 1), reserved=12)
+        box.take((1, 0, 1, 0))  # the round collected it
+        assert box.held(1) == 12
+        assert box.reserve(1, 12, budget=24)
+        assert not box.deliver(_arrival(1, 0, 1), reserved=12)  # collected already: late
+        assert box.held(1) == 12
+        box.advance(2)  # step 1's tensor is dropped with its bytes
+        assert box.held(1) == 0
+        assert len(box) == 0
 
     asyncio.run(main())
