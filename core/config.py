@@ -263,15 +263,60 @@ class OrchestratorConfig(_Section):
         gt=0,
         description="seconds a round waits for all statistics (orchestrator) or a decision (peer)",
     )
+    absent_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="seconds a peer waits for an absent orchestrator (before start, between "
+        "stages or mid-stage: presence offline or never seen) before it gives up (exit 1)",
+    )
+    broker_lost_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="seconds the orchestrator and the peers keep reconnecting to a lost broker "
+        "before they give up (exit 1)",
+    )
+
+    broker_username: str | None = Field(
+        default=None,
+        description="username at the broker; '{identity}' becomes orchestrator, peer-<id> or "
+        "monitor (`concord certs broker` issues those identities)",
+    )
+    broker_password_file: str | None = Field(
+        default=None,
+        description="file holding the broker password ('{identity}' expanded, e.g. "
+        "certs/broker/{identity}.password); never put a password in the URL",
+    )
+    broker_password_env: str | None = Field(
+        default=None,
+        description="environment variable holding the broker password ('{identity}' becomes "
+        "ORCHESTRATOR, PEER_<id> or MONITOR); instead of broker_password_file",
+    )
+    broker_ca: str | None = Field(
+        default=None,
+        description="CA certificate that verifies an mqtts:// broker (unset: the system store)",
+    )
+    broker_cert: str | None = Field(
+        default=None, description="client certificate for mqtts:// ('{identity}' expanded)"
+    )
+    broker_key: str | None = Field(
+        default=None, description="its private key, with broker_cert ('{identity}' expanded)"
+    )
 
     @field_validator("broker")
     @classmethod
     def _broker(cls, v: str | None) -> str | None:
-        if v is not None:
+        if v is not None:  # the full check (`concord.protos.mqtt.connection`) runs at connect
             scheme, sep, rest = v.partition("://")
-            host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "1883")
-            if scheme != "mqtt" or not sep or not host or not port.isdigit():
-                raise ValueError(f"broker {v!r} must look like mqtt://HOST[:PORT]")
+            userinfo, at, hostport = rest.rpartition("@")
+            if at and ":" in userinfo:
+                raise ValueError(
+                    "the broker URL carries a password: never put it in the URL; use "
+                    "orchestrator.broker_password_file or broker_password_env"
+                )
+            default = "8883" if scheme == "mqtts" else "1883"
+            host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", default)
+            if scheme not in ("mqtt", "mqtts") or not sep or not host or not port.isdigit():
+                raise ValueError(f"broker {v!r} must look like mqtt[s]://[USER@]HOST[:PORT]")
         return v
 
     @model_validator(mode="after")

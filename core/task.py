@@ -129,6 +129,20 @@ class ClassificationTask:
     def steps_per_epoch(self) -> int:
         return self.sampler.steps_per_epoch
 
+    def rng_state(self) -> dict[str, Any]:
+        """Random state for checkpoints (tensors and plain values only). Batches and
+        augmentations are drawn from generators seeded per (seed, rank, epoch) and per (seed,
+        rank, step), so nothing runs on between steps: the sampler's key (checked on load) and
+        torch's global CPU generator (which no training code draws from) are all there is."""
+        return {"sampler": self.sampler.state_dict(), "torch_cpu": torch.get_rng_state()}
+
+    def load_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore `rng_state` (raises ValueError if the sampler's streams differ)."""
+        if "sampler" in state:
+            self.sampler.load_state_dict(state["sampler"])
+        if "torch_cpu" in state:
+            torch.set_rng_state(state["torch_cpu"])
+
     def partition_stats(self) -> dict[str, Any]:
         return partition_stats(self.data.y_train.numpy(), self.parts, self.data.num_classes)
 

@@ -186,6 +186,13 @@ def topology(
 @click.option(
     "--force", is_flag=True, help="replace the earlier run in --out (default: refuse to reuse it)"
 )
+@click.option(
+    "--resume",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    metavar="RUN_DIR",
+    help="continue the interrupted run in RUN_DIR from its last checkpoint (vectorized engine)",
+)
 def sim(
     config: Path | None,
     engine: str | None,
@@ -195,6 +202,7 @@ def sim(
     broker: str | None,
     reference: str,
     force: bool,
+    resume: Path | None,
 ) -> None:
     """Run n peers on this host and print the final table (next to an all-reduce reference).
 
@@ -206,10 +214,17 @@ def sim(
     items = list(overrides)
     if engine is not None:
         items.append(f"engine={engine}")
+    if resume is not None and (config is not None or overrides or out is not None or force):
+        _fail("--resume continues RUN_DIR with its own config.toml: give no CONFIG, --set, --out")
     try:
-        cfg = load_config(config, items)
-    except ConfigError as exc:
+        if resume is not None:
+            cfg = load_config(resume / "config.toml", [], environ={})
+        else:
+            cfg = load_config(config, items)
+    except (ConfigError, FileNotFoundError) as exc:
         _fail(str(exc))
+    if resume is not None and (engine or cfg.engine) != "vectorized":
+        _fail("--resume continues vectorized runs only (processes: restart the peers instead)")
     from rich.console import Console
 
     from concord.lab.report import compare_table, final_table
@@ -222,10 +237,13 @@ def sim(
             return run_processes(c, d, progress=not quiet, broker=broker)
         from concord.sim.engine import run as run_vectorized
 
+        if resume is not None and (d == resume or (d / "summary.json").is_file()):
+            return run_vectorized(c, d, progress=not quiet, resume=True)
         return run_vectorized(c, d, progress=not quiet)
 
-    run_dir = out or default_run_dir(cfg)
-    _prepare_out(run_dir, force, dirs=True)
+    run_dir = resume or out or default_run_dir(cfg)
+    if resume is None:
+        _prepare_out(run_dir, force, dirs=True)
     try:
         summary = run(cfg, run_dir)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
@@ -485,7 +503,16 @@ def peer(
             "id and writes it to orchestrator.json)"
         )
     run_dir = out or Path("runs") / f"peer-{peer_id}"
-    _prepare_out(run_dir, force)
+    # a static peer started again on its interrupted run continues from its checkpoint
+    summary = run_dir / "summary.json"
+    resuming = (
+        not force
+        and cfg.orchestrator.broker is None
+        and (run_dir / "checkpoint.pt").is_file()
+        and not (summary.is_file() and json.loads(summary.read_text()).get("completed"))
+    )
+    if not resuming:
+        _prepare_out(run_dir, force)
     try:
         code = run_peer(
             cfg,
@@ -611,6 +638,53 @@ def certs_issue(peer_id: int, directory: Path, hosts: Sequence[str], days: int) 
     except CertError as exc:
         _fail(str(exc))
     click.echo(f"wrote {files.key} and {files.cert}")
+
+
+@certs.command("broker")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("certs"),
+    show_default=True,
+)
+@click.option("--run-id", required=True, help="the run whose topics the ACL covers")
+@click.option("--peers", type=click.IntRange(min=1), required=True)
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    help="IP or DNS name the broker is reached at (repeatable; default 127.0.0.1, localhost)",
+)
+@click.option("--days", type=click.IntRange(min=1), default=365, show_default=True)
+@click.option("--force", is_flag=True, help="replace existing broker files (new passwords)")
+def certs_broker(
+    directory: Path, run_id: str, peers: int, hosts: Sequence[str], days: int, force: bool
+) -> None:
+    """Broker identities: its TLS certificate (signed by the run CA), one password file per
+    identity (orchestrator, peer-<id>, monitor; 0600), a Mosquitto password file and an ACL
+    letting each identity publish only its own topics."""
+    from concord.peer.broker_creds import issue_broker
+    from concord.peer.certs import CertError
+
+    try:
+        files = issue_broker(
+            directory,
+            run_id=run_id,
+            peers=peers,
+            hosts=list(hosts) or ["127.0.0.1", "localhost"],
+            days=days,
+            overwrite=force,
+        )
+    except (CertError, ValueError) as exc:
+        _fail(str(exc))
+    click.echo(f"wrote {files.key}, {files.cert}, {files.passwd}, {files.acl}, {files.conf}")
+    click.echo(f"and {len(files.passwords)} password files in {files.passwd.parent}")
+    click.echo(
+        "run config: [orchestrator] broker = 'mqtts://HOST:8883', broker_username = "
+        f"'{{identity}}', broker_password_file = '{files.passwd.parent}/{{identity}}.password', "
+        f"broker_ca = '{files.ca}'"
+    )
 
 
 main.add_command(config_group)

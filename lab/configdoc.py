@@ -141,8 +141,9 @@ DESCRIPTIONS: dict[str, str] = {
     "network.tls.cert": "Path of this peer's certificate (PEM).",
     "network.tls.key": "Path of this peer's private key (PEM).",
     "orchestrator": "The control plane of real peers (ignored by the vectorized engine).",
-    "orchestrator.broker": "`mqtt://HOST[:PORT]` of the MQTT broker; unset: the orchestrator "
-    "embeds one on 127.0.0.1.",
+    "orchestrator.broker": "`mqtt://HOST[:PORT]` (1883) or `mqtts://HOST[:PORT]` (8883, TLS) of "
+    "the MQTT broker, optionally with `USER@`; never a password (see `broker_password_file`); "
+    "unset: the orchestrator embeds an anonymous broker on 127.0.0.1.",
     "orchestrator.heartbeat": "Seconds between peer heartbeats.",
     "orchestrator.liveness_timeout": "Seconds of silence after which a peer is dropped and "
     "the schedule repaired; must exceed two heartbeats.",

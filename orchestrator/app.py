@@ -28,6 +28,12 @@ The run, as seen from here:
 
 SIGTERM/SIGINT publish "stop" and exit.
 
+A lost broker is reconnected to (with backoff) for at most ``orchestrator.broker_lost_timeout``
+seconds; then the run ends with an error. Whenever the run ends with an `OrchestratorError` after
+the broker was reached (broker lost, peers never ready, stopped by a signal),
+``orchestrator-summary.json`` is written with ``completed: false`` and the ``error`` (atomically,
+like every JSON document of the run), and the process exits 1.
+
 Nothing received is trusted (the control plane has broker-level security only): every message is
 handled inside a guard (an exception is logged with topic and sender and counted as
 ``handler_errors``, never propagated); statistics from unknown or dropped peers, implausibly
@@ -85,7 +91,7 @@ from concord.protos.control_plane import (
     Status,
     Topics,
 )
-from concord.protos.mqtt import Bus
+from concord.protos.mqtt import BrokerAuth, Bus
 from concord.runtime.logs import open_log
 
 log = structlog.get_logger("concord.orchestrator.app")
@@ -123,6 +129,8 @@ class Orchestrator:
         self.stats_refused = 0  # statistics refused here (the round book counts its own)
         self.rival: Presence | None = None  # another orchestrator's presence on our run id
         self._own_presence: set[float] = set()  # ts of the presences we published
+        self._lost_since: float | None = None  # monotonic time the broker was lost (liveness)
+        self.broker_lost: str | None = None  # why the run gives up on the broker
 
     def expected(self) -> set[int]:
         """Peers whose statistics a round of the current stage waits for."""
@@ -216,7 +224,9 @@ class Orchestrator:
             now = time.monotonic()
             if not self.bus.connected.is_set():
                 self.admission.cut_off(now, self.bus.backoff[1])
+                self._check_broker_lost(now)
                 continue
+            self._lost_since = None
             for peer, reason in self.admission.sweep(now, self.stage):
                 self._drop(peer, reason)
             if self.book is not None and self.book.pending:
@@ -262,6 +272,21 @@ class Orchestrator:
             self.records.graph(d)
             self._spawn(self._publish_schedule(reason, effective_step=d.effective), "schedule")
 
+    def _check_broker_lost(self, now: float) -> None:
+        """The broker is away at ``now``: past ``orchestrator.broker_lost_timeout`` the run gives
+        up (`_wait` raises)."""
+        if self._lost_since is None:
+            self._lost_since = now
+            return
+        lost, limit = now - self._lost_since, self.cfg.orchestrator.broker_lost_timeout
+        if lost >= limit and self.broker_lost is None:
+            self.broker_lost = (
+                f"the MQTT broker has been unreachable for {lost:.1f} s "
+                f"(orchestrator.broker_lost_timeout = {limit:g} s)"
+            )
+            log.error("orchestrator.broker_lost", seconds=round(lost, 1))
+            self.changed.set()
+
     async def _presence(self, state: str, reason: str = "") -> None:
         assert self.bus is not None
         ts = time.time()
@@ -304,6 +329,8 @@ class Orchestrator:
     async def _wait(self, predicate: Callable[[], bool], timeout: float | None, what: str) -> None:
         end = None if timeout is None else time.monotonic() + timeout
         while not predicate():
+            if self.broker_lost is not None:
+                raise OrchestratorError(f"{self.broker_lost}, while waiting for {what}")
             if self.stop_requested:
                 raise OrchestratorError(f"stopped while waiting for {what}")
             self.changed.clear()
@@ -353,6 +380,11 @@ class Orchestrator:
                     subscribe=["status", "heartbeat", "stats", "metrics", "orchestrator"],
                     handler=self.on_message,
                     will=will,
+                    auth=(
+                        BrokerAuth.from_config(self.cfg.orchestrator, "orchestrator")
+                        if self.broker_url
+                        else None
+                    ),
                 )
             )
             info = {"broker": url, "run": self.run_id, "pid": os.getpid()}
@@ -372,6 +404,9 @@ class Orchestrator:
             refresh = asyncio.create_task(self._refresh_presence(), name="orchestrator-presence")
             try:
                 return await self._run_inner()
+            except OrchestratorError as exc:
+                self._error_summary(str(exc))
+                raise
             finally:
                 for task in (watchdog, refresh):
                     task.cancel()
@@ -447,6 +482,25 @@ class Orchestrator:
             ),
         )
         return 0 if done else 1
+
+    def _error_summary(self, error: str) -> None:
+        """``orchestrator-summary.json`` of a run that ended with ``error``."""
+        book, graphs = self.book, self.graphs
+        record = summary(
+            self.run_id,
+            peers_done=self.admission.finished("train"),
+            peers_dropped=self.admission.dropped(),
+            schedule_versions=self.schedules.version,
+            rejected_payloads=self.bus.rejected if self.bus is not None else 0,
+            stats_ignored=(book.ignored if book else 0) + (graphs.ignored if graphs else 0),
+            stats_refused=self.stats_refused,
+            handler_errors=self.handler_errors,
+            graph_decisions=len(graphs.feedback.decisions) if graphs else None,
+            graph_steps_partial=graphs.partial if graphs else None,
+            wall_seconds=time.monotonic() - self.started,
+        )
+        record.update(completed=False, error=error, stage=self.stage or None)
+        self.records.write_json("orchestrator-summary.json", record)
 
     def _request_stop(self, sig: signal.Signals) -> None:
         log.info("orchestrator.signal", signal=sig.name)

@@ -16,20 +16,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
+import ipaddress
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import structlog
 
-from concord.errors import OrchestratorError
+from concord.errors import ConfigError, OrchestratorError
 
 log = structlog.get_logger("concord.orchestrator.broker")
+
+
+def _config_error(message: str) -> ConfigError:
+    return ConfigError([("orchestrator.broker", message)])
+
 
 _BIND_ATTEMPTS = 5
 BROKER_EXTRA_HINT = (
@@ -64,25 +72,169 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-class EmbeddedBroker:
-    """``async with EmbeddedBroker() as broker: broker.url`` → ``mqtt://127.0.0.1:<port>``."""
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+
+def _plugins() -> tuple[type, type]:
+    """amqtt plugins enforcing `concord certs broker`'s files (defined on first use: amqtt is
+    optional). `PasswordFileAuth` checks a Mosquitto ``$7$`` password file; `TopicAcl` applies
+    the Mosquitto ACL file: PUBLISH only on a ``topic write`` filter of the user, SUBSCRIBE only
+    to a filter inside one of its ``topic read`` filters. amqtt's own FileAuthPlugin reads only
+    argon2/bcrypt hashes and its ACL plugin needs deprecated options for subscriptions."""
+    global _PLUGINS
+    if _PLUGINS is not None:
+        return _PLUGINS
+    from amqtt.contexts import Action
+    from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
+
+    from concord.protos.mqtt import mosquitto_verify, read_acl, read_passwd
+
+    class PasswordFileAuth(BaseAuthPlugin):  # type: ignore[misc]  # amqtt is untyped
+        @dataclass
+        class Config:
+            password_file: str = ""
+
+        def __init__(self, context: Any) -> None:
+            super().__init__(context)
+            self.users = read_passwd(Path(self.context.config.password_file))
+
+        async def authenticate(self, *, session: Any) -> bool | None:
+            hashed = self.users.get(session.username or "") if session else None
+            ok = hashed is not None and mosquitto_verify(session.password or "", hashed)
+            if not ok:
+                log.warning("broker.auth_refused", username=getattr(session, "username", None))
+            return ok
+
+    class TopicAcl(BaseTopicPlugin):  # type: ignore[misc]
+        @dataclass
+        class Config:
+            acl_file: str = ""
+
+        def __init__(self, context: Any) -> None:
+            super().__init__(context)
+            self.rules = read_acl(Path(self.context.config.acl_file))
+
+        async def topic_filtering(
+            self, *, session: Any = None, topic: str | None = None, action: Any = None
+        ) -> bool | None:
+            if action == Action.RECEIVE:
+                return True  # the subscription was checked
+            rules = self.rules.get(getattr(session, "username", None) or "")
+            if rules is None or topic is None:
+                return False
+            if action == Action.PUBLISH:
+                ok = any(_covers(f, topic) for f in rules["write"])
+            else:
+                ok = any(_covers(f, topic) for f in rules["read"])
+            if not ok:
+                log.warning(
+                    "broker.topic_refused",
+                    username=session.username,
+                    topic=topic,
+                    action=str(action),
+                )
+            return ok
+
+    PasswordFileAuth.__module__ = TopicAcl.__module__ = __name__
+    _PLUGINS = PasswordFileAuth, TopicAcl
+    return _PLUGINS
+
+
+_PLUGINS: tuple[type, type] | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """amqtt loads plugins by dotted path: ``concord.orchestrator.broker.PasswordFileAuth``."""
+    if name in ("PasswordFileAuth", "TopicAcl"):
+        return dict(zip(("PasswordFileAuth", "TopicAcl"), _plugins(), strict=True))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _covers(allowed: str, requested: str) -> bool:
+    """Whether the MQTT filter ``allowed`` covers the topic or filter ``requested`` (a ``+`` or
+    ``#`` in ``requested`` is covered only by the same or a wider wildcard)."""
+    a, r = allowed.split("/"), requested.split("/")
+    for i, level in enumerate(a):
+        if level == "#":
+            return True
+        if i >= len(r) or r[i] == "#":
+            return False
+        if level != "+" and level != r[i]:
+            return False
+    return len(a) == len(r)
+
+
+class EmbeddedBroker:
+    """``async with EmbeddedBroker() as broker: broker.url`` → ``mqtt://127.0.0.1:<port>``.
+
+    password_file + acl_file (`concord certs broker`'s ``broker/passwd`` and ``broker/acl``):
+    only those identities may connect, each publishing only what the ACL allows; without them
+    anyone may, so a non-loopback ``host`` is then refused (ConfigError). certfile + keyfile:
+    TLS (``mqtts://``; the broker's certificate from `concord certs broker`)."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        password_file: str | Path | None = None,
+        acl_file: str | Path | None = None,
+        certfile: str | Path | None = None,
+        keyfile: str | Path | None = None,
+    ) -> None:
+        if (password_file is None) != (acl_file is None):
+            raise _config_error("the embedded broker needs both a password file and an ACL file")
+        if (certfile is None) != (keyfile is None):
+            raise _config_error("the embedded broker's TLS needs both certfile and keyfile")
+        if password_file is None and not _is_loopback(host):
+            raise _config_error(
+                f"refusing to bind the embedded MQTT broker to {host} without authentication: "
+                "anyone reaching it could steer the run; bind 127.0.0.1, or give it the "
+                "password and ACL files of `concord certs broker`"
+            )
+        for what, f in (
+            ("password file", password_file),
+            ("ACL file", acl_file),
+            ("certificate", certfile),
+            ("key", keyfile),
+        ):
+            if f is not None and not Path(f).is_file():
+                raise _config_error(f"the embedded broker's {what} {f} is not a file")
         self.host = host
         self.port = port
+        self.password_file = password_file
+        self.acl_file = acl_file
+        self.certfile = certfile
+        self.keyfile = keyfile
         self._broker: Any = None
 
     @property
     def url(self) -> str:
-        return f"mqtt://{self.host}:{self.port}"
+        scheme = "mqtts" if self.certfile is not None else "mqtt"
+        return f"{scheme}://{self.host}:{self.port}"
 
     def _config(self, port: int) -> dict[str, Any]:
-        return {
-            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{port}"}},
-            "plugins": {
+        listener: dict[str, Any] = {"type": "tcp", "bind": f"{self.host}:{port}"}
+        if self.certfile is not None:
+            listener.update(ssl=True, certfile=str(self.certfile), keyfile=str(self.keyfile))
+        plugins: dict[str, Any]
+        if self.password_file is None:
+            plugins = {
                 "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
-            },
-        }
+            }
+        else:
+            _plugins()
+            plugins = {
+                f"{__name__}.PasswordFileAuth": {"password_file": str(self.password_file)},
+                f"{__name__}.TopicAcl": {"acl_file": str(self.acl_file)},
+            }
+        return {"listeners": {"default": listener}, "plugins": plugins}
 
     async def start(self) -> None:
         """Bind and start amqtt; `BrokerUnavailableError` (an ImportError naming the ``broker``
@@ -135,9 +287,21 @@ def mosquitto_binary() -> str | None:
 
 
 class MosquittoBroker:
-    """A private Mosquitto on a free loopback port (for tests, benchmarks and local runs)."""
+    """A private Mosquitto on a free loopback port (for tests, benchmarks and local runs).
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    password_file + acl_file: `concord certs broker`'s ``broker/passwd`` and ``broker/acl``
+    (anonymous clients are then refused); tls = (cafile, certfile, keyfile): an ``mqtts://``
+    listener with the broker certificate."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        password_file: str | Path | None = None,
+        acl_file: str | Path | None = None,
+        tls: tuple[str | Path, str | Path, str | Path] | None = None,
+    ) -> None:
         binary = mosquitto_binary()
         if binary is None:
             raise FileNotFoundError(
@@ -146,22 +310,47 @@ class MosquittoBroker:
         self.binary = binary
         self.host = host
         self.port = port
+        self.password_file = password_file
+        self.acl_file = acl_file
+        self.tls = tls
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:
-        return f"mqtt://{self.host}:{self.port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+    def _conf(self, port: int) -> str:
+        lines = [
+            f"listener {port} {self.host}",
+            "set_tcp_nodelay true",
+            "persistence false",
+            "log_type error",
+        ]
+        if self.password_file or self.acl_file or self.tls:
+            # as root, mosquitto would drop to the "mosquitto" user, who cannot read our 0600 files
+            lines.append(f"user {getpass.getuser()}")
+        if self.password_file is not None:
+            lines += [
+                "allow_anonymous false",
+                f"password_file {Path(self.password_file).resolve()}",
+            ]
+        else:
+            lines.append("allow_anonymous true")
+        if self.acl_file is not None:
+            lines.append(f"acl_file {Path(self.acl_file).resolve()}")
+        if self.tls is not None:
+            ca, cert, key = (Path(f).resolve() for f in self.tls)
+            lines += [f"cafile {ca}", f"certfile {cert}", f"keyfile {key}"]
+        return "\n".join(lines) + "\n"
 
     def start(self, timeout: float = 10.0) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="concord-mosquitto-")
         conf = Path(self._dir.name) / "mosquitto.conf"
+        last_error = ""
         for _ in range(_BIND_ATTEMPTS if self.port == 0 else 1):
             port = self.port or free_port(self.host)
-            conf.write_text(
-                f"listener {port} {self.host}\nallow_anonymous true\nset_tcp_nodelay true\n"
-                "persistence false\nlog_type error\n"
-            )
+            conf.write_text(self._conf(port))
             proc = subprocess.Popen(
                 [self.binary, "-c", str(conf)],
                 stdout=subprocess.DEVNULL,
@@ -178,7 +367,13 @@ class MosquittoBroker:
                 time.sleep(0.05)
             proc.kill()
             proc.wait(timeout=5)
-        raise OSError(f"mosquitto did not start on {self.host} within {timeout} s")
+            if proc.stderr is not None:
+                last_error = proc.stderr.read().decode(errors="replace").strip()[-500:]
+                proc.stderr.close()
+        raise OSError(
+            f"mosquitto did not start on {self.host} within {timeout} s"
+            + (f": {last_error}" if last_error else "")
+        )
 
     def stop(self) -> None:
         if self._proc is not None:

@@ -15,11 +15,17 @@ evaluations of its replica; flushed every line), ``log.jsonl`` (JSON lines bound
 step and round), ``checkpoint.pt`` (load with ``weights_only=True``), ``summary.json``,
 ``config.toml`` (the resolved config). SIGTERM / SIGINT stop at the next step boundary
 (checkpointed), close streams and server, exit 0.
+
+A static peer started again with the same ``--config`` and ``--out`` after it was killed (or
+stopped) continues from its last checkpoint (parameters, algorithm and RNG state, the gossip-round
+counter and byte counters): metrics lines after the checkpoint's step are dropped, and training
+goes on from the next step while its neighbours skip it per ``network.deadline``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
@@ -30,7 +36,7 @@ from typing import Any
 import structlog
 import torch
 
-from concord.core.config import RunConfig
+from concord.core.config import RunConfig, to_toml
 from concord.core.graphs.topology import exponential_name, max_exponential_k
 from concord.core.loop import StepRunner
 from concord.core.task import ClassificationTask
@@ -44,7 +50,13 @@ from concord.peer.tls import load_credentials
 from concord.peer.transport import Transport
 from concord.peer.validate import STEP_WINDOW
 from concord.runtime.driver import StepHooks, drive
-from concord.runtime.rundir import RunWriter
+from concord.runtime.rundir import (
+    RunWriter,
+    counters_state,
+    load_checkpoint,
+    load_counters,
+    restore_checkpoint,
+)
 
 Coordination = StaticCoordination | OrchestratedCoordination
 
@@ -140,7 +152,14 @@ class PeerProcess:
         self.out = out
         self.stop = threading.Event()
         self.step = 0
-        self.writer = RunWriter(out, cfg, run=self.run_id, flush_every=1, peer=peer_id)
+        # a static peer restarted on its own run directory continues from its checkpoint
+        self.resume: dict[str, Any] | None = None
+        if self.broker is None:
+            self.resume = resumable(out, cfg, peer_id)
+        after = None if self.resume is None else int(self.resume["run"]["next_step"]) - 1
+        self.writer = RunWriter(
+            out, cfg, run=self.run_id, flush_every=1, resume_after=after, peer=peer_id
+        )
         self.log = structlog.get_logger(__name__)
 
     def _device(self) -> torch.device:
@@ -245,6 +264,11 @@ class PeerProcess:
                     await coord.leave(summary)
         finally:
             await transport.stop(grace=min(5.0, cfg.network.deadline))
+        error = coord.error  # the peer gave up waiting (concord.peer.coordination): exit 1
+        if error is not None:
+            record = {"role": "peer", "peer": self.peer_id, "completed": False, "error": error}
+            self.writer.write_json("error.json", {**record, "ts": time.time()})
+            summary.update(completed=False, error=error)
         if not joined:  # no broker or no schedule: nothing ran, no summary
             self.writer.close()
             return 1
@@ -296,7 +320,7 @@ class PeerProcess:
             )
             result.update(await coord.stage_done(stage))
             if stage.final or self.stop.is_set():
-                return result, 0
+                return result, coord.exit_code  # 0 unless the coordination gave up
         return {"completed": False}, coord.exit_code
 
     def _request_stop(self, sig: signal.Signals) -> None:
@@ -348,6 +372,10 @@ class PeerProcess:
                 "epoch": record["epoch"],
             }
 
+        start = 0
+        if self.resume is not None:  # a restarted static peer: continue from its checkpoint
+            start = self._restore(self.resume, runner, task)
+            self.resume = None
         result = drive(
             steps=total,
             interval=runner.eval_interval(),
@@ -357,8 +385,11 @@ class PeerProcess:
             sink=self.writer,
             hooks=[clock, *hooks, _Checkpoints(self, runner, task)],
             stop=self.stop.is_set,
+            start=start,
         )
+        resumed = {"resumed_from_step": start} if start else {}
         return {
+            **resumed,
             "engine": "processes",
             "peer": i,
             "steps": result.steps,
@@ -372,6 +403,53 @@ class PeerProcess:
             "cpu_seconds": time.process_time(),  # this process so far, every thread
             "run_dir": str(self.out),
         }
+
+    def run_state(self, runner: StepRunner, step: int) -> dict[str, Any]:
+        """The peer's state beyond tensors after ``step`` (a checkpoint's ``run``)."""
+        return {
+            "engine": "peer",
+            "peer": self.peer_id,
+            "next_step": step + 1,
+            "total_steps": runner.total_steps,
+            "rounds_total": runner.rounds_total,
+            "counters": counters_state(runner.comm.counters),
+            "config": to_toml(self.cfg),
+        }
+
+    def _restore(self, state: dict[str, Any], runner: StepRunner, task: ClassificationTask) -> int:
+        """Load a checkpoint into the task, algorithm and counters; the step to continue from."""
+        run = state["run"]
+        if run["total_steps"] != runner.total_steps:
+            raise PeerConfigError(
+                f"the checkpoint in {self.out} is of a {run['total_steps']}-step run; this run "
+                f"has {runner.total_steps} steps (pass --force to start over)"
+            )
+        restore_checkpoint(state, task, runner.algorithm)
+        runner.rounds_total = int(run["rounds_total"])
+        load_counters(runner.comm.counters, run["counters"])
+        self.log.info("peer.resume", step=int(run["next_step"]))
+        return int(run["next_step"])
+
+
+def resumable(out: Path, cfg: RunConfig, peer_id: int) -> dict[str, Any] | None:
+    """The checkpoint a static peer restarted on ``out`` continues from: one with run state of
+    this peer and config, of a run that did not complete (None: start afresh)."""
+    path = out / "checkpoint.pt"
+    if not path.is_file():
+        return None
+    summary = out / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("completed"):
+        return None
+    state = load_checkpoint(path)
+    run = state.get("run")
+    if not isinstance(run, dict) or run.get("engine") != "peer" or run.get("peer") != peer_id:
+        return None
+    if run.get("config") != to_toml(cfg):
+        raise PeerConfigError(
+            f"{out} holds a checkpoint of another config; use the same --config to resume, or "
+            "--force to start over"
+        )
+    return state
 
 
 class _StepClock(StepHooks):
@@ -396,13 +474,17 @@ class _Checkpoints(StepHooks):
         self.runner = runner
         self.task = task
 
+    def _save(self, step: int) -> None:
+        state = self.process.run_state(self.runner, step)
+        self.process.writer.save_checkpoint(self.task, self.runner.algorithm, step, run_state=state)
+
     def evaluated(self, step: int, record: dict[str, Any]) -> None:
-        self.process.writer.save_checkpoint(self.task, self.runner.algorithm, step)
+        self._save(step)
 
     def stopping(self, step: int) -> None:
         self.process.log.info("peer.stopping", step=step)
         if step > 0:  # keep the last completed step for a restart
-            self.process.writer.save_checkpoint(self.task, self.runner.algorithm, step - 1)
+            self._save(step - 1)
 
 
 def run_peer(

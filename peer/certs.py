@@ -318,12 +318,40 @@ def issue_peer(
     hint = f" (no run CA in {directory}); run `concord certs init --dir {directory}` first"
     ca_cert = load_certificate(directory / CA_CERT, "CA certificate", hint)
     ca_key = load_private_key(directory / CA_KEY, "CA private key", hint)
+    key, cert = _leaf(
+        ca_cert,
+        ca_key,
+        f"peer-{peer_id}",
+        hosts,
+        days,
+        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+    )
+    files = PeerFiles(
+        peer_id,
+        directory / f"peer-{peer_id}.key",
+        directory / f"peer-{peer_id}.crt",
+        directory / CA_CERT,
+    )
+    _write_pair(files.key, key, files.cert, cert)
+    return files
+
+
+def _leaf(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    name: str,
+    hosts: Sequence[str],
+    days: int,
+    usages: Sequence[x509.ObjectIdentifier],
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A new key and its certificate (CN ``name``, one SAN per host, ``usages`` as extended key
+    usage), signed by the CA and valid ``days`` (never past the CA)."""
     sans = list(dict.fromkeys(_san(h.strip()) for h in hosts))  # dedupe, keep order
     now = dt.datetime.now(dt.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"peer-{peer_id}")]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -346,9 +374,7 @@ def issue_peer(
         )
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
+            x509.ExtendedKeyUsage(usages),
             critical=False,
         )
         .add_extension(
@@ -356,11 +382,4 @@ def issue_peer(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    files = PeerFiles(
-        peer_id,
-        directory / f"peer-{peer_id}.key",
-        directory / f"peer-{peer_id}.crt",
-        directory / CA_CERT,
-    )
-    _write_pair(files.key, key, files.cert, cert)
-    return files
+    return key, cert

@@ -30,6 +30,16 @@ expects) accepts it, otherwise it is refused with a logged reason and counted in
 ``control.max_rounds`` whatever a decision says (a larger ``rounds_next``, or a barrier "repeat"
 at the last allowed round, is clamped, logged and counted in ``OrchestratedControl.clamped``).
 
+How long a peer waits for what it cannot do without (`ControlClient.give_up`, polled by the
+coordination's watchdog): the broker, once reached, may be lost for at most
+``orchestrator.broker_lost_timeout`` seconds; while connected, the orchestrator may be absent for at
+most ``orchestrator.absent_timeout`` seconds — absent meaning its presence was never seen, is
+"offline" (its Last-Will after a crash), or is "online" but has not been refreshed for
+`PRESENCE_SILENT` seconds. Time spent disconnected from the broker counts only towards the first
+bound (absence is counted from the last (re)connection at the earliest), so a broker restart
+shorter than ``broker_lost_timeout`` is survived whatever the order in which the peers and the
+orchestrator come back.
+
 `GraphStats` is the `concord.core.loop.GraphHook` of an ``ada-feedback`` run
 (`concord.core.graphs.adagraph`): after
 every gossip step it publishes θ_i of the step's last round and ‖g_i‖, which the orchestrator's
@@ -65,10 +75,14 @@ from concord.protos.control_plane import (
     Status,
     Topics,
 )
-from concord.protos.mqtt import Bus
+from concord.protos.mqtt import BrokerAuth, Bus
 
 log = structlog.get_logger("concord.peer.control")
 T = TypeVar("T")
+
+PRESENCE_SILENT = 30.0
+"""Seconds without a presence message after which an "online" orchestrator counts as absent (it
+re-publishes its retained presence every 10 s: `concord.orchestrator.app.PRESENCE_REFRESH`)."""
 
 ScheduleCheck = Callable[[Schedule, Schedule | None], str | None]
 """(candidate, schedule accepted so far) → why the candidate is refused (None: accepted)."""
@@ -84,6 +98,7 @@ class ControlClient:
         heartbeat: float,
         step: Callable[[], int],
         schedule_check: ScheduleCheck | None = None,
+        auth: BrokerAuth | None = None,
     ) -> None:
         self.peer_id = peer_id
         self.schedule_check = schedule_check
@@ -97,6 +112,7 @@ class ControlClient:
             subscribe=["schedule", "plan", "control", "decision", "orchestrator"],
             handler=self._on_message,
             will=("status", peer_id, Status(peer=peer_id, state="offline")),
+            auth=auth,
         )
         self.schedule: Schedule | None = None
         self.plan: Plan | None = None
@@ -111,6 +127,12 @@ class ControlClient:
         self.handler_errors = 0  # messages whose handling raised (logged, never propagated)
         self.schedules_refused = 0  # schedules that failed `schedule_check`
         self._refused: set[int] = set()  # versions refused (each logged once)
+        # the waits' deadlines (`give_up`): monotonic times
+        self.started = time.monotonic()
+        self._presence_rx = self.started  # the last presence message received
+        self._offline_since: float | None = None  # the orchestrator went offline
+        self._connected_since: float | None = None  # the current connection (as polled)
+        self._lost_since: float | None = None  # the broker was lost (as polled)
 
     async def __aenter__(self) -> ControlClient:
         await self.bus.__aenter__()
@@ -214,7 +236,9 @@ class ControlClient:
     def _on_presence(self, p: Presence) -> None:
         was_gone = self.orchestrator_gone
         self.orchestrator = p
+        self._presence_rx = time.monotonic()
         if self.orchestrator_gone and not was_gone:
+            self._offline_since = self._presence_rx
             log.warning("orchestrator.offline", reason=p.reason)
             for fut in self._waiters.values():  # nobody will answer: stop waiting now
                 if not fut.done():
@@ -222,6 +246,63 @@ class ControlClient:
             self._waiters.clear()
         elif was_gone and not self.orchestrator_gone:
             log.info("orchestrator.online")
+
+    def orchestrator_absent(self, now: float) -> tuple[float, str]:
+        """(seconds the orchestrator has been absent, how) as seen from here; (0, "") while its
+        presence is "online" and fresh (module docstring)."""
+        p = self.orchestrator
+        if p is None:
+            return now - self.started, "its presence was never seen"
+        if p.state == "offline":
+            since = self._offline_since if self._offline_since is not None else self.started
+            return now - since, f"it is offline ({p.reason or 'no reason given'})"
+        silent = now - self._presence_rx
+        if silent >= PRESENCE_SILENT:
+            return silent, f"its presence has not been refreshed for {silent:.0f} s"
+        return 0.0, ""
+
+    def give_up(
+        self, now: float, *, absent_timeout: float, broker_lost_timeout: float
+    ) -> str | None:
+        """Why this peer must stop waiting (a broker lost too long, an orchestrator absent too
+        long), or None; call it regularly (it tracks connection changes as it sees them).
+        Before the first connection the broker is not "lost": `join` bounds that wait."""
+        if not self.connected:
+            self._connected_since = None
+            if self._lost_since is None:
+                self._lost_since = now
+            lost = now - self._lost_since
+            if self.bus.connects and lost >= broker_lost_timeout:
+                return (
+                    f"the MQTT broker has been unreachable for {lost:.1f} s "
+                    f"(orchestrator.broker_lost_timeout = {broker_lost_timeout:g} s)"
+                )
+            return None
+        self._lost_since = None
+        if self._connected_since is None:
+            self._connected_since = now
+        absent, how = self.orchestrator_absent(now)
+        absent = min(absent, now - self._connected_since)
+        if absent >= absent_timeout:
+            return (
+                f"the orchestrator has been absent for {absent:.1f} s: {how} "
+                f"(orchestrator.absent_timeout = {absent_timeout:g} s)"
+            )
+        return None
+
+    async def watch(
+        self, *, absent_timeout: float, broker_lost_timeout: float, every: float = 0.25
+    ) -> str:
+        """Poll `give_up` every ``every`` seconds; returns its reason (the caller gives up)."""
+        while True:
+            why = self.give_up(
+                time.monotonic(),
+                absent_timeout=absent_timeout,
+                broker_lost_timeout=broker_lost_timeout,
+            )
+            if why is not None:
+                return why
+            await asyncio.sleep(every)
 
     def _wake(self, key: tuple[int, int] | int, d: Decision) -> None:
         fut = self._waiters.pop(key, None)

@@ -24,6 +24,15 @@ the config (``network.addresses``); one stage, ``train``.
    records a fallback;
 4. report "done", wait for the run's "stop" (not when the orchestrator is gone).
 
+Every wait has an end (`concord.peer.control.ControlClient.give_up`): reaching the broker and
+receiving the first schedule at most ``network.startup_timeout``; from entering the coordination
+to leaving it, a watchdog gives up when the orchestrator has been absent for
+``orchestrator.absent_timeout`` (before start, between stages, mid-stage) or the broker lost for
+``orchestrator.broker_lost_timeout``; waiting for the run's "stop" after the last stage at most
+60 s. Giving up sets ``error`` (why) and ``exit_code`` 1 and the peer's stop event: a stage in
+progress ends at the next step boundary, the peer writes its error record and exits 1
+(`concord.peer.app`).
+
 A received schedule is applied only if `ScheduleCheck` accepts it (the control plane is not
 authenticated; a retained forged or stale schedule must not crash or mislead the peer): it names
 this run's topology, weights, κ and seed; its peers are the ones this peer expects (version 1:
@@ -40,6 +49,7 @@ Per-step metrics go, as `Metrics` messages, to the orchestrator too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +76,7 @@ from concord.peer.control import ControlClient, GraphStats, OrchestratedControl
 from concord.peer.serde import TENSOR_ALLREDUCE
 from concord.peer.transport import Transport
 from concord.protos.control_plane import Schedule
+from concord.protos.mqtt import BrokerAuth
 from concord.runtime.driver import StepHooks
 
 __all__ = [
@@ -102,6 +113,7 @@ class StaticCoordination:
     """No orchestrator: one ``train`` stage over the config's topology and addresses."""
 
     exit_code = 0
+    error: str | None = None  # static peers never give up waiting (they wait for nobody)
 
     def __init__(self, cfg: RunConfig, peer_id: int, addresses: list[str]) -> None:
         self.cfg = cfg
@@ -418,9 +430,12 @@ class OrchestratedCoordination:
             heartbeat=cfg.orchestrator.heartbeat,
             step=step,
             schedule_check=self.check,
+            auth=BrokerAuth.from_config(cfg.orchestrator, f"peer-{peer_id}"),
         )
         self.membership.client = self.client
         self.exit_code = 0
+        self.error: str | None = None  # why this peer gave up (None: it did not)
+        self._watchdog: asyncio.Task[None] | None = None
         self._handled: list[float] = []  # ts of the run controls already acted on
         self._advertise = ""
         self._control: OrchestratedControl | None = None
@@ -430,7 +445,30 @@ class OrchestratedCoordination:
 
     async def __aenter__(self) -> OrchestratedCoordination:
         await self.client.__aenter__()
+        self._watchdog = asyncio.create_task(self._watch(), name=f"waits-{self.peer_id}")
         return self
+
+    async def _watch(self) -> None:
+        o = self.cfg.orchestrator
+        why = await self.client.watch(
+            absent_timeout=o.absent_timeout, broker_lost_timeout=o.broker_lost_timeout
+        )
+        self.give_up(why)
+
+    def give_up(self, why: str) -> None:
+        """Stop waiting and end the run of this peer with an error (module docstring)."""
+        if self.error is None:
+            self.error, self.exit_code = why, 1
+            self.log.error("peer.gave_up", error=why)
+        self.stop.set()
+        self.client.changed.set()
+
+    async def _stop_watching(self) -> None:
+        task, self._watchdog = self._watchdog, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def __aexit__(
         self,
@@ -438,6 +476,7 @@ class OrchestratedCoordination:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await self._stop_watching()
         await self.client.__aexit__(exc_type, exc, tb)
 
     async def join(self, task: ClassificationTask, transport: Transport, advertise: str) -> bool:
@@ -447,6 +486,10 @@ class OrchestratedCoordination:
         ctl.recheck()  # a schedule received before our address was known (stale, forged)
         if not await ctl.bus.wait_connected(timeout):
             self.log.error("peer.no_broker", broker=self.broker)
+            self.give_up(
+                f"cannot reach the MQTT broker at {self.broker} "
+                f"(network.startup_timeout = {timeout:g} s)"
+            )
             return False
         await ctl.status(
             "ready",
@@ -456,6 +499,11 @@ class OrchestratedCoordination:
         )
         if not await ctl.wait_for(lambda: ctl.schedule is not None or self.stop.is_set(), timeout):
             self.log.error("peer.no_schedule", waited=timeout)
+            self.give_up(
+                f"no schedule from the orchestrator (network.startup_timeout = {timeout:g} s)"
+            )
+            return False
+        if self.error is not None:
             return False
         schedule = ctl.schedule
         if schedule is not None:
@@ -470,7 +518,7 @@ class OrchestratedCoordination:
             control = ctl.control
             return self.stop.is_set() or (control is not None and control.ts not in self._handled)
 
-        await ctl.wait_for(news, None)
+        await ctl.wait_for(news, None)  # bounded by the watchdog (absent/broker_lost_timeout)
         control = ctl.control
         if self.stop.is_set() or control is None:
             return None
@@ -528,6 +576,8 @@ class OrchestratedCoordination:
     async def leave(self, summary: dict[str, Any]) -> None:
         """Wait for the run's "stop" (nobody says it when the orchestrator is gone)."""
         ctl = self.client
+        if summary.get("completed"):
+            await self._stop_watching()  # trained to the end: the wait below has its own bound
         if not self.stop.is_set():
             await ctl.wait_for(
                 lambda: (

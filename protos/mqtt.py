@@ -10,45 +10,275 @@ participant (orchestrator, peer, the sim's progress view) runs.
   validated (`decode`): a malformed or wrong-version message is logged with its topic and the
   problem, counted, and dropped — never a crash;
 * after a broker blip the session reconnects with backoff, re-subscribes and re-publishes its
-  retained messages (a restarted broker has lost them).
+  retained messages (a restarted broker has lost them);
+* identities at the broker (`BrokerAuth`): ``mqtts://`` (TLS, port 8883, the broker verified
+  against a CA file), a username (URL or ``orchestrator.broker_username``) and a password read
+  only from a file or an environment variable. A password in the URL, credentials over plain
+  ``mqtt://`` to a non-loopback host, TLS files with ``mqtt://`` or any URL part that cannot be
+  honoured is a ValueError/ConfigError before anything connects; passwords are never logged
+  (nor shown in a repr) and a broker's refusal is logged once per attempt as ``mqtt.refused``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
+import ipaddress
+import os
+import re
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import aiomqtt
 import structlog
 
+from concord.errors import ConfigError
 from concord.protos.control_plane import TOPICS, Message, PayloadError, Topics, decode, encode
 
 log = structlog.get_logger("concord.protos.mqtt")
 
+
+def _config_error(message: str) -> ConfigError:
+    return ConfigError([("orchestrator", message)])
+
+
 NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
+
+
+DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883}
+# The identity template: ``{identity}`` in a username, password file, environment variable name,
+# certificate or key path becomes "orchestrator", "peer-<id>" or "monitor" (`identity_of`).
+IDENTITY = "{identity}"
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or "localhost": traffic that never leaves the machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
 class BrokerAddress:
     host: str
     port: int
+    tls: bool = False
+    username: str | None = None
 
     @classmethod
     def parse(cls, url: str) -> BrokerAddress:
-        """``mqtt://host:port`` (port defaults to 1883)."""
+        """``mqtt://HOST[:PORT]`` (port 1883) or ``mqtts://[USER@]HOST[:PORT]`` (TLS, port 8883;
+        a username is also allowed with ``mqtt://`` to a loopback host). ValueError, naming the
+        part, for anything that cannot be honoured: another scheme, a password in the URL (it
+        would end up in logs, `ps` and records: use a password file or environment variable),
+        a path, query or fragment, a bad port."""
         parsed = urlparse(url if "://" in url else f"mqtt://{url}")
-        if parsed.scheme != "mqtt" or not parsed.hostname:
-            raise ValueError(f"broker URL {url!r} must look like mqtt://HOST[:PORT]")
+        shown = _redact(url)
+        if parsed.scheme not in DEFAULT_PORTS or not parsed.hostname:
+            raise ValueError(
+                f"broker URL {shown!r} must look like mqtt://HOST[:PORT] or mqtts://[USER@]HOST[:PORT]"
+            )
+        if parsed.password is not None:
+            raise ValueError(
+                f"broker URL {shown!r} carries a password: never put it in the URL; give "
+                "orchestrator.broker_password_file or orchestrator.broker_password_env instead"
+            )
+        for part, value in (
+            ("path", parsed.path.strip("/")),
+            ("parameters", parsed.params),
+            ("query", parsed.query),
+            ("fragment", parsed.fragment),
+        ):
+            if value:
+                raise ValueError(
+                    f"broker URL {shown!r} has a {part} ({value!r}), which an MQTT connection "
+                    "cannot honour; use mqtt[s]://[USER@]HOST[:PORT] and the orchestrator.broker_* "
+                    "settings for credentials and TLS files"
+                )
         try:
-            port = parsed.port or 1883
+            port = parsed.port or DEFAULT_PORTS[parsed.scheme]
         except ValueError:
-            raise ValueError(f"broker URL {url!r} has an invalid port") from None
-        return cls(parsed.hostname, port)
+            raise ValueError(f"broker URL {shown!r} has an invalid port") from None
+        if parsed.username == "":
+            raise ValueError(f"broker URL {shown!r} has an empty username before '@'")
+        return cls(parsed.hostname, port, parsed.scheme == "mqtts", parsed.username)
+
+
+def _redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for error messages and logs)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, hostpart = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.split(':', 1)[0]}:***@{hostpart}"
+    return f"{scheme}{sep}{rest}"
+
+
+def identity_of(identifier: str) -> str:
+    """The broker identity of a client id: ``orchestrator-<run>`` → "orchestrator",
+    ``peer-<run>-<id>`` → "peer-<id>", ``monitor-<run>`` → "monitor" (else the id itself)."""
+    for role in ("orchestrator", "monitor"):
+        if identifier == role or identifier.startswith(f"{role}-"):
+            return role
+    if identifier.startswith("peer-"):
+        tail = identifier.rsplit("-", 1)[1]
+        if tail.isdigit():
+            return f"peer-{tail}"
+    return identifier
+
+
+@dataclass(frozen=True)
+class BrokerAuth:
+    """How one identity authenticates to the broker: ``username`` and its ``password`` (read from
+    a file or an environment variable, never from the URL; kept out of repr), the ``ca`` file
+    that verifies an ``mqtts://`` broker (None: the system's trust store) and an optional client
+    ``cert``/``key`` pair."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in (self.username, self.password, self.ca, self.cert))
+
+    @classmethod
+    def resolve(
+        cls,
+        identity: str,
+        *,
+        username: str | None = None,
+        password_file: str | Path | None = None,
+        password_env: str | None = None,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+    ) -> BrokerAuth:
+        """Expand ``{identity}`` in every setting (in an environment variable name it becomes
+        upper case with ``_`` for ``-``: ``CONCORD_BROKER_PASSWORD_{identity}`` →
+        ``CONCORD_BROKER_PASSWORD_PEER_3``) and read the password. ConfigError naming the setting
+        for: both or a missing file/variable, an empty password, a password without a username,
+        a certificate without its key (or the reverse), a missing CA/certificate/key file."""
+
+        def expand(value: str | Path | None) -> str | None:
+            return None if value is None else str(value).replace(IDENTITY, identity)
+
+        password: str | None = None
+        if password_file is not None and password_env is not None:
+            raise _config_error(
+                "give orchestrator.broker_password_file or orchestrator.broker_password_env, "
+                "not both"
+            )
+        if password_file is not None:
+            path = Path(expand(password_file) or "")
+            try:
+                password = path.read_text(encoding="utf-8").rstrip("\r\n")
+            except OSError as exc:
+                raise _config_error(
+                    f"cannot read the broker password file {path} (orchestrator."
+                    f"broker_password_file, identity {identity!r}): {exc.strerror or exc}"
+                ) from None
+            if not password:
+                raise _config_error(f"the broker password file {path} is empty")
+        elif password_env is not None:
+            name = password_env.replace(IDENTITY, identity.upper().replace("-", "_"))
+            password = os.environ.get(name)
+            if not password:
+                raise _config_error(
+                    f"the environment variable {name} (orchestrator.broker_password_env, "
+                    f"identity {identity!r}) is unset or empty"
+                )
+        user = expand(username)
+        if password is not None and not user:
+            raise _config_error(
+                "a broker password needs a username: set orchestrator.broker_username "
+                "(e.g. '{identity}') or put USER@ in the broker URL"
+            )
+        files: dict[str, Path | None] = {}
+        for setting, value in (("broker_ca", ca), ("broker_cert", cert), ("broker_key", key)):
+            text = expand(value)
+            files[setting] = None if text is None else Path(text)
+            if text is not None and not Path(text).is_file():
+                raise _config_error(
+                    f"orchestrator.{setting} {text} (identity {identity!r}) is not a file"
+                )
+        if (files["broker_cert"] is None) != (files["broker_key"] is None):
+            raise _config_error(
+                "orchestrator.broker_cert and orchestrator.broker_key go together: give both "
+                "or neither"
+            )
+        return cls(user, password, files["broker_ca"], files["broker_cert"], files["broker_key"])
+
+    @classmethod
+    def from_config(cls, orchestrator: Any, identity: str) -> BrokerAuth:
+        """`resolve` from an `OrchestratorConfig` (its ``broker_*`` settings)."""
+        return cls.resolve(
+            identity,
+            username=orchestrator.broker_username,
+            password_file=orchestrator.broker_password_file,
+            password_env=orchestrator.broker_password_env,
+            ca=orchestrator.broker_ca,
+            cert=orchestrator.broker_cert,
+            key=orchestrator.broker_key,
+        )
+
+
+def connection(url: str, auth: BrokerAuth | None = None) -> tuple[BrokerAddress, BrokerAuth]:
+    """The address and effective credentials of a connection, checked together. ValueError
+    (ConfigError) when they cannot be honoured: TLS files or a client certificate with plain
+    ``mqtt://``; credentials over plain ``mqtt://`` to a host that is not loopback (they would
+    cross the network in clear text: use ``mqtts://``); a username in the URL that differs from
+    the configured one."""
+    address = BrokerAddress.parse(url)
+    auth = auth or BrokerAuth()
+    username = auth.username
+    if address.username is not None:
+        if username is not None and username != address.username:
+            raise _config_error(
+                f"the broker URL names user {address.username!r} but orchestrator."
+                f"broker_username gives {username!r}; give it in one place"
+            )
+        username = address.username
+    auth = replace(auth, username=username)
+    if not address.tls:
+        if auth.ca is not None or auth.cert is not None:
+            raise _config_error(
+                f"orchestrator.broker_ca/broker_cert need TLS, but the broker URL "
+                f"{_redact(url)!r} is plain mqtt://; use mqtts://"
+            )
+        if (auth.username is not None or auth.password is not None) and not is_loopback(
+            address.host
+        ):
+            raise _config_error(
+                f"broker credentials over plain mqtt:// to {address.host} would cross the "
+                "network unencrypted; use mqtts://HOST[:PORT] (and orchestrator.broker_ca)"
+            )
+    return address, auth
+
+
+def tls_context(auth: BrokerAuth) -> ssl.SSLContext:
+    """Verifies the broker's certificate and host name against ``auth.ca`` (None: the system
+    store) and presents ``auth.cert``/``auth.key`` when given."""
+    try:
+        context = ssl.create_default_context(cafile=str(auth.ca) if auth.ca is not None else None)
+        if auth.cert is not None and auth.key is not None:
+            context.load_cert_chain(str(auth.cert), str(auth.key))
+    except (OSError, ssl.SSLError) as exc:
+        raise _config_error(f"cannot load the broker TLS files: {exc}") from None
+    return context
 
 
 def client(
@@ -58,12 +288,16 @@ def client(
     will: aiomqtt.Will | None = None,
     keepalive: int = 10,
     timeout: float = 10.0,
+    auth: BrokerAuth | None = None,
 ) -> aiomqtt.Client:
-    """An MQTT 3.1.1 client (amqtt speaks nothing newer) with TCP_NODELAY."""
-    address = BrokerAddress.parse(url)
+    """An MQTT 3.1.1 client (amqtt speaks nothing newer) with TCP_NODELAY; TLS for ``mqtts://``
+    and the username/password of ``auth`` (see `connection` for what is refused)."""
+    address, auth = connection(url, auth)
     return aiomqtt.Client(
         address.host,
         address.port,
+        username=auth.username,
+        password=auth.password,
         identifier=identifier,
         will=will,
         keepalive=keepalive,
@@ -71,8 +305,13 @@ def client(
         protocol=aiomqtt.ProtocolVersion.V311,
         socket_options=NODELAY,
         max_queued_incoming_messages=100_000,
+        tls_context=tls_context(auth) if address.tls else None,
     )
 
+
+# CONNACK return codes of MQTT 3.1.1 that mean "not you": bad username or password (4), not
+# authorised (5); paho also reports them as its reason codes 134/135
+_REFUSED = {4, 5, 134, 135}
 
 Handler = Callable[[str, int | None, Message], Awaitable[None] | None]
 
@@ -94,8 +333,13 @@ class Bus:
         will: tuple[str, int | None, Message] | None = None,
         backoff: tuple[float, float] = (0.2, 5.0),
         keepalive: int = 10,
+        auth: BrokerAuth | None = None,
     ) -> None:
         self.url = url
+        # checked here, not in the connection task: a setting that cannot be honoured is the
+        # caller's ConfigError, not a reconnect loop
+        self.address, self.auth = connection(url, auth)
+        self.refusals = 0  # connection attempts the broker refused (bad credentials, not allowed)
         self.identifier = identifier
         self.topics = topics
         self.kinds = list(subscribe)
@@ -133,7 +377,12 @@ class Bus:
         delay = self.backoff[0]
         while not self._closing:
             client_ = client(
-                self.url, self.identifier, will=self.will, keepalive=self.keepalive, timeout=5.0
+                self.url,
+                self.identifier,
+                will=self.will,
+                keepalive=self.keepalive,
+                timeout=5.0,
+                auth=self.auth,
             )
             try:
                 async with client_:
@@ -149,6 +398,17 @@ class Bus:
                     log.info("mqtt.connected", client=self.identifier, connects=self.connects)
                     async for m in client_.messages:
                         await self._dispatch(str(m.topic), m.payload)
+            except aiomqtt.MqttCodeError as exc:
+                if not self._closing and getattr(exc.rc, "value", exc.rc) in _REFUSED:
+                    self.refusals += 1
+                    log.error(
+                        "mqtt.refused",
+                        client=self.identifier,
+                        username=self.auth.username,
+                        error=str(exc),
+                    )
+                elif not self._closing:
+                    log.warning("mqtt.disconnected", client=self.identifier, error=str(exc))
             except aiomqtt.MqttError as exc:
                 if not self._closing:
                     log.warning("mqtt.disconnected", client=self.identifier, error=str(exc))
@@ -215,3 +475,77 @@ class Bus:
             with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
                 await self._task
             self._task = None
+
+
+# --------------------------------------------------------------- broker files (Mosquitto formats)
+# `concord certs broker` writes them (`concord.peer.broker_creds`); the embedded broker and the
+# tests read them. Problems are ValueErrors naming the file and line.
+
+_SALT_BYTES = 12  # mosquitto_passwd's salt length for $7$
+_HASH = re.compile(r"^\$7\$(\d+)\$([A-Za-z0-9+/=]+)\$([A-Za-z0-9+/=]+)$")
+
+
+def mosquitto_hash(password: str, *, salt: bytes | None = None, iterations: int = 101) -> str:
+    """``$7$<iterations>$<base64 salt>$<base64 PBKDF2-HMAC-SHA512>``, the format of Mosquitto 2's
+    password files."""
+    salt = salt if salt is not None else os.urandom(_SALT_BYTES)
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
+    b64 = base64.b64encode
+    return f"$7${iterations}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def mosquitto_verify(password: str, hashed: str) -> bool:
+    """True when ``password`` matches a ``$7$`` hash (constant-time comparison); False for any
+    other hash format."""
+    m = _HASH.match(hashed.strip())
+    if m is None:
+        return False
+    try:
+        salt, expected = base64.b64decode(m[2]), base64.b64decode(m[3])
+    except ValueError:
+        return False
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, int(m[1]))
+    return hmac.compare_digest(digest, expected)
+
+
+def read_passwd(path: Path) -> dict[str, str]:
+    """user → hash from a Mosquitto password file (``user:hash`` lines, ``#`` comments)."""
+    users: dict[str, str] = {}
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, hashed = line.partition(":")
+        if not sep or not user or not hashed:
+            raise ValueError(f"{path}:{n}: expected user:hash")
+        users[user] = hashed
+    return users
+
+
+def read_acl(path: Path) -> dict[str, dict[str, list[str]]]:
+    """The rules of a Mosquitto ACL file in the subset `mosquitto_acl` writes (``user``,
+    ``topic read|write|readwrite``); ValueError for anything else (the embedded broker must not
+    silently ignore a rule)."""
+    rules: dict[str, dict[str, list[str]]] = {}
+    user: str | None = None
+    for n, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = line.split()
+        if words[0] == "user" and len(words) == 2:
+            user = words[1]
+            rules.setdefault(user, {"write": [], "read": []})
+        elif words[0] == "topic" and user is not None and len(words) == 3:
+            access, topic = words[1], words[2]
+            if access not in ("read", "write", "readwrite"):
+                raise ValueError(f"{path}:{n}: unknown access {access!r}")
+            for a in ("read", "write"):
+                if a in access:
+                    rules[user][a].append(topic)
+        else:
+            raise ValueError(
+                f"{path}:{n}: the embedded broker understands only 'user NAME' and "
+                f"'topic read|write|readwrite TOPIC' lines after a user; got {line!r}"
+            )
+    return rules

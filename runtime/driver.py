@@ -58,16 +58,20 @@ def drive(
     sink: MetricsSink,
     hooks: Sequence[StepHooks] = (),
     stop: Callable[[], bool] | None = None,
+    start: int = 0,
 ) -> DriveResult:
-    """Run steps ``0 … steps − 1``.
+    """Run steps ``start … steps − 1`` (``start`` > 0: a resumed run, steps ``0 … start − 1``
+    were done before and count as completed).
 
     ``train(step)`` returns the step's record; ``evaluate(step, record, final)`` the evaluation
     record, called after every ``interval``-th step and after ``last_step`` (the run's final step,
     ``final`` = True; a stage that ends earlier, such as the calibration pass, does not evaluate
     there). ``evaluate`` None: no evaluations. ``stop()`` is asked before each step.
     """
-    result = DriveResult(steps=0, stopped=False)
-    for step in range(steps):
+    if start < 0:
+        raise ValueError(f"start = {start!r}; must be ≥ 0")
+    result = DriveResult(steps=min(start, steps), stopped=False)
+    for step in range(start, steps):
         if stop is not None and stop():
             for hook in hooks:
                 hook.stopping(step)

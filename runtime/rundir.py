@@ -6,20 +6,26 @@ metrics.jsonl     one JSON object per step ("kind": "step") and per evaluation (
 partition.json    per-peer sample counts and label histograms
 calibration.json  the uncontrolled pass's max statistic per phase (constant targets only)
 log.jsonl         structured logs (structlog and stdlib loggers as JSON lines, concord.runtime.logs)
-checkpoint.pt     parameters, buffers and algorithm state (load with weights_only=True)
+checkpoint.pt     everything a step needs: parameters, buffers, algorithm state, RNG state, the
+                  step and the run's state (rounds, bytes, control; load with weights_only=True)
 summary.json      the final numbers; *.png plots
 
 One writer for every kind of process: the vectorized engine buffers metrics lines (``flush_every``
 = 200), a peer process flushes every line so that a killed peer leaves every completed step behind.
+A checkpoint flushes the metrics first, so metrics.jsonl always holds every line up to the
+checkpoint's step; a resumed run (``RunWriter(..., resume_after=step)``) drops the lines after it
+and appends.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import platform
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,11 +33,13 @@ import numpy as np
 import structlog
 import torch
 
+from concord.core.comm import CommCounters
 from concord.core.config import RunConfig, to_toml
 from concord.runtime.logs import json_default, open_log
 from concord.version import concord_version
 
 _FLUSH_EVERY = 200  # metrics lines buffered between writes
+CHECKPOINT_VERSION = 2  # 2: with "rng" and "run" (the run's state beyond the tensors)
 
 
 def default_run_dir(cfg: RunConfig, root: Path = Path("runs")) -> Path:
@@ -70,24 +78,37 @@ class RunWriter:
         *,
         run: str | None = None,
         flush_every: int = _FLUSH_EVERY,
+        resume_after: int | None = None,
         **identity: Any,
     ) -> None:
+        """``resume_after``: continue the run in ``run_dir`` whose checkpoint holds this step:
+        metrics lines of later steps are dropped (`truncate_metrics`) and new ones appended."""
         self.dir = run_dir
         self.cfg = cfg
         self.flush_every = max(1, flush_every)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
-        self._metrics: IO[str] = open(self.dir / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        metrics = self.dir / "metrics.jsonl"
+        if resume_after is not None:
+            truncate_metrics(metrics, resume_after)
+        mode = "w" if resume_after is None else "a"
+        self._metrics: IO[str] = open(metrics, mode, encoding="utf-8")  # noqa: SIM115
         self._pending: list[str] = []
         self._sink = open_log(
             self.dir / "log.jsonl", run=run or cfg.name or self.dir.name, **identity
         )
         self.log = structlog.get_logger("concord.runtime.rundir")
-        self.log.info("run.start", dir=str(self.dir))
+        if resume_after is None:
+            self.log.info("run.start", dir=str(self.dir))
+        else:
+            self.log.info("run.resume", dir=str(self.dir), after_step=resume_after)
 
     def write_json(self, name: str, obj: Any) -> Path:
+        """Replace ``name`` with ``obj`` as indented JSON, atomically (written aside, renamed)."""
         path = self.dir / name
-        path.write_text(json.dumps(obj, indent=2, default=json_default) + "\n", encoding="utf-8")
+        tmp = path.with_name(f"{name}.tmp")
+        tmp.write_text(json.dumps(obj, indent=2, default=json_default) + "\n", encoding="utf-8")
+        tmp.replace(path)
         return path
 
     def write_manifest(self, **fields: Any) -> None:
@@ -119,20 +140,34 @@ class RunWriter:
             self._metrics.flush()
             self._pending.clear()
 
-    def save_checkpoint(self, task: Any, algorithm: Any, step: int) -> Path:
-        """``checkpoint.pt``: the replicas' parameters, buffers and the algorithm's state after
-        ``step`` steps, written atomically (a crash mid-write leaves the previous one)."""
+    def save_checkpoint(
+        self, task: Any, algorithm: Any, step: int, *, run_state: Mapping[str, Any] | None = None
+    ) -> Path:
+        """``checkpoint.pt``: the replicas' parameters, buffers, the algorithm's state and the
+        task's RNG state after ``step``, and ``run_state`` (the engine's state beyond tensors:
+        plain dicts, lists, numbers and strings), written atomically (a crash mid-write leaves
+        the previous one). The metrics buffered so far are flushed first."""
+        self.flush()
         path = self.dir / "checkpoint.pt"
-        state = {
+        state: dict[str, Any] = {
+            "version": CHECKPOINT_VERSION,
             "step": torch.tensor(step),
-            "params": task.x.detach().cpu(),
-            "algorithm": {k: v.detach().cpu() for k, v in algorithm.state_dict().items()},
+            "params": task.x.detach().cpu().clone(),
+            "algorithm": {k: v.detach().cpu().clone() for k, v in algorithm.state_dict().items()},
         }
         buffers = task.flat.buffers_flat()
         if buffers is not None:
-            state["buffers"] = buffers.detach().cpu()
+            state["buffers"] = buffers.detach().cpu().clone()
+        rng_state = getattr(task, "rng_state", None)
+        if rng_state is not None:
+            state["rng"] = rng_state()
+        if run_state is not None:
+            state["run"] = dict(run_state)
         tmp = path.with_suffix(".pt.tmp")
-        torch.save(state, tmp)
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
         tmp.replace(path)
         return path
 
@@ -165,3 +200,60 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     """Safe loading only: tensors and plain containers, never arbitrary pickled objects."""
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     return state
+
+
+def restore_checkpoint(state: Mapping[str, Any], task: Any, algorithm: Any) -> None:
+    """Load a `load_checkpoint` state into ``task`` (parameters, buffers, RNG state) and
+    ``algorithm`` (its `state_dict`); the run's state (``state["run"]``) is the engine's."""
+    params = state["params"]
+    if tuple(params.shape) != tuple(task.x.shape):
+        raise ValueError(
+            f"checkpoint parameters have shape {tuple(params.shape)}; this run's are "
+            f"{tuple(task.x.shape)} (another model or number of replicas?)"
+        )
+    with torch.no_grad():
+        task.x.copy_(params.to(task.x.device, task.x.dtype))
+        if "buffers" in state:
+            task.flat.load_buffers_flat(state["buffers"].to(task.x.device))
+    device = task.x.device
+    algorithm.load_state_dict({k: v.to(device) for k, v in state.get("algorithm", {}).items()})
+    if "rng" in state:
+        task.load_rng_state(state["rng"])
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep the lines of ``path`` (metrics.jsonl) up to step ``last_step`` (step and eval records
+    alike; a torn last line is dropped), atomically; returns the lines kept."""
+    if not path.is_file():
+        return 0
+    kept: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and step > last_step:
+            continue
+        kept.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
+    return len(kept)
+
+
+def counters_state(c: CommCounters) -> dict[str, Any]:
+    """A `Comm`'s byte counters as plain containers (for a checkpoint's run state)."""
+    return {
+        "bytes_raw": c.bytes_raw,
+        "bytes_wire": c.bytes_wire,
+        "messages": c.messages,
+        "rounds": c.rounds,
+        "edges": [[s, d, r, w] for (s, d), (r, w) in sorted(c.edges.items())],
+    }
+
+
+def load_counters(c: CommCounters, d: Mapping[str, Any]) -> None:
+    c.bytes_raw, c.bytes_wire = int(d["bytes_raw"]), int(d["bytes_wire"])
+    c.messages, c.rounds = int(d["messages"]), int(d["rounds"])
+    c.edges = {(int(s), int(t)): [int(r), int(w)] for s, t, r, w in d["edges"]}

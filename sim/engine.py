@@ -8,6 +8,13 @@ and leaves a run directory behind (see `concord.runtime.rundir`).
 With ``control.mode = "constant"`` the target is factor × (max statistic of an *uncontrolled*
 pass over the same phases). That calibration pass is run automatically (and cached by the
 config's hash) — the user never supplies Ξ_max by hand.
+
+Checkpoints and resume: after every evaluation the run writes ``checkpoint.pt`` (atomically;
+`concord.runtime.rundir.RunWriter.save_checkpoint`) with the parameters, buffers, algorithm and
+RNG state and the run's state (`Trainer.run_state`: next step, gossip rounds, byte counters,
+controller, ada-feedback). ``run(cfg, run_dir, resume=True)`` (``concord sim --resume RUN_DIR``)
+continues an interrupted run from it: metrics lines after the checkpoint's step are dropped, the
+run goes on from the next step and ends with the parameters an uninterrupted run ends with.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +34,24 @@ from concord.core.control.consensus import consensus_distance, theta
 from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
 from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules, control_config, make_lr_schedule, make_plan
-from concord.core.graphs.adagraph import GraphFeedback, feedback_config, initial_topologies
+from concord.core.graphs.adagraph import (
+    FeedbackDecision,
+    GraphFeedback,
+    feedback_config,
+    initial_topologies,
+)
 from concord.core.graphs.topology import exponential_name
 from concord.core.loop import StepRunner
 from concord.core.task import ClassificationTask
 from concord.runtime.driver import StepHooks, drive
 from concord.runtime.progress import ProgressBar
-from concord.runtime.rundir import RunWriter
+from concord.runtime.rundir import (
+    RunWriter,
+    counters_state,
+    load_checkpoint,
+    load_counters,
+    restore_checkpoint,
+)
 from concord.sim.vectorized import VectorizedComm
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -160,6 +178,36 @@ class Trainer:
     def eval_interval(self) -> int:
         return self.runner.eval_interval()
 
+    def run_state(self, step: int) -> dict[str, Any]:
+        """What the run needs beyond tensors to continue after ``step`` (plain containers, for
+        `RunWriter.save_checkpoint`): the next step, the global gossip-round counter (indexes
+        time-varying graphs and codec keys), the byte counters, the controller and the
+        ``ada-feedback`` controller."""
+        return {
+            "engine": "vectorized",
+            "next_step": step + 1,
+            "total_steps": self.total_steps,
+            "rounds_total": self.runner.rounds_total,
+            "counters": counters_state(self.comm.counters),
+            "controller": self.controller.state_dict(),
+            "feedback": feedback_state(self.feedback) if self.feedback is not None else None,
+        }
+
+    def load_run_state(self, state: Mapping[str, Any]) -> int:
+        """Restore `run_state`; returns the step to continue from."""
+        if state.get("engine") != "vectorized" or state.get("total_steps") != self.total_steps:
+            raise ValueError(
+                f"the checkpoint is of a {state.get('engine')!r} run of "
+                f"{state.get('total_steps')!r} steps; this is a vectorized run of "
+                f"{self.total_steps} steps"
+            )
+        self.runner.rounds_total = int(state["rounds_total"])
+        load_counters(self.comm.counters, state["counters"])
+        self.controller.load_state_dict(state["controller"])
+        if self.feedback is not None:
+            load_feedback(self.feedback, state["feedback"])
+        return int(state["next_step"])
+
     def train_step(self, step: int) -> dict[str, Any]:
         """One step of every replica; returns its metrics record (with the exact Ξ)."""
         if self.feedback is not None:  # the K decided at s is in force from s + lag on
@@ -168,6 +216,48 @@ class Trainer:
         record, _ = self.runner.step(step)
         record["xi"] = consensus_distance(self.task.x)
         return record
+
+
+# ---------------------------------------------------------------------------------------------
+# Run state in checkpoints (plain containers: loads with torch.load(weights_only=True))
+
+
+def feedback_state(f: GraphFeedback) -> dict[str, Any]:
+    """`GraphFeedback`'s state (its decisions, changes, window, φ̂ and last step)."""
+    return {
+        "k": f.k,
+        "k0": f.k0,
+        "decisions": [{k: v for k, v in d.to_json().items() if k != "kind"} for d in f.decisions],
+        "changes": [[e, k] for e, k in f._changes],
+        "window": list(f._window),
+        "phi": f._phi,
+        "phase": f._phase,
+        "last": f._last,
+    }
+
+
+def load_feedback(f: GraphFeedback, d: Mapping[str, Any]) -> None:
+    f.k, f.k0 = int(d["k"]), int(d["k0"])
+    f.decisions = [FeedbackDecision(**e) for e in d["decisions"]]
+    f._changes = [(int(e), int(k)) for e, k in d["changes"]]
+    f._window = [float(v) for v in d["window"]]
+    f._phi, f._phase, f._last = d["phi"], d["phase"], d["last"]
+
+
+class _Checkpoints(StepHooks):
+    """``checkpoint.pt`` after every evaluation but the final one (`run` writes that)."""
+
+    def __init__(self, writer: RunWriter, trainer: Trainer, elapsed: Callable[[], float]) -> None:
+        self.writer = writer
+        self.trainer = trainer
+        self.elapsed = elapsed
+
+    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+        if step + 1 < self.trainer.total_steps:
+            state = {**self.trainer.run_state(step), "wall_seconds": self.elapsed()}
+            self.writer.save_checkpoint(
+                self.trainer.task, self.trainer.algorithm, step, run_state=state
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,36 +310,68 @@ def run(
     calibration_cache: Path | None = None,
     on_progress: ProgressFn | None = None,
     plots: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Train one run with the vectorized engine and write its run directory; returns the summary.
 
     ``plots``: also draw the run's PNGs (`concord.runtime.plots`); preset sweeps plot in their
-    report instead.
+    report instead. ``resume``: continue the interrupted run in ``out_dir`` from its
+    ``checkpoint.pt`` (``cfg`` must be the run's ``config.toml``; see `resume_run`); a finished
+    run's summary is returned as it is.
     """
     if cfg.engine != "vectorized":  # this *is* the vectorized engine; the run dir says so
         cfg = apply_overrides(cfg, {"engine": "vectorized"})
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
-    writer = RunWriter(Path(out_dir), cfg, engine=cfg.engine)
+    out_dir = Path(out_dir)
+    saved: dict[str, Any] | None = None
+    if resume:
+        path = out_dir / "checkpoint.pt"
+        if not path.is_file():
+            raise FileNotFoundError(f"{out_dir} has no checkpoint.pt to resume from")
+        saved = load_checkpoint(path)
+        if "run" not in saved:
+            raise ValueError(f"{path} holds no run state (written by an older version)")
+        summary_path = out_dir / "summary.json"
+        if saved["run"]["next_step"] >= saved["run"]["total_steps"] and summary_path.is_file():
+            done: dict[str, Any] = json.loads(summary_path.read_text())
+            return done
+    resume_after = None if saved is None else int(saved["run"]["next_step"]) - 1
+    writer = RunWriter(out_dir, cfg, engine=cfg.engine, resume_after=resume_after)
     calibration = None
     if cfg.control.mode == "constant" and cfg.controlled_phases():
-        cache = calibration_cache or writer.dir / "calibration"
-        writer.log.info("calibration.start", cache=str(cache))
-        calibration = calibrate(cfg, cache)
-        writer.write_json("calibration.json", calibration.to_json())
+        if saved is not None and (writer.dir / "calibration.json").is_file():
+            text = (writer.dir / "calibration.json").read_text()
+            calibration = Calibration.from_json(json.loads(text))
+        else:
+            cache = calibration_cache or writer.dir / "calibration"
+            writer.log.info("calibration.start", cache=str(cache))
+            calibration = calibrate(cfg, cache)
+            writer.write_json("calibration.json", calibration.to_json())
     trainer = Trainer(cfg, calibration=calibration)
     task = trainer.task
-    writer.write_json("partition.json", task.partition_stats())
-    writer.write_manifest(
-        steps=trainer.total_steps,
-        steps_per_epoch=task.steps_per_epoch,
-        plan=trainer.plan.to_dict(),
-        topologies=trainer.schedules.spectral(),
-        fingerprint=task.flat.fingerprint(),
-        parameters=int(task.x.shape[1]),
-        device=str(trainer.device),
-    )
+    start = 0
+    before = 0.0  # wall seconds of the run before this resumption
+    if saved is not None:
+        restore_checkpoint(saved, task, trainer.algorithm)
+        start = trainer.load_run_state(saved["run"])
+        before = float(saved["run"].get("wall_seconds", 0.0))
+        writer.log.info("run.resumed", step=start)
+    else:
+        writer.write_json("partition.json", task.partition_stats())
+        writer.write_manifest(
+            steps=trainer.total_steps,
+            steps_per_epoch=task.steps_per_epoch,
+            plan=trainer.plan.to_dict(),
+            topologies=trainer.schedules.spectral(),
+            fingerprint=task.flat.fingerprint(),
+            parameters=int(task.x.shape[1]),
+            device=str(trainer.device),
+        )
+
+    def elapsed() -> float:
+        return before + time.perf_counter() - started
 
     def evaluate(step: int, rec: dict[str, Any], final: bool) -> dict[str, Any]:
         ev = task.evaluate(
@@ -269,10 +391,16 @@ def run(
             train=trainer.train_step,
             evaluate=evaluate,
             sink=writer,
-            hooks=[bar, *hooks],
+            hooks=[bar, _Checkpoints(writer, trainer, elapsed), *hooks],
+            start=start,
         )
     last_eval = result.last_eval
-    writer.save_checkpoint(task, trainer.algorithm, trainer.total_steps)
+    if not last_eval and saved is not None:  # resumed after the last step: its eval is on disk
+        lines = (writer.dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        evals = [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
+        last_eval = evals[-1] if evals else {}
+    final_state = {**trainer.run_state(trainer.total_steps - 1), "wall_seconds": elapsed()}
+    writer.save_checkpoint(task, trainer.algorithm, trainer.total_steps, run_state=final_state)
     writer.write_json("edges.json", trainer.comm.counters.edge_table())
     if trainer.feedback is not None:  # ada-feedback: every decision point, like the orchestrator
         lines = [json.dumps(d.to_json()) + "\n" for d in trainer.feedback.decisions]
@@ -295,8 +423,22 @@ def run(
         "bytes_sent_total": trainer.comm.counters.bytes_wire,
         "bytes_raw_total": trainer.comm.counters.bytes_raw,
         "final_consensus_distance": consensus_distance(task.x),
-        "wall_seconds": time.perf_counter() - started,
+        "wall_seconds": elapsed(),
         "run_dir": str(writer.dir),
     }
+    if saved is not None:
+        summary["resumed_from_step"] = start
     writer.finish(summary, plots=plots)
     return summary
+
+
+def resume_run(run_dir: Path, *, progress: bool = True, plots: bool = True) -> dict[str, Any]:
+    """Continue the interrupted vectorized run in ``run_dir`` (its ``config.toml`` and
+    ``checkpoint.pt``) to its end; returns the summary."""
+    from concord.core.config import load_config
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.toml").is_file():
+        raise FileNotFoundError(f"{run_dir} has no config.toml: not a run directory")
+    cfg = load_config(run_dir / "config.toml", [], environ={})
+    return run(cfg, run_dir, progress=progress, plots=plots, resume=True)

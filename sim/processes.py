@@ -40,7 +40,7 @@ from concord.core.loop import check_algorithm
 from concord.core.task import ClassificationTask, load_task_data, make_partition
 from concord.errors import ProcessesError as ProcessesError
 from concord.protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
-from concord.protos.mqtt import Bus
+from concord.protos.mqtt import BrokerAuth, Bus
 from concord.runtime.logs import open_log
 from concord.runtime.rundir import load_checkpoint
 
@@ -199,7 +199,13 @@ class Monitor:
 
 
 async def _follow(
-    children: Children, url: str, run_id: str, monitor: Monitor, progress: bool, stop: list[str]
+    children: Children,
+    url: str,
+    run_id: str,
+    monitor: Monitor,
+    progress: bool,
+    stop: list[str],
+    auth: BrokerAuth | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -217,7 +223,9 @@ async def _follow(
     # decisions only feed the live view's Θ/target; without the view, not receiving one per
     # step saves this process (on the peers' CPUs) the work
     kinds = ["status", "metrics", "plan"] + (["decision"] if progress else [])
-    async with Bus(url, f"monitor-{run_id}", topics, subscribe=kinds, handler=monitor.on_message):
+    async with Bus(
+        url, f"monitor-{run_id}", topics, subscribe=kinds, handler=monitor.on_message, auth=auth
+    ):
         with bar:
             task = bar.add_task("run", total=None, info="starting peers")
             peers_gone: float | None = None
@@ -252,6 +260,7 @@ def run_processes(
         (run_dir / stale).unlink(missing_ok=True)
     for i in range(cfg.peers):
         (run_dir / "peers" / f"peer-{i}" / "summary.json").unlink(missing_ok=True)
+        (run_dir / "peers" / f"peer-{i}" / "error.json").unlink(missing_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     run_id = make_run_id(cfg)
     config_path = run_dir / "config.toml"
@@ -263,7 +272,10 @@ def run_processes(
     try:
         url = _start(children, cfg, run_dir, run_id, config_path, broker)
         monitor = Monitor(cfg.peers)
-        asyncio.run(_follow(children, url, run_id, monitor, progress, stop))
+        # an external broker: the monitor connects as the read-only "monitor" identity
+        external = broker or cfg.orchestrator.broker
+        auth = BrokerAuth.from_config(cfg.orchestrator, "monitor") if external else None
+        asyncio.run(_follow(children, url, run_id, monitor, progress, stop, auth))
         if stop:
             raise ProcessesError(f"stopped by {stop[0]}; every child process was terminated")
         end = time.monotonic() + 120
@@ -276,6 +288,7 @@ def run_processes(
     if "orchestrator" in failed or len(failed) == cfg.peers:
         raise ProcessesError(
             f"child processes failed: {failed}; see {run_dir / 'logs'} and each log.jsonl"
+            + "".join(f"\n  {name}: {why}" for name, why in child_errors(run_dir, cfg).items())
         )
     return finish(cfg, run_dir, started, failed)
 
@@ -307,6 +320,21 @@ def _start(
     return url
 
 
+def child_errors(run_dir: Path, cfg: RunConfig) -> dict[str, str]:
+    """name → why, for every child that recorded giving up: the orchestrator's ``error`` in
+    orchestrator-summary.json, a peer's error.json."""
+    found: dict[str, str] = {}
+    records = {"orchestrator": run_dir / "orchestrator-summary.json"}
+    for i in range(cfg.peers):
+        records[f"peer-{i}"] = run_dir / "peers" / f"peer-{i}" / "error.json"
+    for name, path in records.items():
+        with contextlib.suppress(OSError, ValueError):
+            why = json.loads(path.read_text()).get("error")
+            if why:
+                found[name] = str(why)
+    return found
+
+
 def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]) -> dict[str, Any]:
     """Final evaluation from the peers' checkpoints, edges, partition, plots and summary."""
     peer_dirs = {i: run_dir / "peers" / f"peer-{i}" for i in range(cfg.peers)}
@@ -317,7 +345,10 @@ def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]
     }
     done = sorted(i for i, s in summaries.items() if s.get("completed"))
     if not done:
-        raise ProcessesError(f"no peer completed the run; see {run_dir / 'logs'}")
+        raise ProcessesError(
+            f"no peer completed the run; see {run_dir / 'logs'}"
+            + "".join(f"\n  {name}: {why}" for name, why in child_errors(run_dir, cfg).items())
+        )
     data = load_task_data(cfg)
     parts = make_partition(cfg, data)
     task = ClassificationTask(cfg, done, device=torch.device("cpu"), data=data, parts=parts)
@@ -363,6 +394,7 @@ def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]
         "peers_completed": done,
         "peers_dropped": orch.get("peers_dropped", []),
         "children_failed": failed,
+        "children_errors": child_errors(run_dir, cfg),
         "control_fallbacks": sum(s.get("control_fallbacks", 0) for s in summaries.values()),
         "wall_seconds": time.perf_counter() - started,
         "run_dir": str(run_dir),

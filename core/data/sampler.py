@@ -17,6 +17,7 @@ batch] tensor; `ReplicaSampler.batch_indices` is a single slice.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,6 +64,26 @@ class ReplicaSampler:
         self.steps_per_epoch = max(1, round(mean_size / batch_size))
         self._epoch = -1
         self._stream = torch.zeros(0, len(rank_list), batch_size, dtype=torch.int64)
+
+    def state_dict(self) -> dict[str, int | list[int]]:
+        """The sampler's RNG state for checkpoints. The streams are a pure function of (seed,
+        rank, epoch), so there is no running generator to save: the state is the key the
+        streams are derived from, checked on load (a resumed run must draw the same batches)."""
+        return {
+            "seed": self.seed,
+            "n": self.n,
+            "ranks": list(self.ranks),
+            "batch_size": self.batch_size,
+            "steps_per_epoch": self.steps_per_epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Check that ``state`` (from `state_dict`) describes these very streams."""
+        mine = self.state_dict()
+        diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if diff:
+            shown = ", ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"sampler state does not match this sampler ({shown})")
 
     def epoch_of(self, step: int) -> int:
         return step // self.steps_per_epoch

@@ -246,3 +246,28 @@ def test_embedded_broker_stop_gives_up_on_a_shutdown_that_never_ends() -> None:
         await real_shutdown()  # the real one still works: no broker left behind by the test
 
     _run(main)
+
+
+def test_acl_filters_cover_topics_and_narrower_filters_only() -> None:
+    from concord.orchestrator.broker import _covers
+
+    assert _covers("concord/v1/r/#", "concord/v1/r/stats/3")
+    assert _covers("concord/v1/r/#", "concord/v1/r/stats/+")
+    assert _covers("concord/v1/r/stats/+", "concord/v1/r/stats/3")
+    assert _covers("concord/v1/r/stats/3", "concord/v1/r/stats/3")
+    assert not _covers("concord/v1/r/stats/3", "concord/v1/r/stats/4")
+    assert not _covers("concord/v1/r/stats/3", "concord/v1/r/stats/+")  # a wider subscription
+    assert not _covers("concord/v1/r/stats/+", "concord/v1/r/stats/#")
+    assert not _covers("concord/v1/r/#", "concord/v1/other/stats/3")
+    assert not _covers("concord/v1/r/decision", "concord/v1/r/decision/x")
+    assert not _covers("concord/v1/r/decision", "concord/v1/r")
+
+
+def test_embedded_broker_refuses_a_public_bind_without_authentication() -> None:
+    from concord.errors import ConfigError
+
+    for host in ("0.0.0.0", "10.0.0.9", "::"):
+        with pytest.raises(ConfigError, match="without authentication"):
+            EmbeddedBroker(host)
+    EmbeddedBroker("127.0.0.1")
+    EmbeddedBroker("localhost")

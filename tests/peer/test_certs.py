@@ -287,3 +287,112 @@ def test_dialling_an_ip_needs_an_ip_san(pki: Pki) -> None:
         assert await _check(port, creds, override) == SERVING
 
     asyncio.run(_serve(pki.ip_less_cert, pki.ip_less_key, pki.ca, body))
+
+
+# --------------------------------------------------------------------- broker identities
+
+
+def test_broker_files(tmp_path: Path) -> None:
+    from concord.peer.broker_creds import (
+        acl_rules,
+        issue_broker,
+        mosquitto_verify,
+        read_acl,
+        read_passwd,
+    )
+
+    init_ca(tmp_path, run_id="r1")
+    files = issue_broker(tmp_path, run_id="r1", peers=2, hosts=["10.0.0.9", "broker.lab"])
+    verify_chain(files.ca, files.cert)
+    check_key_pair(files.cert, files.key)
+    cert = _cert(files.cert)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "broker"
+    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.9")]
+    assert san.get_values_for_type(x509.DNSName) == ["broker.lab"]
+    assert set(files.passwords) == {"orchestrator", "peer-0", "peer-1", "monitor"}
+    hashes = read_passwd(files.passwd)
+    assert set(hashes) == set(files.passwords)
+    secrets_seen = set()
+    for who, path in files.passwords.items():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        password = path.read_text().strip()
+        assert len(password) >= 24
+        secrets_seen.add(password)
+        assert mosquitto_verify(password, hashes[who])
+        assert not mosquitto_verify(password + "x", hashes[who])
+        assert password not in files.acl.read_text() + files.conf.read_text()
+    assert len(secrets_seen) == 4  # one random password per identity
+    assert stat.S_IMODE(files.passwd.stat().st_mode) == 0o600
+    assert stat.S_IMODE(files.key.stat().st_mode) == 0o600
+    # the ACL: peers write only their own per-peer topics, the orchestrator the run-wide ones
+    rules = read_acl(files.acl)
+    assert rules == acl_rules("r1", 2)
+    base = "concord/v1/r1"
+    assert sorted(rules["peer-1"]["write"]) == sorted(
+        f"{base}/{k}/1" for k in ("status", "heartbeat", "stats", "metrics")
+    )
+    assert f"{base}/decision" in rules["orchestrator"]["write"]
+    assert f"{base}/status/+" in rules["orchestrator"]["write"]  # clears retained status
+    assert not any("/stats" in t for t in rules["orchestrator"]["write"])
+    assert rules["monitor"]["write"] == []
+    assert all(r["read"] == [f"{base}/#"] for r in rules.values())
+    with pytest.raises(CertError, match="exists"):
+        issue_broker(tmp_path, run_id="r1", peers=2)
+    again = issue_broker(tmp_path, run_id="r1", peers=3, overwrite=True)
+    assert "peer-2" in read_passwd(again.passwd)
+
+
+def test_broker_files_errors(tmp_path: Path) -> None:
+    from concord.peer.broker_creds import issue_broker
+
+    with pytest.raises(CertError, match="certs init"):
+        issue_broker(tmp_path, run_id="r1", peers=1)
+    init_ca(tmp_path, run_id="r1")
+    with pytest.raises(CertError, match="peers"):
+        issue_broker(tmp_path, run_id="r1", peers=0)
+    with pytest.raises(ValueError, match="run id"):
+        issue_broker(tmp_path, run_id="a/b", peers=1)
+    with pytest.raises(CertError, match="neither an IP"):
+        issue_broker(tmp_path, run_id="r1", peers=1, hosts=["mqtt://x:1"])
+
+
+def test_mosquitto_reads_our_password_hashes_and_we_read_its(tmp_path: Path) -> None:
+    """The $7$ format both ways: a mosquitto_passwd hash verifies here, and Mosquitto itself
+    accepts a password file we wrote (the broker tests connect through it)."""
+    import shutil
+    import subprocess
+
+    from concord.peer.broker_creds import mosquitto_hash, mosquitto_verify, read_passwd
+
+    tool = shutil.which("mosquitto_passwd")
+    if tool is None:
+        pytest.skip("mosquitto_passwd missing")
+    path = tmp_path / "passwd"
+    path.write_text(f"ours:{mosquitto_hash('pw-ours')}\n")
+    subprocess.run([tool, "-b", str(path), "theirs", "pw-theirs"], check=True, timeout=30)
+    users = read_passwd(path)
+    assert mosquitto_verify("pw-theirs", users["theirs"])
+    assert mosquitto_verify("pw-ours", users["ours"])  # mosquitto_passwd kept our line as is
+    assert not mosquitto_verify("pw-ours", "$6$rounds=5000$salt$hash")
+
+
+def test_certs_broker_command(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from concord.lab.cli import main
+
+    d = str(tmp_path / "certs")
+    runner = CliRunner()
+    assert runner.invoke(main, ["certs", "init", "--dir", d, "--run-id", "r1"]).exit_code == 0
+    args = ["certs", "broker", "--dir", d, "--run-id", "r1", "--peers", "2"]
+    r = runner.invoke(main, [*args, "--host", "127.0.0.1"])
+    assert r.exit_code == 0, r.output
+    assert "broker_password_file" in r.output
+    assert (tmp_path / "certs" / "broker" / "peer-1.password").is_file()
+    r = runner.invoke(main, args)
+    assert r.exit_code != 0
+    assert "--force" in r.output
+    assert runner.invoke(main, [*args, "--force"]).exit_code == 0

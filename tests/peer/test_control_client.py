@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from concord.peer.control import ControlClient
-from concord.protos.control_plane import Decision, Plan, RunControl, Schedule
+from concord.peer.control import PRESENCE_SILENT, ControlClient
+from concord.protos.control_plane import Decision, Plan, Presence, RunControl, Schedule
 from concord.runtime.lifecycle import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -501,3 +501,95 @@ def test_a_lagged_plan_is_awaited_only_after_the_steps_first_round() -> None:
 
 async def _make_client() -> ControlClient:
     return ControlClient("mqtt://127.0.0.1:1", "t1", 0, heartbeat=1.0, step=lambda: 0)
+
+
+# -- the waits' deadlines (ControlClient.give_up) ------------------------------------------------
+
+LIMITS = {"absent_timeout": 5.0, "broker_lost_timeout": 7.0}
+
+
+def presence(state: str, reason: str = "") -> Presence:
+    return Presence(state=state, ts=time.time(), reason=reason)
+
+
+def test_an_orchestrator_never_seen_is_absent_from_the_connection_on() -> None:
+    async def body(c: ControlClient) -> None:
+        c.bus.connected.set()
+        t0 = c.started + 100.0  # connected long after the client was made
+        assert c.give_up(t0, **LIMITS) is None
+        assert c.give_up(t0 + 4.9, **LIMITS) is None
+        why = c.give_up(t0 + 5.0, **LIMITS)
+        assert why is not None
+        assert "never seen" in why
+        assert "absent_timeout = 5" in why
+
+    run(body)
+
+
+def test_an_offline_orchestrator_is_given_up_on_and_online_restores_it() -> None:
+    async def body(c: ControlClient) -> None:
+        c.bus.connected.set()
+        c._on_message("orchestrator", None, presence("online"))
+        t0 = time.monotonic()
+        assert c.give_up(t0, **LIMITS) is None
+        c._on_message("orchestrator", None, presence("offline", "connection lost"))
+        assert c.give_up(t0 + 4.0, **LIMITS) is None
+        c._on_message("orchestrator", None, presence("online"))  # back in time
+        assert c.give_up(t0 + 20.0, **LIMITS) is None  # online and fresh: present
+        c._on_message("orchestrator", None, presence("offline", "connection lost"))
+        t1 = time.monotonic()
+        why = c.give_up(t1 + 5.5, **LIMITS)
+        assert why is not None
+        assert "offline (connection lost)" in why
+
+    run(body)
+
+
+def test_an_online_presence_not_refreshed_counts_as_absent() -> None:
+    async def body(c: ControlClient) -> None:
+        c.bus.connected.set()
+        c._on_message("orchestrator", None, presence("online"))
+        t0 = time.monotonic()
+        assert c.give_up(t0, **LIMITS) is None
+        assert c.give_up(t0 + PRESENCE_SILENT - 1, **LIMITS) is None
+        why = c.give_up(t0 + PRESENCE_SILENT + 1, **LIMITS)
+        assert why is not None
+        assert "not been refreshed" in why
+
+    run(body)
+
+
+def test_a_lost_broker_is_given_up_on_after_its_timeout_and_absence_restarts_at_reconnect() -> None:
+    async def body(c: ControlClient) -> None:
+        t0 = time.monotonic()
+        assert c.give_up(t0 + 1000.0, **LIMITS) is None  # never connected: join's business
+        c.bus.connects = 1
+        c.bus.connected.set()
+        c._on_message("orchestrator", None, presence("online"))
+        assert c.give_up(t0, **LIMITS) is None
+        c.bus.connected.clear()  # lost …
+        assert c.give_up(t0 + 1.0, **LIMITS) is None
+        assert c.give_up(t0 + 7.9, **LIMITS) is None
+        c.bus.connected.set()  # … and back within the timeout: the clocks restart
+        assert c.give_up(t0 + 8.0, **LIMITS) is None
+        c.bus.connected.clear()
+        assert c.give_up(t0 + 9.0, **LIMITS) is None
+        why = c.give_up(t0 + 16.0, **LIMITS)
+        assert why is not None
+        assert "broker_lost_timeout = 7" in why
+
+    run(body)
+
+
+def test_watch_returns_the_reason_to_give_up() -> None:
+    async def body(c: ControlClient) -> None:
+        c.bus.connected.set()
+        c._on_message("orchestrator", None, presence("offline", "connection lost"))
+        t0 = time.monotonic()
+        why = await asyncio.wait_for(
+            c.watch(absent_timeout=0.3, broker_lost_timeout=10.0, every=0.05), T
+        )
+        assert "offline" in why
+        assert time.monotonic() - t0 >= 0.25
+
+    run(body)

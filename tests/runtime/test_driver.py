@@ -83,3 +83,32 @@ def test_stop_request_ends_before_the_next_step() -> None:
     assert result.steps == 3
     assert trace.calls[-1] == ("stopping", 3)
     assert [r["step"] for r in sink.records] == [0, 1, 2]  # evaluate=None: steps only
+
+
+def test_start_continues_a_resumed_run_from_that_step() -> None:
+    sink, trace = Sink(), Trace()
+    result = drive(
+        steps=6,
+        interval=2,
+        last_step=5,
+        train=train,
+        evaluate=lambda step, rec, final: {"kind": "eval", "step": step, "final": final},
+        sink=sink,
+        hooks=[trace],
+        start=3,
+    )
+    assert result.steps == 6
+    assert [(r["kind"], r["step"]) for r in sink.records] == [
+        ("step", 3),
+        ("eval", 3),
+        ("step", 4),
+        ("step", 5),
+        ("eval", 5),
+    ]
+    assert trace.calls[0] == ("before", 3)
+    assert (
+        drive(
+            steps=4, interval=1, last_step=3, train=train, evaluate=None, sink=Sink(), start=4
+        ).steps
+        == 4
+    )  # nothing left to run

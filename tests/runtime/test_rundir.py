@@ -53,3 +53,59 @@ def test_checkpoint_is_replaced_atomically_and_loads_without_pickle(tmp_path: Pa
     assert torch.equal(state["params"], task.x)
     assert torch.equal(state["algorithm"]["m"], torch.ones(1, 6))
     writer.close()
+
+
+def test_checkpoint_holds_run_state_and_rng_and_flushes_metrics(tmp_path: Path) -> None:
+    from concord.runtime.rundir import restore_checkpoint
+
+    cfg = load_config(None, ["peers=2"], environ={})
+    writer = RunWriter(tmp_path / "run", cfg)
+    loaded: dict[str, object] = {}
+    task = SimpleNamespace(
+        x=torch.arange(6.0).reshape(2, 3),
+        flat=SimpleNamespace(buffers_flat=lambda: None),
+        rng_state=lambda: {"sampler": {"seed": 3, "ranks": [0, 1]}, "gen": torch.ones(4)},
+        load_rng_state=lambda s: loaded.update(rng=s),
+    )
+    algorithm = SimpleNamespace(
+        state_dict=lambda: {"m": torch.ones(2, 3)}, load_state_dict=lambda s: loaded.update(alg=s)
+    )
+    writer.metric({"kind": "step", "step": 0})
+    run_state = {"next_step": 1, "counters": {"edges": [[0, 1, 12, 12]]}, "phi": None, "x": 0.5}
+    path = writer.save_checkpoint(task, algorithm, 0, run_state=run_state)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1  # flushed first
+    state = load_checkpoint(path)  # weights_only=True: plain containers only
+    assert state["run"] == run_state
+    assert state["rng"]["sampler"] == {"seed": 3, "ranks": [0, 1]}
+    task.x.zero_()
+    restore_checkpoint(state, task, algorithm)
+    assert torch.equal(task.x, torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(loaded["alg"]["m"], torch.ones(2, 3))  # type: ignore[index]
+    assert loaded["rng"] == state["rng"]
+    writer.close()
+
+
+def test_resumed_writer_drops_later_lines_and_appends(tmp_path: Path) -> None:
+    cfg = load_config(None, [], environ={})
+    writer = RunWriter(tmp_path / "run", cfg, flush_every=1)
+    for step in range(5):
+        writer.metric({"kind": "step", "step": step})
+        if step % 2:
+            writer.metric({"kind": "eval", "step": step})
+    writer.close()
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "step", "st')  # torn by a crash
+    again = RunWriter(tmp_path / "run", cfg, flush_every=1, resume_after=2)
+    again.metric({"kind": "step", "step": 3})
+    again.close()
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in lines] == [
+        ("step", 0),
+        ("step", 1),
+        ("eval", 1),
+        ("step", 2),
+        ("step", 3),
+    ]
+    log = (tmp_path / "run" / "log.jsonl").read_text()
+    assert "run.start" in log
+    assert "run.resume" in log  # the log is appended to

@@ -1,0 +1,357 @@
+"""Identities at the broker, against real brokers and real files: `concord certs broker`'s
+password + ACL files and broker certificate loaded into Mosquitto (TLS listener) and into the
+embedded amqtt broker; each identity may publish only its own topics, wrong passwords and wrong
+CAs are refused, and no secret reaches a log."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import pytest
+import structlog
+
+from concord.errors import ConfigError
+from concord.orchestrator.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
+from concord.peer.broker_creds import BrokerFiles, issue_broker
+from concord.peer.certs import init_ca
+from concord.protos.control_plane import Decision, Topics, encode
+from concord.protos.mqtt import BrokerAuth, Bus, client, connection
+
+RUN = "authrun"
+TOPICS = Topics(RUN)
+
+
+@pytest.fixture(scope="module")
+def creds(tmp_path_factory: pytest.TempPathFactory) -> BrokerFiles:
+    d = tmp_path_factory.mktemp("certs")
+    init_ca(d, run_id=RUN)
+    return issue_broker(d, run_id=RUN, peers=2, hosts=["127.0.0.1", "localhost"])
+
+
+def auth(creds: BrokerFiles, who: str, *, ca: Path | None = None) -> BrokerAuth:
+    return BrokerAuth.resolve(
+        who,
+        username="{identity}",
+        password_file=creds.passwords[who].parent / "{identity}.password",
+        ca=ca,
+    )
+
+
+def _decision() -> bytes:
+    return encode(Decision(step=1, round=0, repeat=False))
+
+
+async def _delivered(
+    url: str, publisher: BrokerAuth, topic: str, *, listener: BrokerAuth, wait: float = 1.0
+) -> bool:
+    """Whether a message ``publisher`` sends on ``topic`` reaches a subscriber."""
+    async with client(url, "listener", auth=listener) as sub:
+        await sub.subscribe(TOPICS.all(), qos=1)
+        async with client(url, "publisher", auth=publisher) as pub:
+            await pub.publish(topic, _decision(), qos=1)
+        try:
+            async with asyncio.timeout(wait):
+                async for m in sub.messages:
+                    if str(m.topic) == topic:
+                        return True
+        except TimeoutError:
+            return False
+    return False
+
+
+KINDS = ["mosquitto", "embedded"]
+
+
+@asynccontextmanager
+async def _broker(kind: str, creds: BrokerFiles) -> AsyncIterator[str]:
+    """An authenticating broker with TLS (the run CA verifies it); yields its URL."""
+    if kind == "mosquitto":
+        if mosquitto_binary() is None:
+            pytest.skip("mosquitto missing")
+        async with MosquittoBroker(
+            password_file=creds.passwd,
+            acl_file=creds.acl,
+            tls=(creds.ca, creds.cert, creds.key),
+        ) as m:
+            yield m.url
+    else:
+        async with EmbeddedBroker(
+            password_file=creds.passwd,
+            acl_file=creds.acl,
+            certfile=creds.cert,
+            keyfile=creds.key,
+        ) as b:
+            yield b.url
+
+
+def _run(kind: str, creds: BrokerFiles, body: Callable[[str], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with _broker(kind, creds) as url:
+            await body(url)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_orchestrator_may_publish_a_decision_and_a_peer_may_not(
+    kind: str, creds: BrokerFiles
+) -> None:
+    async def body(url: str) -> None:
+        assert url.startswith("mqtts://")
+        monitor = auth(creds, "monitor", ca=creds.ca)
+        topic = TOPICS.topic("decision")
+        orchestrator, peer = (
+            auth(creds, "orchestrator", ca=creds.ca),
+            auth(creds, "peer-0", ca=creds.ca),
+        )
+        assert await _delivered(url, orchestrator, topic, listener=monitor)
+        assert not await _delivered(url, peer, topic, listener=monitor)
+
+    _run(kind, creds, body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_peer_publishes_its_own_stats_only(kind: str, creds: BrokerFiles) -> None:
+    async def body(url: str) -> None:
+        monitor = auth(creds, "monitor", ca=creds.ca)
+        peer0 = auth(creds, "peer-0", ca=creds.ca)
+        assert await _delivered(url, peer0, TOPICS.topic("stats", 0), listener=monitor)
+        assert not await _delivered(url, peer0, TOPICS.topic("stats", 1), listener=monitor)
+        assert not await _delivered(url, peer0, TOPICS.topic("status", 1), listener=monitor)
+        # the read-only monitor publishes nothing
+        assert not await _delivered(url, monitor, TOPICS.topic("stats", 0), listener=monitor)
+
+    _run(kind, creds, body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_wrong_password_and_no_password_are_refused_at_connect(
+    kind: str, creds: BrokerFiles, tmp_path: Path
+) -> None:
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    bad = BrokerAuth.resolve("peer-0", username="peer-0", password_file=wrong, ca=creds.ca)
+
+    async def body(url: str) -> None:
+        with pytest.raises(aiomqtt.MqttError):
+            async with client(url, "intruder", auth=bad, timeout=5):
+                pass
+        with pytest.raises(aiomqtt.MqttError):  # no credentials at all
+            async with client(url, "anonymous", auth=BrokerAuth(ca=creds.ca), timeout=5):
+                pass
+
+    _run(kind, creds, body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mqtts_needs_the_right_ca(kind: str, creds: BrokerFiles, tmp_path: Path) -> None:
+    other = init_ca(tmp_path / "other", run_id="other")
+
+    async def body(url: str) -> None:
+        async with client(url, "ok", auth=auth(creds, "peer-0", ca=creds.ca), timeout=5):
+            pass
+        with pytest.raises((aiomqtt.MqttError, ssl.SSLError)):
+            async with client(url, "x", auth=auth(creds, "peer-0", ca=other.cert), timeout=5):
+                pass
+
+    _run(kind, creds, body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bus_with_a_wrong_password_counts_refusals_and_never_logs_the_secret(
+    kind: str, creds: BrokerFiles, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "s3cret-that-must-not-leak"
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text(secret + "\n")
+    bad = BrokerAuth.resolve("peer-0", username="peer-0", password_file=wrong, ca=creds.ca)
+    good = auth(creds, "orchestrator", ca=creds.ca)
+    assert good.password is not None
+    caplog.set_level(logging.DEBUG)
+
+    def ignore(*_: Any) -> None:
+        return None
+
+    async def body(url: str) -> None:
+        async with Bus(
+            url,
+            f"peer-{RUN}-0",
+            TOPICS,
+            subscribe=["decision"],
+            handler=ignore,
+            auth=bad,
+            backoff=(0.05, 0.1),
+        ) as bus:
+            assert not await bus.wait_connected(1.5)
+            assert bus.refusals >= 1
+        async with Bus(
+            url, f"orchestrator-{RUN}", TOPICS, subscribe=["stats"], handler=ignore, auth=good
+        ) as bus:
+            assert await bus.wait_connected(5)
+
+    with structlog.testing.capture_logs() as logs:
+        _run(kind, creds, body)
+    assert any(e["event"] == "mqtt.refused" for e in logs)
+    everything = caplog.text + repr(logs) + repr(bad) + repr(good)
+    assert secret not in everything
+    assert good.password not in everything
+
+
+# --------------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("mqtt://user:pw@127.0.0.1:1883", "password"),
+        ("mqtts://user:pw@broker.lab", "password"),
+        ("http://broker:1883", "mqtt://HOST"),
+        ("mqtt://broker:1883/path", "path"),
+        ("mqtts://broker?ca=/x", "query"),
+        ("mqtt://broker#frag", "fragment"),
+        ("mqtt://broker:99999", "port"),
+    ],
+)
+def test_urls_that_cannot_be_honoured_are_refused(url: str, problem: str) -> None:
+    with pytest.raises(ValueError, match="broker URL") as err:
+        client(url, "x")
+    assert problem in str(err.value)
+    assert "pw@" not in str(err.value)  # the password is not echoed
+
+
+def test_credentials_over_plain_mqtt_to_another_host_are_refused(creds: BrokerFiles) -> None:
+    a = auth(creds, "peer-0")
+    with pytest.raises(ConfigError, match="unencrypted"):
+        client("mqtt://10.0.0.9:1883", "x", auth=a)
+    with pytest.raises(ConfigError, match="unencrypted"):
+        client("mqtt://peer-0@broker.lab", "x")
+    assert connection("mqtt://127.0.0.1:1883", a)[1].password == a.password  # loopback: allowed
+    address, resolved = connection("mqtts://broker.lab", a)  # TLS, on the default port
+    assert (address.host, address.port, address.tls) == ("broker.lab", 8883, True)
+    assert resolved.username == "peer-0"
+    address, resolved = connection("mqtts://peer-1@broker.lab:9883", None)  # user in the URL
+    assert (address.port, resolved.username, resolved.password) == (9883, "peer-1", None)
+    with pytest.raises(ConfigError, match="need TLS"):
+        client("mqtt://127.0.0.1", "x", auth=BrokerAuth(ca=creds.ca))
+
+
+def test_credential_settings_are_checked(
+    creds: BrokerFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigError, match="not both"):
+        BrokerAuth.resolve("x", username="x", password_file="f", password_env="E")
+    with pytest.raises(ConfigError, match="cannot read"):
+        BrokerAuth.resolve("x", username="x", password_file=tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        BrokerAuth.resolve("x", username="x", password_file=empty)
+    with pytest.raises(ConfigError, match="unset or empty"):
+        BrokerAuth.resolve("peer-3", username="u", password_env="CONCORD_PW_{identity}")
+    monkeypatch.setenv("CONCORD_PW_PEER_3", "from-env")
+    a = BrokerAuth.resolve("peer-3", username="{identity}", password_env="CONCORD_PW_{identity}")
+    assert (a.username, a.password) == ("peer-3", "from-env")
+    assert "from-env" not in repr(a)
+    with pytest.raises(ConfigError, match="needs a username"):
+        BrokerAuth.resolve("x", password_env="CONCORD_PW_PEER_3")
+    with pytest.raises(ConfigError, match="go together"):
+        BrokerAuth.resolve("x", cert=creds.cert)
+    with pytest.raises(ConfigError, match="not a file"):
+        BrokerAuth.resolve("x", ca=tmp_path / "nope.crt")
+    with pytest.raises(ConfigError, match="give it in one place"):
+        client("mqtts://someone@broker", "x", auth=auth(creds, "peer-0"))
+
+
+def test_the_embedded_broker_refuses_a_public_bind_without_authentication() -> None:
+    with pytest.raises(ConfigError, match="without authentication"):
+        EmbeddedBroker("0.0.0.0")
+    with pytest.raises(ConfigError, match="both"):
+        EmbeddedBroker(password_file="passwd")
+
+
+def test_the_run_config_carries_the_settings_and_refuses_a_password_in_the_url(
+    creds: BrokerFiles,
+) -> None:
+    from concord.core.config import load_config
+
+    folder = creds.passwords["peer-0"].parent
+    cfg = load_config(
+        None,
+        [
+            "orchestrator.broker=mqtts://broker.lab",
+            "orchestrator.broker_username={identity}",
+            f"orchestrator.broker_password_file={folder}/{{identity}}.password",
+            f"orchestrator.broker_ca={creds.ca}",
+        ],
+        environ={},
+    )
+    a = BrokerAuth.from_config(cfg.orchestrator, "peer-1")
+    assert a.username == "peer-1"
+    assert a.password == creds.passwords["peer-1"].read_text().strip()
+    assert a.ca == creds.ca
+    with pytest.raises(ConfigError, match="password") as err:
+        load_config(None, ["orchestrator.broker=mqtts://u:hunter2@broker.lab"], environ={})
+    assert "hunter2" not in str(err.value)
+
+
+def test_the_generated_mosquitto_conf_runs(creds: BrokerFiles, tmp_path: Path) -> None:
+    """`concord certs broker`'s example configuration, moved to a free loopback port, starts a
+    Mosquitto that takes the peers' credentials over TLS (and nothing anonymous)."""
+    import getpass
+    import socket
+    import subprocess
+    import time
+
+    from concord.orchestrator.broker import free_port
+
+    binary = mosquitto_binary()
+    if binary is None:
+        pytest.skip("mosquitto missing")
+    port = free_port()
+    text = creds.conf.read_text().replace("listener 8883 0.0.0.0", f"listener {port} 127.0.0.1")
+    assert f"listener {port} 127.0.0.1" in text
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(text + f"user {getpass.getuser()}\n")
+    proc = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+
+        async def main() -> None:
+            url = f"mqtts://127.0.0.1:{port}"
+            listener = auth(creds, "monitor", ca=creds.ca)
+            peer = auth(creds, "peer-1", ca=creds.ca)
+            assert await _delivered(url, peer, TOPICS.topic("heartbeat", 1), listener=listener)
+            assert not await _delivered(url, peer, TOPICS.topic("heartbeat", 0), listener=listener)
+            with pytest.raises(aiomqtt.MqttError):
+                async with client(url, "anonymous", auth=BrokerAuth(ca=creds.ca), timeout=5):
+                    pass
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_identities_of_client_ids() -> None:
+    from concord.protos.mqtt import identity_of
+
+    assert identity_of("orchestrator-run1") == "orchestrator"
+    assert identity_of("peer-run-1-7") == "peer-7"
+    assert identity_of("monitor-run1") == "monitor"
