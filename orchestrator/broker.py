@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
-import ipaddress
 import shutil
 import socket
 import subprocess
@@ -70,15 +69,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _plugins() -> tuple[type, type]:
@@ -192,7 +182,9 @@ class EmbeddedBroker:
             raise _config_error("the embedded broker needs both a password file and an ACL file")
         if (certfile is None) != (keyfile is None):
             raise _config_error("the embedded broker's TLS needs both certfile and keyfile")
-        if password_file is None and not _is_loopback(host):
+        from concord.protos.mqtt import is_loopback
+
+        if password_file is None and not is_loopback(host):
             raise _config_error(
                 f"refusing to bind the embedded MQTT broker to {host} without authentication: "
                 "anyone reaching it could steer the run; bind 127.0.0.1, or give it the "
