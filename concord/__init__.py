@@ -25,27 +25,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from concord.errors import (
-    CertError,
-    CodecError,
-    ConcordError,
-    ConfigError,
-    DataError,
-    DatasetFormatError,
-    DatasetNotFoundError,
-    MalformedFrameError,
-    OrchestratorError,
-    PartitionError,
-    PayloadError,
-    PeerConfigError,
-    ProcessesError,
-    ProtocolError,
-    RejectedError,
-    TopologyError,
-    UnknownNameError,
-    UnknownTopologyError,
-    UnsafePickleError,
-)
+from concord import errors as _errors
+from concord.errors import *  # noqa: F403  (the hierarchy; errors.__all__ is re-exported)
 from concord.version import __version__
 
 if TYPE_CHECKING:
@@ -75,6 +56,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "simulate": ("concord.sim.run", "simulate"),
 }
 
+# the lazy names, the version and the exception hierarchy (kept in `concord.errors.__all__`)
 __all__ = [
     "ALGORITHMS",
     "CODECS",
@@ -83,32 +65,14 @@ __all__ = [
     "PARTITIONERS",
     "TOPOLOGIES",
     "AlgorithmSpec",
-    "CertError",
-    "CodecError",
-    "ConcordError",
-    "ConfigError",
-    "DataError",
-    "DatasetFormatError",
-    "DatasetNotFoundError",
-    "MalformedFrameError",
-    "OrchestratorError",
-    "PartitionError",
-    "PayloadError",
-    "PeerConfigError",
-    "ProcessesError",
-    "ProtocolError",
-    "RejectedError",
     "RunConfig",
-    "TopologyError",
-    "UnknownNameError",
-    "UnknownTopologyError",
-    "UnsafePickleError",
     "__version__",
     "apply_overrides",
     "build_config",
     "load_config",
     "simulate",
 ]
+__all__ += _errors.__all__
 
 
 def __getattr__(name: str) -> Any:

@@ -27,6 +27,7 @@ from concord.core.algorithms.catalog import CAST_CODECS, CATALOG, AlgorithmSpec,
 from concord.core.graphs.graph import TopologyError
 from concord.core.graphs.topology import (
     DIRECTED_TOPOLOGIES,
+    TIME_VARYING,
     TOPOLOGY_NAMES,
     build_graph,
     exponential_k,
@@ -35,12 +36,6 @@ from concord.core.graphs.trees import relay_trees
 from concord.errors import ConfigError as ConfigError
 
 ALGORITHM_NAMES: tuple[str, ...] = tuple(CATALOG)  # every algorithm of the catalog, in its order
-TIME_VARYING = (
-    "exponential-one-peer",
-    "exponential-one-peer-directed",
-    "bipartite-exponential",
-    "random-matching",
-)
 DATASET_NAMES: tuple[str, ...] = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
 MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn1d", "cnn", "resnet20")
 PARTITION_NAMES: tuple[str, ...] = ("iid", "dirichlet", "sorted", "shards")
@@ -219,6 +214,12 @@ class NetworkConfig(_Section):
         default=None, description="static mode: peer i listens at addresses[i] ('host:port')"
     )
     deadline: float = Field(default=10.0, gt=0, description="seconds a round waits per edge")
+    skip_after: int = Field(
+        default=3,
+        ge=1,
+        description="consecutive rounds a neighbour may miss before it is skipped (not waited "
+        "for, its tensor mixed only if already here) until a tensor of it arrives in time again",
+    )
     startup_timeout: float = Field(
         default=60.0, gt=0, description="seconds a peer waits for its neighbours at start"
     )

@@ -35,7 +35,6 @@ from concord.core.control.controller import Calibration, CalibrationRecorder, Co
 from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules, control_config, make_lr_schedule, make_plan
 from concord.core.graphs.adagraph import (
-    FeedbackDecision,
     GraphFeedback,
     feedback_config,
     initial_topologies,
@@ -190,7 +189,7 @@ class Trainer:
             "rounds_total": self.runner.rounds_total,
             "counters": counters_state(self.comm.counters),
             "controller": self.controller.state_dict(),
-            "feedback": feedback_state(self.feedback) if self.feedback is not None else None,
+            "feedback": self.feedback.state_dict() if self.feedback is not None else None,
         }
 
     def load_run_state(self, state: Mapping[str, Any]) -> int:
@@ -205,7 +204,7 @@ class Trainer:
         load_counters(self.comm.counters, state["counters"])
         self.controller.load_state_dict(state["controller"])
         if self.feedback is not None:
-            load_feedback(self.feedback, state["feedback"])
+            self.feedback.load_state_dict(state["feedback"])
         return int(state["next_step"])
 
     def train_step(self, step: int) -> dict[str, Any]:
@@ -220,28 +219,6 @@ class Trainer:
 
 # ---------------------------------------------------------------------------------------------
 # Run state in checkpoints (plain containers: loads with torch.load(weights_only=True))
-
-
-def feedback_state(f: GraphFeedback) -> dict[str, Any]:
-    """`GraphFeedback`'s state (its decisions, changes, window, φ̂ and last step)."""
-    return {
-        "k": f.k,
-        "k0": f.k0,
-        "decisions": [{k: v for k, v in d.to_json().items() if k != "kind"} for d in f.decisions],
-        "changes": [[e, k] for e, k in f._changes],
-        "window": list(f._window),
-        "phi": f._phi,
-        "phase": f._phase,
-        "last": f._last,
-    }
-
-
-def load_feedback(f: GraphFeedback, d: Mapping[str, Any]) -> None:
-    f.k, f.k0 = int(d["k"]), int(d["k0"])
-    f.decisions = [FeedbackDecision(**e) for e in d["decisions"]]
-    f._changes = [(int(e), int(k)) for e, k in d["changes"]]
-    f._window = [float(v) for v in d["window"]]
-    f._phi, f._phase, f._last = d["phi"], d["phase"], d["last"]
 
 
 class _Checkpoints(StepHooks):

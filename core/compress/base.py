@@ -17,7 +17,6 @@ from concord.core.config import (
 from concord.core.registry import Registry
 from concord.errors import CodecError as CodecError
 
-PLAIN_GOSSIP_CODECS: tuple[str, ...] = ("none", "fp16", "bf16")  # usable without error feedback
 MAX_SENDERS = 1 << 16  # codec_key packs sender ids below this (config allows ≤ 4096 peers)
 _MASK64 = (1 << 64) - 1
 

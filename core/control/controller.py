@@ -50,8 +50,16 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard, get_args
+from typing import Any
 
+from concord.core.control.calibration import (
+    STATISTICS,
+    Calibration,
+    CalibrationRecorder,
+    Statistic,
+    check_stat,
+    is_int,
+)
 from concord.core.control.plan import CONTROL_MODES, ControlMode, PhasePlan
 from concord.core.registry import Registry
 
@@ -68,20 +76,7 @@ __all__ = [
     "lagged_rounds",
 ]
 
-Statistic = Literal["theta", "xi"]
-STATISTICS: tuple[str, ...] = get_args(Statistic)
-_VERSION = 1  # calibration files
 _STATE_VERSION = 2  # controller state (2: lagged plans keyed by step, for any lag)
-
-
-def _is_int(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_stat(name: str, v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} = {v!r}; must be a finite number ≥ 0")
-    return float(v)
 
 
 @dataclass(frozen=True)
@@ -113,11 +108,11 @@ class ControlConfig:
             math.isfinite(self.factor) and self.factor > 0
         ):
             raise ValueError(f"control factor = {self.factor!r}; must be a finite number > 0")
-        if not _is_int(self.max_rounds) or self.max_rounds < 1:
+        if not is_int(self.max_rounds) or self.max_rounds < 1:
             raise ValueError(f"max_rounds = {self.max_rounds!r}; must be an integer ≥ 1")
         if not isinstance(self.lagged, bool):
             raise ValueError(f"lagged = {self.lagged!r}; must be a bool")
-        if not _is_int(self.lag) or self.lag < 1:
+        if not is_int(self.lag) or self.lag < 1:
             raise ValueError(f"lag = {self.lag!r}; must be an integer ≥ 1")
         if self.lag != 1 and not self.lagged:
             raise ValueError(
@@ -128,72 +123,6 @@ class ControlConfig:
             raise ValueError(f"ema = {self.ema!r}; the EMA coefficient must be in [0, 1)")
         if self.statistic not in STATISTICS:
             raise ValueError(f"statistic = {self.statistic!r}; valid: {', '.join(STATISTICS)}")
-
-
-@dataclass
-class Calibration:
-    """Result of the uncontrolled calibration pass (input of the constant target).
-
-    max_statistic: phase index (1-based) → max Θ (or Ξ) observed during that phase, ≥ 0.
-    statistic: "theta" or "xi", the kind of statistic recorded.
-    """
-
-    max_statistic: dict[int, float]
-    statistic: str
-
-    def __post_init__(self) -> None:
-        if self.statistic not in STATISTICS:
-            raise ValueError(f"calibration statistic = {self.statistic!r}; valid: {STATISTICS}")
-        for k, v in self.max_statistic.items():
-            if not _is_int(k) or k < 1:
-                raise ValueError(f"calibration phase index {k!r}; must be an integer ≥ 1")
-            _check_stat(f"calibration max_statistic[{k}]", v)
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict (phase keys become strings, as JSON requires)."""
-        return {
-            "version": _VERSION,
-            "statistic": self.statistic,
-            "max_statistic": {str(k): float(v) for k, v in sorted(self.max_statistic.items())},
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Calibration:
-        if not isinstance(d, Mapping) or d.get("version") != _VERSION:
-            raise ValueError(f"calibration must be a mapping with version {_VERSION}, got {d!r}")
-        raw = d.get("max_statistic")
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"calibration max_statistic must be a mapping, got {raw!r}")
-        out: dict[int, float] = {}
-        for k, v in raw.items():
-            try:
-                idx = int(k)
-            except (TypeError, ValueError):
-                raise ValueError(f"calibration phase key {k!r} is not an integer") from None
-            out[idx] = _check_stat(f"calibration max_statistic[{k}]", v)
-        return cls(out, str(d.get("statistic")))
-
-
-class CalibrationRecorder:
-    """Records the per-phase maximum of the statistic during an uncontrolled run."""
-
-    def __init__(self, statistic: str = "theta") -> None:
-        if statistic not in STATISTICS:
-            raise ValueError(f"statistic = {statistic!r}; valid: {', '.join(STATISTICS)}")
-        self.statistic = statistic
-        self._max: dict[int, float] = {}
-
-    def observe(self, step: int, phase_index: int, statistic: float) -> None:
-        """Record one round's statistic; a non-finite value (diverged run) is an error."""
-        if not _is_int(step) or step < 0:
-            raise ValueError(f"step = {step!r}; must be an integer ≥ 0")
-        if not _is_int(phase_index) or phase_index < 1:
-            raise ValueError(f"phase_index = {phase_index!r}; must be an integer ≥ 1")
-        s = _check_stat(f"statistic at step {step}", statistic)
-        self._max[phase_index] = max(s, self._max.get(phase_index, s))
-
-    def result(self) -> Calibration:
-        return Calibration(dict(self._max), self.statistic)
 
 
 @dataclass(frozen=True)
@@ -293,8 +222,8 @@ class AdaptiveTarget(TargetPolicy):
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
         value, phase = d.get("value"), d.get("phase")
         if value is not None:
-            value = _check_stat("adaptive target state 'value'", value)
-        if phase is not None and (not _is_int(phase) or phase < 1):
+            value = check_stat("adaptive target state 'value'", value)
+        if phase is not None and (not is_int(phase) or phase < 1):
             raise ValueError(f"adaptive target state 'phase' = {phase!r}; must be ≥ 1 or None")
         self.value, self.phase = value, phase
 
@@ -350,7 +279,7 @@ class ConsensusController:
         Returns the rounds planned for this step: lagged mode in a controlled phase → the
         lagged rule's R; otherwise 1 (barrier mode: more rounds come from ``after_round``).
         """
-        g = _check_stat("mean_grad_norm", mean_grad_norm)
+        g = check_stat("mean_grad_norm", mean_grad_norm)
         phase = self.plan.phase_at(step)
         planned = 1
         if self._policy is not None and phase.controlled:
@@ -393,7 +322,7 @@ class ConsensusController:
                 f"round_index = {round_index!r}; expected {len(self._stats) + 1} (rounds are "
                 "1-based and reported in order)"
             )
-        s = _check_stat(f"statistic (step {step}, round {round_index})", statistic)
+        s = check_stat(f"statistic (step {step}, round {round_index})", statistic)
         self._stats.append(s)
         phase = self.plan.phase_at(step)
         if self._policy is None or not phase.controlled:
@@ -417,7 +346,7 @@ class ConsensusController:
     def end_step(self, step: int, statistics: Sequence[float]) -> None:
         """Close ``step`` given the statistic after each of its rounds (lagged bookkeeping)."""
         self._check_current(step, "end_step")
-        stats = [_check_stat(f"statistics[{i}]", v) for i, v in enumerate(statistics)]
+        stats = [check_stat(f"statistics[{i}]", v) for i, v in enumerate(statistics)]
         if self._stats and stats != self._stats:
             raise ValueError(
                 f"end_step(step={step}) statistics {stats} differ from those reported by "
@@ -463,19 +392,19 @@ class ConsensusController:
                 f"lagged={c.lagged!r}, lag={c.lag!r}"
             )
         step = d.get("step")
-        if step is not None and (not _is_int(step) or step < 0):
+        if step is not None and (not is_int(step) or step < 0):
             raise ValueError(f"controller state 'step' = {step!r}; must be ≥ 0 or None")
         planned = self._rounds_field(d, "planned")
         nxt: dict[int, tuple[int, int]] = {}
         for entry in d.get("next", []):
-            ok = isinstance(entry, list | tuple) and len(entry) == 3 and all(map(_is_int, entry))
+            ok = isinstance(entry, list | tuple) and len(entry) == 3 and all(map(is_int, entry))
             if not ok or entry[0] < 0 or not 1 <= entry[1] <= c.max_rounds or entry[2] < 1:
                 raise ValueError(
                     f"controller state 'next' entry {entry!r}; must be [step ≥ 0, rounds in "
                     f"1 … {c.max_rounds}, phase ≥ 1]"
                 )
             nxt[entry[0]] = (entry[1], entry[2])
-        stats = [_check_stat("controller state 'stats'", v) for v in d.get("stats", [])]
+        stats = [check_stat("controller state 'stats'", v) for v in d.get("stats", [])]
         if self._policy is not None:
             self._policy.load_state_dict(d.get("policy", {}))
         self._step, self._planned, self._stats = step, planned, stats
@@ -484,7 +413,7 @@ class ConsensusController:
 
     def _rounds_field(self, d: Mapping[str, Any], name: str) -> int:
         v = d.get(name)
-        if not _is_int(v) or not 1 <= v <= self.config.max_rounds:
+        if not is_int(v) or not 1 <= v <= self.config.max_rounds:
             raise ValueError(
                 f"controller state {name!r} = {v!r}; must be in 1 … {self.config.max_rounds}"
             )

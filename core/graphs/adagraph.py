@@ -317,6 +317,31 @@ class GraphFeedback:
         self._phase: int | None = None
         self._last: int | None = None  # last observed step
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything `observe` and `k_at` depend on, as plain containers (a checkpoint loads
+        it with ``torch.load(weights_only=True)``): K, its decisions, changes, window, φ̂, the
+        phase and the last observed step."""
+        return {
+            "k": self.k,
+            "k0": self.k0,
+            "decisions": [
+                {k: v for k, v in d.to_json().items() if k != "kind"} for d in self.decisions
+            ],
+            "changes": [[e, k] for e, k in self._changes],
+            "window": list(self._window),
+            "phi": self._phi,
+            "phase": self._phase,
+            "last": self._last,
+        }
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        """Continue from a `state_dict` (a resumed run decides exactly as the uninterrupted one)."""
+        self.k, self.k0 = int(d["k"]), int(d["k0"])
+        self.decisions = [FeedbackDecision(**e) for e in d["decisions"]]
+        self._changes = [(int(e), int(k)) for e, k in d["changes"]]
+        self._window = [float(v) for v in d["window"]]
+        self._phi, self._phase, self._last = d["phi"], d["phase"], d["last"]
+
     def topology(self, step: int) -> str:
         """``exponential:K`` with the K in force at ``step``."""
         return exponential_name(self.k_at(step))

@@ -93,6 +93,7 @@ from concord.core.registry import Registry
 
 __all__ = [
     "DIRECTED_TOPOLOGIES",
+    "TIME_VARYING",
     "TOPOLOGY_NAMES",
     "WEIGHT_RULES",
     "Graph",
@@ -289,12 +290,13 @@ TOPOLOGY_NAMES: tuple[str, ...] = (
     "binary-tree",
     "double-binary-tree",
 )
-_TIME_VARYING = (
+TIME_VARYING: tuple[str, ...] = (
     "exponential-one-peer",
     "exponential-one-peer-directed",
     "bipartite-exponential",
     "random-matching",
 )
+"""Topologies whose graph changes from step to step (a period of graphs, `make_schedule`)."""
 DIRECTED_TOPOLOGIES: tuple[str, ...] = ("exponential-one-peer-directed",)
 """Topologies with column-stochastic (not symmetric) matrices: for push-sum algorithms only."""
 
@@ -420,7 +422,7 @@ def build_graph(name: str, n: int) -> Graph:
     ``double-binary-tree`` returns the union of both trees (see `double_binary_trees`).
     """
     nn = _check_n(n)
-    if name in _TIME_VARYING:
+    if name in TIME_VARYING:
         raise TopologyError(
             f"topology {name!r} is time-varying and has no single graph; use "
             f"make_schedule({name!r}, {nn}).graph(k) or .union_graph()"

@@ -4,6 +4,7 @@ config errors of ada-schedule / ada-feedback."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -144,6 +145,27 @@ def test_observe_rejects_out_of_order_steps_and_bad_values() -> None:
         fb.observe(4, 1, [1.0, math.nan], [1.0, 1.0])
     with pytest.raises(ValueError, match="grad_norms"):
         fb.observe(4, 1, [1.0], [-1.0])
+
+
+def test_state_dict_round_trip_continues_exactly() -> None:
+    """A controller loaded from another's `state_dict` mid-run (a resumed run) takes the same
+    decisions from then on; the state is plain containers (checkpoints load weights-only)."""
+    thetas = [2.0, 0.0, 1.6, 0.7, 0.7, 0.7, 0.3, 0.3, 0.3, 1.9, 1.9, 1.9]
+    ema = {"k0": 2, "every": 3, "ema": 0.5}
+    whole, first = controller(**ema), controller(**ema)
+    for step, theta in enumerate(thetas):
+        feed(whole, step, theta)
+    for step, theta in enumerate(thetas[:5]):  # stopped mid-window
+        feed(first, step, theta)
+    state = first.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    resumed = controller(**ema)
+    resumed.load_state_dict(state)
+    for step, theta in enumerate(thetas[5:], start=5):
+        feed(resumed, step, theta)
+    assert resumed.decisions == whole.decisions
+    assert [resumed.k_at(s) for s in range(14)] == [whole.k_at(s) for s in range(14)]
+    assert resumed.target() == whole.target()
 
 
 def test_decision_json() -> None:

@@ -62,3 +62,12 @@ def test_version_comes_from_the_package_metadata() -> None:
     from importlib.metadata import version
 
     assert concord.__version__ == version("concord")
+
+
+def test_all_is_the_lazy_names_the_version_and_every_error() -> None:
+    """`__all__` lists each lazily loaded name and re-exports `concord.errors.__all__` (one list
+    of exceptions, not a copy that drifts)."""
+    from concord import errors
+
+    assert sorted(concord.__all__) == sorted([*concord._LAZY, "__version__", *errors.__all__])
+    assert len(concord.__all__) == len(set(concord.__all__))
