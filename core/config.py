@@ -200,11 +200,34 @@ class CompressionConfig(_Section):
 
 
 class TLSConfig(_Section):
-    """mTLS between peers: every path may contain ``{id}``, replaced by the peer id."""
+    """mTLS between peers: every path may contain ``{id}``, replaced by the peer id. The same run
+    CA signs the control plane: each peer signs its control messages with its key, the
+    orchestrator with its own, and every receiver verifies them (``sign_control``)."""
 
     ca: str
     cert: str
     key: str
+    orchestrator_cert: str | None = Field(
+        default=None,
+        description="certificate the orchestrator signs control messages with (unset: "
+        "orchestrator.crt next to ca; `concord certs init` writes it)",
+    )
+    orchestrator_key: str | None = Field(
+        default=None, description="its private key (unset: orchestrator.key next to ca)"
+    )
+    sign_control: bool = Field(
+        default=True,
+        description="sign every control message with the sender's key and refuse unsigned, "
+        "forged, replayed or stale ones (docs/protocol.md#signed-control-messages)",
+    )
+
+    @model_validator(mode="after")
+    def _orchestrator_pair(self) -> TLSConfig:
+        if (self.orchestrator_cert is None) != (self.orchestrator_key is None):
+            raise ValueError(
+                "orchestrator_cert and orchestrator_key go together: give both or neither"
+            )
+        return self
 
 
 class NetworkConfig(_Section):
@@ -219,6 +242,12 @@ class NetworkConfig(_Section):
         ge=1,
         description="consecutive rounds a neighbour may miss before it is skipped (not waited "
         "for, its tensor mixed only if already here) until a tensor of it arrives in time again",
+    )
+    rejoin_fetch_after: int = Field(
+        default=10,
+        ge=0,
+        description="a restarted static peer whose checkpoint (or none) is more than this many "
+        "steps behind its neighbours adopts a neighbour's parameters and step (Fetch)",
     )
     startup_timeout: float = Field(
         default=60.0, gt=0, description="seconds a peer waits for its neighbours at start"
@@ -302,6 +331,28 @@ class OrchestratorConfig(_Section):
     broker_key: str | None = Field(
         default=None, description="its private key, with broker_cert ('{identity}' expanded)"
     )
+    embedded_broker_listen: str = Field(
+        default="127.0.0.1:0",
+        description="host:port the embedded broker (no broker set) listens on; port 0: a free "
+        "one. Beyond loopback only with embedded_broker_passwd",
+    )
+    embedded_broker_passwd: str | None = Field(
+        default=None,
+        description="Mosquitto password file the embedded broker enforces (`concord certs "
+        "broker`: certs/broker/passwd); with embedded_broker_acl",
+    )
+    embedded_broker_acl: str | None = Field(
+        default=None,
+        description="Mosquitto ACL file the embedded broker enforces (certs/broker/acl)",
+    )
+    embedded_broker_cert: str | None = Field(
+        default=None,
+        description="TLS certificate of the embedded broker: it then speaks mqtts:// only "
+        "(certs/broker.crt; clients verify it with broker_ca)",
+    )
+    embedded_broker_key: str | None = Field(
+        default=None, description="its private key, with embedded_broker_cert (certs/broker.key)"
+    )
 
     @field_validator("broker")
     @classmethod
@@ -327,6 +378,25 @@ class OrchestratorConfig(_Section):
                 f"liveness_timeout ({self.liveness_timeout} s) must exceed two heartbeats "
                 f"({2 * self.heartbeat} s)"
             )
+        return self
+
+    @field_validator("embedded_broker_listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError(f"{v!r} must be 'host:port' (port 0: a free one)")
+        return v
+
+    @model_validator(mode="after")
+    def _embedded_broker(self) -> OrchestratorConfig:
+        pairs = (
+            ("embedded_broker_passwd", "embedded_broker_acl"),
+            ("embedded_broker_cert", "embedded_broker_key"),
+        )
+        for a, b in pairs:
+            if (getattr(self, a) is None) != (getattr(self, b) is None):
+                raise ValueError(f"{a} and {b} go together: give both or neither")
         return self
 
 

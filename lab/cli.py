@@ -601,18 +601,27 @@ def certs() -> None:
 @click.option("--days", type=click.IntRange(min=1), default=365, show_default=True)
 @click.option("--force", is_flag=True, help="replace an existing CA")
 def certs_init(directory: Path, run_id: str, days: int, force: bool) -> None:
-    """Create the run CA (ca.key 0600, ca.crt)."""
-    from concord.peer.certs import CertError, init_ca
+    """Create the run CA (ca.key 0600, ca.crt) and the orchestrator's signing key and
+    certificate (orchestrator.key 0600, orchestrator.crt)."""
+    from concord.peer.certs import CertError, init_ca, issue_orchestrator
 
     try:
         files = init_ca(directory, run_id=run_id, days=days, overwrite=force)
+        orchestrator = issue_orchestrator(directory, days=days)
     except CertError as exc:
         _fail(str(exc))
     click.echo(f"wrote {files.key} and {files.cert}")
+    click.echo(f"wrote {orchestrator.key} and {orchestrator.cert} (the orchestrator signs with it)")
 
 
 @certs.command("issue")
-@click.option("--peer", "peer_id", type=click.IntRange(min=0), required=True)
+@click.option("--peer", "peer_id", type=click.IntRange(min=0), default=None, help="a peer's id")
+@click.option(
+    "--orchestrator",
+    "for_orchestrator",
+    is_flag=True,
+    help="the orchestrator's signing certificate instead (certs init also writes it)",
+)
 @click.option(
     "--dir",
     "directory",
@@ -627,17 +636,33 @@ def certs_init(directory: Path, run_id: str, days: int, force: bool) -> None:
     help="IP or DNS name the peer is reached at (repeatable; default 127.0.0.1, localhost)",
 )
 @click.option("--days", type=click.IntRange(min=1), default=365, show_default=True)
-def certs_issue(peer_id: int, directory: Path, hosts: Sequence[str], days: int) -> None:
-    """Issue peer-<id>.key (0600) and peer-<id>.crt signed by the run CA."""
-    from concord.peer.certs import CertError, issue_peer
+def certs_issue(
+    peer_id: int | None,
+    for_orchestrator: bool,
+    directory: Path,
+    hosts: Sequence[str],
+    days: int,
+) -> None:
+    """Issue peer-<id>.key (0600) and peer-<id>.crt signed by the run CA; with --orchestrator,
+    orchestrator.key (0600) and orchestrator.crt (no hosts: it serves nothing)."""
+    from concord.peer.certs import CertError, issue_orchestrator, issue_peer
 
+    if (peer_id is not None) == for_orchestrator:
+        _fail("give exactly one of --peer ID and --orchestrator")
+    if for_orchestrator and hosts:
+        _fail("--host is for peers: the orchestrator's certificate names no host")
     try:
-        files = issue_peer(
-            directory, peer_id, hosts=list(hosts) or ["127.0.0.1", "localhost"], days=days
-        )
+        if peer_id is not None:
+            files = issue_peer(
+                directory, peer_id, hosts=list(hosts) or ["127.0.0.1", "localhost"], days=days
+            )
+            written = (files.key, files.cert)
+        else:
+            orchestrator = issue_orchestrator(directory, days=days)
+            written = (orchestrator.key, orchestrator.cert)
     except CertError as exc:
         _fail(str(exc))
-    click.echo(f"wrote {files.key} and {files.cert}")
+    click.echo(f"wrote {written[0]} and {written[1]}")
 
 
 @certs.command("broker")
@@ -684,6 +709,11 @@ def certs_broker(
         "run config: [orchestrator] broker = 'mqtts://HOST:8883', broker_username = "
         f"'{{identity}}', broker_password_file = '{files.passwd.parent}/{{identity}}.password', "
         f"broker_ca = '{files.ca}'"
+    )
+    click.echo(
+        "embedded broker (no orchestrator.broker): [orchestrator] embedded_broker_passwd = "
+        f"'{files.passwd}', embedded_broker_acl = '{files.acl}', embedded_broker_cert = "
+        f"'{files.cert}', embedded_broker_key = '{files.key}', and name = '{run_id}'"
     )
 
 

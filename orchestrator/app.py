@@ -74,14 +74,13 @@ from concord.core.graphs.adagraph import FeedbackDecision, GraphFeedback, feedba
 from concord.errors import OrchestratorError as OrchestratorError
 from concord.orchestrator.admission import Admission
 from concord.orchestrator.admission import PeerInfo as PeerInfo
-from concord.orchestrator.broker import EmbeddedBroker
+from concord.orchestrator.broker import EmbeddedBroker, embedded_broker_secured
 from concord.orchestrator.graphs import GraphBook
 from concord.orchestrator.metrics import MetricsTable
 from concord.orchestrator.records import RunRecords, manifest, summary
 from concord.orchestrator.rounds import RoundBook
 from concord.orchestrator.schedules import Schedules, plan_message
 from concord.protos.control_plane import (
-    TOPICS,
     Decision,
     Message,
     Metrics,
@@ -92,6 +91,7 @@ from concord.protos.control_plane import (
     Topics,
 )
 from concord.protos.mqtt import BrokerAuth, Bus
+from concord.protos.signing import signing_for
 from concord.runtime.logs import open_log
 
 log = structlog.get_logger("concord.orchestrator.app")
@@ -125,7 +125,6 @@ class Orchestrator:
         self.records = RunRecords(out, graphs=cfg.spec.adaptive_graph == "feedback")
         self.metrics = MetricsTable(self.records.metric)
         self.bus: Bus | None = None
-        self.handler_errors = 0  # messages whose handling raised (logged, never propagated)
         self.stats_refused = 0  # statistics refused here (the round book counts its own)
         self.rival: Presence | None = None  # another orchestrator's presence on our run id
         self._own_presence: set[float] = set()  # ts of the presences we published
@@ -139,17 +138,14 @@ class Orchestrator:
     # -- events in -----------------------------------------------------------------------------
 
     async def on_message(self, kind: str, peer: int | None, message: Message) -> None:
-        """The Bus's handler: one message, guarded — handling it can never raise."""
-        try:
-            await self._handle(kind, peer, message)
-        except Exception as exc:  # a bug or an input nobody foresaw: log, count, go on
-            self.handler_errors += 1
-            log.exception(
-                "control.handler_failed",
-                topic=self.topics.topic(kind, peer) if kind in TOPICS else kind,
-                sender=peer,
-                error=repr(exc),
-            )
+        """The Bus's handler. `Bus._dispatch` guards it: an exception is logged with the topic
+        and counted (`handler_errors`), never propagated."""
+        await self._handle(kind, peer, message)
+
+    @property
+    def handler_errors(self) -> int:
+        """Messages whose handling raised (counted by the Bus's guard)."""
+        return self.bus.handler_errors if self.bus is not None else 0
 
     def _refuse(self, kind: str, peer: int | None, problem: str) -> None:
         self.stats_refused += kind in ("stats", "metrics")
@@ -368,9 +364,9 @@ class Orchestrator:
             loop.add_signal_handler(sig, self._request_stop, sig)
         loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
         async with contextlib.AsyncExitStack() as stack:
-            url = self.broker_url
+            url, o = self.broker_url, self.cfg.orchestrator
             if url is None:
-                url = (await stack.enter_async_context(EmbeddedBroker())).url
+                url = (await stack.enter_async_context(EmbeddedBroker.from_config(o))).url
             will = ("orchestrator", None, Presence(state="offline", reason="connection lost"))
             self.bus = await stack.enter_async_context(
                 Bus(
@@ -381,10 +377,11 @@ class Orchestrator:
                     handler=self.on_message,
                     will=will,
                     auth=(
-                        BrokerAuth.from_config(self.cfg.orchestrator, "orchestrator")
-                        if self.broker_url
+                        BrokerAuth.from_config(o, "orchestrator")
+                        if self.broker_url or embedded_broker_secured(o)
                         else None
                     ),
+                    signing=signing_for(self.cfg, "orchestrator", self.run_id),
                 )
             )
             info = {"broker": url, "run": self.run_id, "pid": os.getpid()}

@@ -160,6 +160,13 @@ def _covers(allowed: str, requested: str) -> bool:
     return len(a) == len(r)
 
 
+def embedded_broker_secured(orchestrator: Any) -> bool:
+    """Whether the embedded broker of an `OrchestratorConfig` asks its clients for credentials
+    or TLS (``embedded_broker_passwd`` or ``embedded_broker_cert``): its clients then use the
+    ``broker_*`` settings as with an external broker."""
+    return bool(orchestrator.embedded_broker_passwd or orchestrator.embedded_broker_cert)
+
+
 class EmbeddedBroker:
     """``async with EmbeddedBroker() as broker: broker.url`` → ``mqtt://127.0.0.1:<port>``.
 
@@ -205,6 +212,38 @@ class EmbeddedBroker:
         self.certfile = certfile
         self.keyfile = keyfile
         self._broker: Any = None
+
+    @classmethod
+    def from_config(cls, orchestrator: Any) -> EmbeddedBroker:
+        """The embedded broker an `OrchestratorConfig` asks for (``embedded_broker_*``):
+        ConfigError naming the key when a file is missing."""
+        o = orchestrator
+        host, _, port = o.embedded_broker_listen.rpartition(":")
+        from concord.protos.mqtt import is_loopback
+
+        if o.embedded_broker_passwd is None and not is_loopback(host.strip("[]")):
+            raise ConfigError(
+                [
+                    (
+                        "orchestrator.embedded_broker_listen",
+                        f"refusing to bind the embedded MQTT broker to {host} without "
+                        "authentication (anyone reaching it could steer the run): give "
+                        "embedded_broker_passwd and embedded_broker_acl, or bind 127.0.0.1",
+                    )
+                ]
+            )
+        for key in ("passwd", "acl", "cert", "key"):
+            f = getattr(o, f"embedded_broker_{key}")
+            if f is not None and not Path(f).is_file():
+                raise ConfigError([(f"orchestrator.embedded_broker_{key}", f"{f} is not a file")])
+        return cls(
+            host.strip("[]"),
+            int(port),
+            password_file=o.embedded_broker_passwd,
+            acl_file=o.embedded_broker_acl,
+            certfile=o.embedded_broker_cert,
+            keyfile=o.embedded_broker_key,
+        )
 
     @property
     def url(self) -> str:

@@ -11,6 +11,10 @@ Built on `cryptography` (EC P-256, ECDSA-SHA256). Layout of a certificate direct
                      per host: an IP SAN when the host parses as an IP address (gRPC checks it
                      when dialling 127.0.0.1 or a LAN address), otherwise a DNS SAN
                      (docs/deployment.md#mtls-certificates)
+    orchestrator.key (0600), orchestrator.crt
+                     CN "orchestrator", signed by the run CA; extendedKeyUsage clientAuth, no
+                     subjectAltName: the key the orchestrator signs its control messages with
+                     (`concord.protos.signing`; ``concord certs init`` issues it with the CA)
 
 Private keys are created 0600 through a temporary file and an atomic rename, so a key is never
 readable by others, not even briefly, and a crash never leaves half a file. The CA is never
@@ -39,6 +43,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from concord.errors import CertError as CertError
 
 CA_KEY, CA_CERT = "ca.key", "ca.crt"
+ORCHESTRATOR_KEY, ORCHESTRATOR_CERT = "orchestrator.key", "orchestrator.crt"
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
 # RFC 1123 labels (letters, digits, inner hyphens; underscores too, as container names use them),
 # optionally a leading "*." wildcard.
@@ -53,6 +58,15 @@ class CAFiles:
 
     key: Path
     cert: Path
+
+
+@dataclass(frozen=True)
+class LeafFiles:
+    """A key (0600) and certificate signed by the run CA, and that CA's certificate."""
+
+    key: Path
+    cert: Path
+    ca: Path
 
 
 @dataclass(frozen=True)
@@ -336,6 +350,24 @@ def issue_peer(
     return files
 
 
+def issue_orchestrator(directory: Path, *, days: int = 365) -> LeafFiles:
+    """Create ``orchestrator.key`` (0600) and ``orchestrator.crt`` in ``directory``, signed by
+    the run CA found there: CN "orchestrator", clientAuth, no subjectAltName (the orchestrator
+    serves nothing). Its key signs the orchestrator's control messages; re-issuing replaces it
+    (receivers accept any certificate of the run CA with that CN)."""
+    _check_days(days)
+    directory = Path(directory)
+    hint = f" (no run CA in {directory}); run `concord certs init --dir {directory}` first"
+    ca_cert = load_certificate(directory / CA_CERT, "CA certificate", hint)
+    ca_key = load_private_key(directory / CA_KEY, "CA private key", hint)
+    key, cert = _leaf(ca_cert, ca_key, "orchestrator", [], days, [ExtendedKeyUsageOID.CLIENT_AUTH])
+    files = LeafFiles(
+        directory / ORCHESTRATOR_KEY, directory / ORCHESTRATOR_CERT, directory / CA_CERT
+    )
+    _write_pair(files.key, key, files.cert, cert)
+    return files
+
+
 def _leaf(
     ca_cert: x509.Certificate,
     ca_key: ec.EllipticCurvePrivateKey,
@@ -344,12 +376,12 @@ def _leaf(
     days: int,
     usages: Sequence[x509.ObjectIdentifier],
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """A new key and its certificate (CN ``name``, one SAN per host, ``usages`` as extended key
-    usage), signed by the CA and valid ``days`` (never past the CA)."""
+    """A new key and its certificate (CN ``name``, one SAN per host — none without hosts,
+    ``usages`` as extended key usage), signed by the CA and valid ``days`` (never past the CA)."""
     sans = list(dict.fromkeys(_san(h.strip()) for h in hosts))  # dedupe, keep order
     now = dt.datetime.now(dt.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .issuer_name(ca_cert.subject)
@@ -372,14 +404,11 @@ def _leaf(
             ),
             critical=True,
         )
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(
-            x509.ExtendedKeyUsage(usages),
-            critical=False,
-        )
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
-        .sign(ca_key, hashes.SHA256())
     )
-    return key, cert
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())

@@ -62,7 +62,6 @@ from concord.core.algorithms import RoundControl, StepReport
 from concord.core.control.plan import Phase
 from concord.protos.control_plane import (
     MAX_ROUNDS,
-    TOPICS,
     Decision,
     Heartbeat,
     Message,
@@ -76,6 +75,7 @@ from concord.protos.control_plane import (
     Topics,
 )
 from concord.protos.mqtt import BrokerAuth, Bus
+from concord.protos.signing import Signing
 
 log = structlog.get_logger("concord.peer.control")
 T = TypeVar("T")
@@ -99,6 +99,7 @@ class ControlClient:
         step: Callable[[], int],
         schedule_check: ScheduleCheck | None = None,
         auth: BrokerAuth | None = None,
+        signing: Signing | None = None,
     ) -> None:
         self.peer_id = peer_id
         self.schedule_check = schedule_check
@@ -113,6 +114,7 @@ class ControlClient:
             handler=self._on_message,
             will=("status", peer_id, Status(peer=peer_id, state="offline")),
             auth=auth,
+            signing=signing,
         )
         self.schedule: Schedule | None = None
         self.plan: Plan | None = None
@@ -124,7 +126,6 @@ class ControlClient:
         self._waiters: dict[tuple[int, int] | int, asyncio.Future[Decision | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._beat: asyncio.Task[None] | None = None
-        self.handler_errors = 0  # messages whose handling raised (logged, never propagated)
         self.schedules_refused = 0  # schedules that failed `schedule_check`
         self._refused: set[int] = set()  # versions refused (each logged once)
         # the waits' deadlines (`give_up`): monotonic times
@@ -158,17 +159,14 @@ class ControlClient:
     # -- incoming ------------------------------------------------------------------------------
 
     def _on_message(self, kind: str, peer: int | None, message: Message) -> None:
-        """The Bus's handler: one message, guarded — handling it can never raise."""
-        try:
-            self._handle(message)
-        except Exception as exc:  # a bug or an input nobody foresaw: log, count, go on
-            self.handler_errors += 1
-            log.exception(
-                "control.handler_failed",
-                topic=self.topics.topic(kind, peer) if kind in TOPICS else kind,
-                sender=peer,
-                error=repr(exc),
-            )
+        """The Bus's handler. `Bus._dispatch` guards it: an exception is logged with the topic
+        and counted (`handler_errors`), never propagated."""
+        self._handle(message)
+
+    @property
+    def handler_errors(self) -> int:
+        """Messages whose handling raised (counted by the Bus's guard)."""
+        return self.bus.handler_errors
 
     def _on_schedule(self, s: Schedule) -> None:
         current = self.schedule

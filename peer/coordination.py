@@ -77,6 +77,7 @@ from concord.peer.serde import TENSOR_ALLREDUCE
 from concord.peer.transport import Transport
 from concord.protos.control_plane import Schedule
 from concord.protos.mqtt import BrokerAuth
+from concord.protos.signing import signing_for
 from concord.runtime.driver import StepHooks
 
 __all__ = [
@@ -431,6 +432,7 @@ class OrchestratedCoordination:
             step=step,
             schedule_check=self.check,
             auth=BrokerAuth.from_config(cfg.orchestrator, f"peer-{peer_id}"),
+            signing=signing_for(cfg, f"peer-{peer_id}", run_id),
         )
         self.membership.client = self.client
         self.exit_code = 0

@@ -95,6 +95,7 @@ from concord.errors import PayloadError as PayloadError
 SCHEMA_VERSION = 2  # 2: Metrics.stats (lagged statistics ride on the step record), Presence
 ROOT = "concord/v1"
 MAX_PAYLOAD_BYTES = 256 * 1024  # control messages are small; anything bigger is rejected
+SIGNED_KIND = "signed"  # the kind of a signed envelope (`concord.protos.signing`)
 MAX_ROUNDS = 10_000  # gossip rounds of one step: a round number beyond this is a forgery
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # a peer id level: ASCII digits only (str.isdigit also takes "²", which int() refuses), few
@@ -545,6 +546,12 @@ def decode(topic: str, payload: bytes, expect: type[M] | None = None) -> Message
     try:
         data = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=0)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
+        if _is_envelope(payload):  # it holds bytes, which no message does
+            raise PayloadError(
+                topic,
+                "a signed envelope, but this receiver has no run CA to verify it with (give it "
+                "network.tls, or the sender network.tls.sign_control = false)",
+            ) from None
         raise PayloadError(topic, f"not a msgpack map ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
         raise PayloadError(topic, f"payload must be a msgpack map, got {type(data).__name__}")
@@ -565,6 +572,15 @@ def decode(topic: str, payload: bytes, expect: type[M] | None = None) -> Message
     if carries is not None and carries != cls.KIND:
         raise PayloadError(topic, f"a {kind!r} message on a {carries!r} topic")
     return message
+
+
+def _is_envelope(payload: bytes) -> bool:
+    """Whether ``payload`` is a signed envelope (`concord.protos.signing`)."""
+    try:
+        data = msgpack.unpackb(payload, raw=False, max_bin_len=len(payload))
+    except Exception:  # not even that
+        return False
+    return isinstance(data, dict) and data.get("kind") == SIGNED_KIND
 
 
 def _topic_kind(topic: str) -> str | None:

@@ -16,7 +16,14 @@ participant (orchestrator, peer, the sim's progress view) runs.
   only from a file or an environment variable. A password in the URL, credentials over plain
   ``mqtt://`` to a non-loopback host, TLS files with ``mqtt://`` or any URL part that cannot be
   honoured is a ValueError/ConfigError before anything connects; passwords are never logged
-  (nor shown in a repr) and a broker's refusal is logged once per attempt as ``mqtt.refused``.
+  (nor shown in a repr) and a broker's refusal is logged once per attempt as ``mqtt.refused``;
+* signed control messages (`concord.protos.signing`), independent of the broker: with the
+  ``signing``'s signer every published message and the Last-Will (signed again at each connect:
+  it takes a fresh sequence number) is sealed; with its verifier every received payload must be
+  an envelope that verifies before it is decoded. A refused envelope is counted in ``rejected`` and
+  logged (``control.rejected``) once per claimed sender and reason;
+* the handler is guarded here, once for every participant: an exception is logged with the
+  topic (``control.handler_failed``), counted in ``handler_errors`` and never ends the session.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import structlog
 
 from concord.errors import ConfigError
 from concord.protos.control_plane import TOPICS, Message, PayloadError, Topics, decode, encode
+from concord.protos.signing import SignatureError, Signer, Signing, Verifier
 
 log = structlog.get_logger("concord.protos.mqtt")
 
@@ -334,6 +342,7 @@ class Bus:
         backoff: tuple[float, float] = (0.2, 5.0),
         keepalive: int = 10,
         auth: BrokerAuth | None = None,
+        signing: Signing | None = None,
     ) -> None:
         self.url = url
         # checked here, not in the connection task: a setting that cannot be honoured is the
@@ -346,17 +355,20 @@ class Bus:
         self.handler = handler
         self.backoff = backoff
         self.keepalive = keepalive
-        self.will: aiomqtt.Will | None = None
+        self.signer: Signer | None = signing.signer if signing is not None else None
+        self.verifier: Verifier | None = signing.verifier if signing is not None else None
+        # the Last-Will: topic and encoded message, sealed anew for every connection (`will`)
+        self._will: tuple[str, bytes] | None = None
         if will is not None:
             kind, peer, message = will
-            spec = TOPICS[kind]
-            self.will = aiomqtt.Will(
-                topics.topic(kind, peer), encode(message), qos=spec.qos, retain=spec.retain
-            )
+            self._will = (topics.topic(kind, peer), encode(message))
         self.connected = asyncio.Event()
         self.connects = 0  # successful connections so far (1 + reconnects)
-        self.rejected = 0  # invalid payloads received
-        self._retained: dict[str, bytes] = {}
+        self.rejected = 0  # invalid, unsigned or refused payloads received
+        self.handler_errors = 0  # messages whose handling raised (logged, never propagated)
+        self.duplicates = 0  # second copies of a signed message (dropped, not refusals)
+        self._told: set[tuple[str, str]] = set()  # (sender, reason) of refusals logged so far
+        self._retained: dict[str, bytes] = {}  # topic → encoded message, re-published
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -372,6 +384,17 @@ class Bus:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.connected.wait(), timeout)
         return self.connected.is_set()
+
+    @property
+    def will(self) -> aiomqtt.Will | None:
+        """The Last-Will of the next connection (signed: with the next sequence number)."""
+        if self._will is None:
+            return None
+        topic, payload = self._will
+        if self.signer is not None:
+            payload = self.signer.seal(topic, payload, will=True)
+        spec = TOPICS[self.topics.parse(topic)[0]]
+        return aiomqtt.Will(topic, payload, qos=spec.qos, retain=spec.retain)
 
     async def _run(self) -> None:
         delay = self.backoff[0]
@@ -389,8 +412,9 @@ class Bus:
                     self._client = client_
                     for kind in self.kinds:
                         await client_.subscribe(self.topics.wildcard(kind), qos=TOPICS[kind].qos)
-                    for topic, payload in list(self._retained.items()):
+                    for topic, body in list(self._retained.items()):
                         spec = TOPICS[self.topics.parse(topic)[0]]
+                        payload = self._seal(topic, body)
                         await client_.publish(topic, payload, qos=spec.qos, retain=True)
                     self.connects += 1
                     self.connected.set()
@@ -425,7 +449,26 @@ class Bus:
             return
         try:
             kind, peer = self.topics.parse(topic)
-            message = decode(topic, bytes(raw))
+            body = bytes(raw) if self.verifier is None else self.verifier.open(topic, bytes(raw))
+            message = decode(topic, body)
+        except SignatureError as exc:
+            if exc.reason == "duplicate":  # delivered twice (at-least-once): nothing wrong
+                self.duplicates += 1
+                log.debug("control.duplicate", client=self.identifier, topic=topic)
+                return
+            self.rejected += 1
+            told = (exc.sender, exc.reason)
+            if told not in self._told and len(self._told) < 1024:  # once per sender and reason
+                self._told.add(told)
+                log.warning(
+                    "control.rejected",
+                    client=self.identifier,
+                    topic=topic,
+                    sender=exc.sender,
+                    reason=exc.reason,
+                    problem=exc.problem,
+                )
+            return
         except PayloadError as exc:
             self.rejected += 1
             log.warning(
@@ -437,18 +480,30 @@ class Bus:
             if result is not None:
                 await result
         except Exception as exc:  # a handler bug must not end the session; say what and where
-            self.rejected += 1
+            self.handler_errors += 1
             log.exception(
-                "control.handler_failed", client=self.identifier, topic=topic, error=repr(exc)
+                "control.handler_failed",
+                client=self.identifier,
+                topic=topic,
+                sender=peer,
+                error=repr(exc),
             )
+
+    def _seal(self, topic: str, body: bytes) -> bytes:
+        """``body`` as sent: signed (with the next sequence number) when this Bus signs. A
+        retained message is sealed anew when it is re-published after a reconnect: its
+        receivers have seen the old bytes (a replay), and the sender's Last-Will may have been
+        published since, which the re-publication must supersede, as it does unsigned."""
+        return body if self.signer is None else self.signer.seal(topic, body)
 
     async def publish(self, kind: str, message: Message, peer: int | None = None) -> bool:
         """Send one message with its topic's QoS/retain; False (and logged) if not connected."""
         topic = self.topics.topic(kind, peer)
         spec = TOPICS[kind]
-        payload = encode(message)
+        body = encode(message)
         if spec.retain:
-            self._retained[topic] = payload
+            self._retained[topic] = body
+        payload = self._seal(topic, body)
         c = self._client
         if c is None or not self.connected.is_set():
             return False

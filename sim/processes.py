@@ -38,9 +38,12 @@ from concord.core.config import RunConfig, to_toml
 from concord.core.control.consensus import consensus_distance
 from concord.core.loop import check_algorithm
 from concord.core.task import ClassificationTask, load_task_data, make_partition
+from concord.errors import ConfigError
 from concord.errors import ProcessesError as ProcessesError
+from concord.orchestrator.broker import embedded_broker_secured
 from concord.protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
 from concord.protos.mqtt import BrokerAuth, Bus
+from concord.protos.signing import Signing, signing_for
 from concord.runtime.logs import open_log
 from concord.runtime.rundir import load_checkpoint
 
@@ -55,6 +58,28 @@ STALE_FILES = ("orchestrator.json", "orchestrator-summary.json", "manifest.json"
 
 
 def make_run_id(cfg: RunConfig) -> str:
+    """A fresh ``<name>-<8 hex>``; with broker credentials exactly the config's ``name``: the
+    broker's ACL (`concord certs broker --run-id`) names the run's topics, so the run id is
+    fixed in advance (ConfigError when ``name`` is unset or no valid run id)."""
+    o = cfg.orchestrator
+    if o.broker_username or o.broker_password_file or o.broker_password_env:
+        problem = None if cfg.name else "is unset"
+        if cfg.name:
+            try:
+                Topics(cfg.name)
+            except ValueError as exc:
+                problem = str(exc)
+        if problem is not None:
+            raise ConfigError(
+                [
+                    (
+                        "name",
+                        f"{problem}: with broker credentials the run id is the config's name, "
+                        "the --run-id given to `concord certs broker` (its ACL names the topics)",
+                    )
+                ]
+            )
+        return str(cfg.name)
     base = "".join(c if c.isalnum() or c in "_.-" else "-" for c in (cfg.name or "sim"))[:48]
     return f"{base.strip('-_.') or 'sim'}-{uuid.uuid4().hex[:8]}"
 
@@ -206,6 +231,7 @@ async def _follow(
     progress: bool,
     stop: list[str],
     auth: BrokerAuth | None = None,
+    signing: Signing | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -224,7 +250,13 @@ async def _follow(
     # step saves this process (on the peers' CPUs) the work
     kinds = ["status", "metrics", "plan"] + (["decision"] if progress else [])
     async with Bus(
-        url, f"monitor-{run_id}", topics, subscribe=kinds, handler=monitor.on_message, auth=auth
+        url,
+        f"monitor-{run_id}",
+        topics,
+        subscribe=kinds,
+        handler=monitor.on_message,
+        auth=auth,
+        signing=signing,
     ):
         with bar:
             task = bar.add_task("run", total=None, info="starting peers")
@@ -263,6 +295,10 @@ def run_processes(
         (run_dir / "peers" / f"peer-{i}" / "error.json").unlink(missing_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     run_id = make_run_id(cfg)
+    # every participant's signing material, checked here: a sentence now, not n failed children
+    signing = signing_for(cfg, "monitor", run_id)
+    for who in ["orchestrator", *(f"peer-{i}" for i in range(cfg.peers))]:
+        signing_for(cfg, who, run_id)
     config_path = run_dir / "config.toml"
     config_path.write_text(to_toml(cfg), encoding="utf-8")
     children = Children(run_dir, cfg)
@@ -272,10 +308,11 @@ def run_processes(
     try:
         url = _start(children, cfg, run_dir, run_id, config_path, broker)
         monitor = Monitor(cfg.peers)
-        # an external broker: the monitor connects as the read-only "monitor" identity
-        external = broker or cfg.orchestrator.broker
-        auth = BrokerAuth.from_config(cfg.orchestrator, "monitor") if external else None
-        asyncio.run(_follow(children, url, run_id, monitor, progress, stop, auth))
+        # an external broker, or an embedded one with credentials: the monitor connects as the
+        # read-only "monitor" identity; with a run PKI it verifies what it shows (never signs)
+        secured = broker or cfg.orchestrator.broker or embedded_broker_secured(cfg.orchestrator)
+        auth = BrokerAuth.from_config(cfg.orchestrator, "monitor") if secured else None
+        asyncio.run(_follow(children, url, run_id, monitor, progress, stop, auth, signing))
         if stop:
             raise ProcessesError(f"stopped by {stop[0]}; every child process was terminated")
         end = time.monotonic() + 120

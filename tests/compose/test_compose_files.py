@@ -499,3 +499,29 @@ def test_command_parses_with_the_concord_cli(files: tuple[str, ...], service: st
     else:
         problem = None
     assert problem is None, f"{service}: concord {name}: {problem}"
+
+
+@pytest.mark.parametrize("files", TLS_STACKS, ids=_stack_id)
+def test_every_concord_container_of_a_tls_stack_signs_and_verifies(
+    files: tuple[str, ...], tmp_path: Path
+) -> None:
+    """With network.tls the control plane is signed: a container without the settings would
+    refuse (or send) unsigned messages, so every Concord service carries the same ones, and the
+    orchestrator's signing material from the README's commands loads from its mount."""
+    from concord.lab.cli import main
+    from concord.protos.signing import signing_for
+
+    stack = _stack(files)
+    settings = {
+        name: sorted(a for a in argv if a.startswith(TLS_PREFIX)) for name, argv in stack.concord()
+    }
+    assert len(set(map(tuple, settings.values()))) == 1, settings
+    assert "orchestrator" in settings
+    for args in _certs_commands((COMPOSE / "README.md").read_text(encoding="utf-8")):
+        args[args.index("--dir") + 1] = str(tmp_path)
+        assert CliRunner().invoke(main, args).exit_code == 0, args
+    overrides = [s.replace("/certs/", f"{tmp_path}/") for s in settings["orchestrator"]]
+    cfg = load_config(RUN_TOML, overrides, environ={})
+    signing = signing_for(cfg, "orchestrator", cfg.name or "run")
+    assert signing.signer is not None
+    assert signing.verifier is not None
