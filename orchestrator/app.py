@@ -34,9 +34,10 @@ the broker was reached (broker lost, peers never ready, stopped by a signal),
 ``orchestrator-summary.json`` is written with ``completed: false`` and the ``error`` (atomically,
 like every JSON document of the run), and the process exits 1.
 
-Nothing received is trusted (the control plane has broker-level security only): every message is
-handled inside a guard (an exception is logged with topic and sender and counted as
-``handler_errors``, never propagated); statistics from unknown or dropped peers, implausibly
+Nothing received is trusted to be sane, signed or not (with ``network.tls`` every message is
+verified against the run CA first, `concord.protos.signing`): the Bus handles every message inside
+a guard (an exception is logged with the topic and counted as ``handler_errors``, never
+propagated); statistics from unknown or dropped peers, implausibly
 large ones (above `MAX_STATISTIC`) and ones for steps that are not open
 (`concord.orchestrator.rounds`) are refused and counted (``stats_refused``); a status with a
 malformed address is refused (`concord.orchestrator.admission`).

@@ -21,9 +21,10 @@ plain gossip), lagged mode keeps the last planned number of rounds; control resu
 decisions arrive again. Each step records how its rounds were decided ("orchestrator",
 "lagged-plan", "fallback").
 
-Nothing on the control plane is authenticated (broker-level security only), so nothing received is
-trusted to be sane: every message handler runs inside a guard (an exception is logged with the
-topic and sender and counted in ``handler_errors``, never propagated); a schedule is applied only
+Nothing received is trusted to be sane, signed or not (with ``network.tls`` every message is
+verified against the run CA first, `concord.protos.signing`): the Bus runs every handler inside a
+guard (an exception is logged with the topic and counted in ``handler_errors``, never
+propagated); a schedule is applied only
 if ``schedule_check`` (the coordination's: the members, addresses and mixing matrices this peer
 expects) accepts it, otherwise it is refused with a logged reason and counted in
 ``schedules_refused`` and the peer keeps its schedule; and the rounds of a step never exceed
