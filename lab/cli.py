@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -107,6 +107,51 @@ def _label(cfg: RunConfig) -> str:
     return f"{cfg.algorithm} {cfg.topology}{extra}"
 
 
+# Options several commands share (one definition, one help text)
+_set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a config key, e.g. --set control.factor=0.5 (repeatable)",
+)
+_force_option = click.option(
+    "--force", is_flag=True, help="replace the earlier run in --out (default: refuse to reuse it)"
+)
+
+
+def _broker_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option("--broker", default=None, metavar="mqtt[s]://HOST:PORT", help=help)
+
+
+def _out_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--out", type=click.Path(file_okay=False, path_type=Path), default=None, help=help
+    )
+
+
+def _run_config(
+    config: Path | None,
+    overrides: Sequence[str],
+    *,
+    broker: str | None = None,
+    extra: Sequence[str] = (),
+    code: int = 2,
+) -> RunConfig:
+    """The run's config: ``config`` (None: defaults), the ``CONCORD_*`` environment, then
+    ``overrides``, ``extra`` and ``--broker`` as ``orchestrator.broker``; a `ConfigError` is the
+    command's error (exit ``code``)."""
+    from concord.core.config import load_config
+
+    items = [*overrides, *extra]
+    if broker is not None:
+        items.append(f"orchestrator.broker={broker}")
+    try:
+        return load_config(config, items)
+    except ConfigError as exc:
+        _fail(str(exc), code)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option("0.1.0", prog_name="concord")
 def main() -> None:
@@ -156,26 +201,10 @@ def topology(
     default=None,
     help="vectorized: n replicas in one process; processes: orchestrator + n peers",
 )
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="override a config key, e.g. --set control.factor=0.5 (repeatable)",
-)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="run directory (default: runs/<time>-<name>)",
-)
+@_set_option
+@_out_option("run directory (default: runs/<time>-<name>)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
-@click.option(
-    "--broker",
-    default=None,
-    metavar="mqtt://HOST:PORT",
-    help="processes engine: use this MQTT broker instead of the orchestrator's embedded one",
-)
+@_broker_option("processes engine: use this MQTT broker instead of the orchestrator's embedded one")
 @click.option(
     "--reference",
     type=click.Choice(["allreduce", "none"]),
@@ -183,9 +212,7 @@ def topology(
     show_default=True,
     help="also run an all-reduce reference with the same budget and compare",
 )
-@click.option(
-    "--force", is_flag=True, help="replace the earlier run in --out (default: refuse to reuse it)"
-)
+@_force_option
 @click.option(
     "--resume",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -211,18 +238,15 @@ def sim(
     loopback. The vectorized engine trains all n replicas batched in this process."""
     from concord.core.config import apply_overrides, load_config
 
-    items = list(overrides)
-    if engine is not None:
-        items.append(f"engine={engine}")
     if resume is not None and (config is not None or overrides or out is not None or force):
         _fail("--resume continues RUN_DIR with its own config.toml: give no CONFIG, --set, --out")
-    try:
-        if resume is not None:
+    if resume is not None:
+        try:
             cfg = load_config(resume / "config.toml", [], environ={})
-        else:
-            cfg = load_config(config, items)
-    except (ConfigError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        except (ConfigError, FileNotFoundError) as exc:
+            _fail(str(exc))
+    else:
+        cfg = _run_config(config, overrides, extra=[f"engine={engine}"] if engine else [])
     if resume is not None and (engine or cfg.engine) != "vectorized":
         _fail("--resume continues vectorized runs only (processes: restart the peers instead)")
     from rich.console import Console
@@ -301,8 +325,8 @@ def sim(
     show_default=True,
     help="accuracy reported in the table",
 )
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
+@_set_option
+@_out_option("directory of the sweep's runs, table and report")
 @click.option(
     "--preset",
     default=None,
@@ -452,12 +476,9 @@ def _sweep_preset(
     metavar="HOST:PORT",
     help="address other peers reach this one at (default: the listen address)",
 )
-@click.option(
-    "--broker",
-    default=None,
-    metavar="mqtt://HOST:PORT",
-    help="follow the orchestrator on this MQTT broker (default: orchestrator.broker; "
-    "unset: static mode, network.addresses)",
+@_broker_option(
+    "follow the orchestrator on this MQTT broker (default: orchestrator.broker; "
+    "unset: static mode, network.addresses)"
 )
 @click.option(
     "--run-id",
@@ -465,14 +486,9 @@ def _sweep_preset(
     help="control-plane run id, the orchestrator's (default: the config's name; with a broker "
     "one of the two is required)",
 )
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="run directory (default: runs/peer-<id>)",
-)
-@click.option("--force", is_flag=True, help="replace the earlier run in --out")
+@_set_option
+@_out_option("run directory (default: runs/peer-<id>)")
+@_force_option
 def peer(
     config: Path,
     peer_id: int,
@@ -485,17 +501,10 @@ def peer(
     force: bool,
 ) -> None:
     """Run one peer: its replica, a gRPC server, and links to its graph neighbours."""
-    from concord.core.config import load_config
     from concord.peer.app import CertError, PeerConfigError, run_peer
 
-    items = list(overrides)
-    if broker is not None:
-        items.append(f"orchestrator.broker={broker}")
     _check_advertise(advertise)
-    try:
-        cfg = load_config(config, items)
-    except ConfigError as exc:
-        _fail(str(exc))
+    cfg = _run_config(config, overrides, broker=broker)
     if cfg.orchestrator.broker is not None and run_id is None and not cfg.name:
         _fail(
             "a peer that follows an orchestrator needs the run's id: set 'name' in the config "
@@ -535,25 +544,15 @@ def peer(
     type=click.Path(dir_okay=False, path_type=Path),
     help="the run's TOML config (the same file the peers run)",
 )
-@click.option(
-    "--broker",
-    default=None,
-    metavar="mqtt://HOST:PORT",
-    help="MQTT broker (default: orchestrator.broker; unset: embed one on 127.0.0.1)",
-)
+@_broker_option("MQTT broker (default: orchestrator.broker; unset: embed one on 127.0.0.1)")
 @click.option(
     "--run-id",
     default=None,
     help="control-plane run id (default: the config's name; neither: a fresh <concord>-<8 hex>)",
 )
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="config override")
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="directory for the manifest, metrics and logs (default: runs/orchestrator)",
-)
-@click.option("--force", is_flag=True, help="replace the earlier run in --out")
+@_set_option
+@_out_option("directory for the manifest, metrics and logs (default: runs/orchestrator)")
+@_force_option
 def orchestrator(
     config: Path,
     broker: str | None,
@@ -563,15 +562,11 @@ def orchestrator(
     force: bool,
 ) -> None:
     """Coordinate the peers of a run over MQTT: schedules, plan, consensus control, liveness."""
-    from concord.core.config import load_config
     from concord.orchestrator.app import OrchestratorError, run_orchestrator
     from concord.protos.control_plane import Topics
 
-    items = list(overrides)
-    if broker is not None:
-        items.append(f"orchestrator.broker={broker}")
+    cfg = _run_config(config, overrides, broker=broker, code=1)
     try:
-        cfg = load_config(config, items)
         rid = run_id or cfg.name or _fresh_run_id(cfg)
         Topics(rid)
         if run_id is None and not cfg.name:
