@@ -122,15 +122,23 @@ class Children:
             if p.poll() not in (None, 0) and n not in self.abandoned
         }
 
-    def orchestrator_stuck(self, since: float | None, now: float) -> bool:
+    def orchestrator_stuck(self, since: float | None, now: float) -> bool | None:
         """Every peer exited ``since`` more than `_TEARDOWN` seconds ago and the orchestrator,
-        its summary written, is still there: its work is done and it is stuck in teardown."""
-        done = (self.run_dir / "orchestrator-summary.json").is_file()
-        return since is not None and now - since > _TEARDOWN and done
+        its summary written, is still there: it is stuck in teardown. True when that summary
+        says the run completed (its work is done), False when it records an error (the run
+        failed: stopping it must not hide that), None when it is not stuck."""
+        if since is None or now - since <= _TEARDOWN:
+            return None
+        try:
+            record = json.loads((self.run_dir / "orchestrator-summary.json").read_text())
+        except (OSError, ValueError):  # not written yet, or being written
+            return None
+        return isinstance(record, dict) and record.get("completed") is True
 
-    def abandon(self, name: str) -> None:
-        """Stop a child whose work is done; its exit status is then no failure."""
-        self.abandoned.add(name)
+    def abandon(self, name: str, *, done: bool = True) -> None:
+        """Stop a child; when its work is ``done`` its exit status is then no failure."""
+        if done:
+            self.abandoned.add(name)
         proc = self.procs[name]
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
@@ -270,11 +278,13 @@ async def _follow(
                     peers_gone = None
                 elif peers_gone is None:
                     peers_gone = now
-                elif children.orchestrator_stuck(peers_gone, now):
+                elif (done := children.orchestrator_stuck(peers_gone, now)) is not None:
                     structlog.get_logger("concord.sim.processes").warning(
-                        "orchestrator.teardown_stuck", seconds=round(now - peers_gone, 1)
+                        "orchestrator.teardown_stuck",
+                        seconds=round(now - peers_gone, 1),
+                        completed=done,
                     )
-                    children.abandon("orchestrator")
+                    children.abandon("orchestrator", done=done)
                     break
                 bar.update(
                     task, total=monitor.total or None, completed=monitor.step, info=monitor.line()

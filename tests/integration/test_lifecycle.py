@@ -236,16 +236,43 @@ def test_an_orchestrator_stuck_after_its_work_is_stopped_and_not_counted_failed(
     time.sleep(0.5)  # the child installed its handler
     now = time.monotonic()
     gone = now - processes._TEARDOWN - 1
-    assert not children.orchestrator_stuck(gone, now)  # no summary yet: it may still be working
-    (tmp_path / "orchestrator-summary.json").write_text("{}")
-    assert not children.orchestrator_stuck(now - 1, now)  # peers left only a moment ago
-    assert children.orchestrator_stuck(gone, now)
+    assert children.orchestrator_stuck(gone, now) is None  # no summary: it may still work
+    summary = tmp_path / "orchestrator-summary.json"
+    summary.write_text('{"completed": true}')
+    assert children.orchestrator_stuck(now - 1, now) is None  # peers left only a moment ago
+    assert children.orchestrator_stuck(gone, now) is True
     t0 = time.monotonic()
     children.abandon("orchestrator")
     assert children.procs["orchestrator"].returncode == -signal.SIGKILL
     assert time.monotonic() - t0 < 15
     assert children.failed() == {}
     assert children.running() == []
+
+
+def test_an_orchestrator_stuck_after_an_error_summary_counts_as_failed(tmp_path: Path) -> None:
+    """An orchestrator that recorded an error (``completed: false``) and then hangs is stopped
+    too, but its failure stands: the launcher must not report the run as finished."""
+    from concord.core.config import load_config
+    from concord.sim import processes
+
+    cfg = load_config(None, ["peers=2"], environ={})
+    (tmp_path / "logs").mkdir()
+    children = processes.Children(tmp_path, cfg)
+    children.procs["orchestrator"] = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"]
+    )
+    now = time.monotonic()
+    gone = now - processes._TEARDOWN - 1
+    (tmp_path / "orchestrator-summary.json").write_text("{")  # half-written: not yet judged
+    assert children.orchestrator_stuck(gone, now) is None
+    (tmp_path / "orchestrator-summary.json").write_text(
+        '{"completed": false, "error": "broker lost for 120 s"}'
+    )
+    done = children.orchestrator_stuck(gone, now)
+    assert done is False
+    children.abandon("orchestrator", done=done)
+    assert children.failed() == {"orchestrator": -signal.SIGTERM}
+    assert children.hopeless()
 
 
 @pytest.mark.parametrize("lagged", [False, True], ids=["barrier", "lagged"])
