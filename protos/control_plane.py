@@ -517,10 +517,19 @@ class Topics:
 
 
 def encode(message: Message) -> bytes:
-    """msgpack map {"v": SCHEMA_VERSION, "kind": KIND, **fields} (validated first)."""
+    """msgpack map {"v": SCHEMA_VERSION, "kind": KIND, **fields} (validated first).
+
+    `PayloadError` (topic: the kind) when it would exceed `MAX_PAYLOAD_BYTES`, which every
+    receiver refuses (a received message just under the limit may re-encode a few bytes over
+    it, its omitted defaults written out)."""
     message.validate()
     payload = {"v": SCHEMA_VERSION, "kind": message.KIND, **_to_map(message)}
     packed: bytes = msgpack.packb(payload, use_bin_type=True)
+    if len(packed) > MAX_PAYLOAD_BYTES:
+        raise PayloadError(
+            message.KIND,
+            f"{len(packed)} bytes exceed the {MAX_PAYLOAD_BYTES} bytes every receiver accepts",
+        )
     return packed
 
 

@@ -10,6 +10,7 @@ import msgpack
 import pytest
 
 from concord.protos.control_plane import (
+    MAX_PAYLOAD_BYTES,
     MAX_ROUNDS,
     MESSAGES,
     SCHEMA_VERSION,
@@ -244,6 +245,14 @@ def test_encode_refuses_invalid_messages() -> None:
                 version=0, peers=[0, 0], topology="ring", weights=None, kappa=1.0, seed=0, phases=[]
             )
         )
+
+
+def test_encode_refuses_a_message_no_receiver_would_accept() -> None:
+    """A sender learns at once that a message exceeds MAX_PAYLOAD_BYTES (receivers refuse it)."""
+    with pytest.raises(PayloadError, match="bytes exceed the 262144 bytes") as info:
+        encode(Status(peer=0, state="failed", reason="x" * MAX_PAYLOAD_BYTES))
+    assert info.value.topic == "status"
+    assert len(encode(Status(peer=0, state="failed", reason="x" * 1000))) < MAX_PAYLOAD_BYTES
 
 
 # -- the schemas are the class declarations ------------------------------------------------------

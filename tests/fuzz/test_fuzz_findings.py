@@ -37,3 +37,17 @@ def test_qsgd_encodes_a_large_finite_vector_with_a_finite_scale() -> None:
     assert torch.isfinite(parts["scale"]).all(), f"scale {parts['scale']}"
     y = codec.decode(Encoded("qsgd", parts, 1), key=5)
     assert torch.isfinite(y).all()
+
+
+def test_a_message_accepted_just_under_the_size_limit_is_not_re_sent_over_it() -> None:
+    """A status of 262,094 bytes (under MAX_PAYLOAD_BYTES) decoded fine, but re-encoding it wrote
+    out its omitted defaults and gave 262,194 bytes, which every receiver refuses; `encode` let it
+    through. It now refuses with the size, as receivers would (found by bench/chaos.py's fuzz)."""
+    from concord.protos.control_plane import MAX_PAYLOAD_BYTES, encode
+
+    fields = {"v": SCHEMA_VERSION, "kind": "status", "peer": 0, "state": "failed"}
+    payload = msgpack.packb({**fields, "reason": "x" * (MAX_PAYLOAD_BYTES - 100)})
+    assert len(payload) <= MAX_PAYLOAD_BYTES
+    message = decode("concord/v1/r/status/0", payload)
+    with pytest.raises(PayloadError, match="bytes exceed the 262144 bytes every receiver accepts"):
+        encode(message)
