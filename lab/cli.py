@@ -28,6 +28,7 @@ _RUN_FILES = (
     "orchestrator.json",
     "orchestrator-summary.json",
     "summary.json",
+    "error.json",
     "manifest.json",
     "metrics.jsonl",
     "control.jsonl",

@@ -294,10 +294,32 @@ async def _follow(
 def run_processes(
     cfg: RunConfig, run_dir: Path, *, progress: bool = True, broker: str | None = None
 ) -> dict[str, Any]:
-    """Run orchestrator + n peers; returns the summary (and writes the run directory)."""
-    started = time.perf_counter()
+    """Run orchestrator + n peers; returns the summary (and writes the run directory). A run
+    that fails leaves ``error.json`` in ``run_dir`` (what failed and why, each child's exit
+    status and recorded error), so no run directory is left without a summary or a reason."""
     check_algorithm(cfg)  # a bad [hyper] table fails here, not in n peer processes
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "error.json").unlink(missing_ok=True)
+    try:
+        return _run_processes(cfg, run_dir, progress=progress, broker=broker)
+    except ProcessesError as exc:
+        record = {
+            "role": "launcher",
+            "completed": False,
+            "error": str(exc).split("\n", 1)[0],
+            "children": child_errors(run_dir, cfg),
+            "ts": time.time(),
+        }
+        tmp = run_dir / "error.json.tmp"
+        tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(run_dir / "error.json")
+        raise
+
+
+def _run_processes(
+    cfg: RunConfig, run_dir: Path, *, progress: bool, broker: str | None
+) -> dict[str, Any]:
+    started = time.perf_counter()
     for stale in STALE_FILES:  # an earlier run's (`concord sim` refuses a reused --out first)
         (run_dir / stale).unlink(missing_ok=True)
     for i in range(cfg.peers):

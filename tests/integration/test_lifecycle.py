@@ -96,6 +96,10 @@ def test_stopping_the_launcher_stops_every_child(tmp_path: Path, sig: signal.Sig
     if sig != signal.SIGKILL:
         text = (tmp_path / "run.launcher.out").read_text()
         assert f"stopped by {sig.name}" in text
+        record = json.loads((out / "error.json").read_text())  # the run says why it ended
+        assert record["role"] == "launcher"
+        assert record["completed"] is False
+        assert f"stopped by {sig.name}" in record["error"]
 
 
 def test_a_killed_peer_is_dropped_and_the_others_finish_on_a_repaired_schedule(
