@@ -513,12 +513,14 @@ def peer(
             "id and writes it to orchestrator.json)"
         )
     run_dir = out or Path("runs") / f"peer-{peer_id}"
-    # a static peer started again on its interrupted run continues from its checkpoint
+    # a peer started again with the same command on its interrupted run rejoins it: a static
+    # peer from its checkpoint (or a neighbour's parameters), an orchestrated one where the
+    # orchestrator re-admits it; a completed run's directory is refused as before
     summary = run_dir / "summary.json"
+    started = (run_dir / "checkpoint.pt").is_file() or (run_dir / "metrics.jsonl").is_file()
     resuming = (
         not force
-        and cfg.orchestrator.broker is None
-        and (run_dir / "checkpoint.pt").is_file()
+        and started
         and not (summary.is_file() and json.loads(summary.read_text()).get("completed"))
     )
     if not resuming:

@@ -13,12 +13,23 @@ the caller passes ``now``, a `time.monotonic` value).
   off from the broker nobody is silent by their own fault (`Admission.cut_off`): after a reconnect
   peers get the broker session's longest reconnect backoff on top of the timeout to come back.
 
+A retained "ready" stamped more than ``stale_after`` seconds before the orchestrator started (a
+peer waits at most ``network.startup_timeout`` for its run, so that one's peer is long gone: a
+leftover of an earlier run under the same id) is refused, and the caller clears its topic.
+
 A status is not trusted: one whose address is not ``host:port`` (port 1–65535) is refused (logged,
 dropped) and so is an address change of an admitted peer once the run is set up (a repaired
 schedule must carry the addresses the peers already know, or they refuse it).
 
 What a drop means for pending rounds and the schedule is the caller's business
 (`concord.orchestrator.app`): `Admission.drop` only marks the peer and says whether it was news.
+
+**Re-admission** — a peer restarted with the same command announces "ready" again during the
+``train`` stage, possibly at a new address: `Admission.on_status` says so (``readmit``); the
+caller drops it if it was not dropped yet (its old incarnation is gone) and `Admission.readmit`
+takes it back from a step (``joins_at``) a little ahead of the live peers; until the live peers
+have reported that step it owes no statistics (`Admission.expected`). Only such a "ready" (a new
+incarnation) may change a peer's address once the run is set up.
 """
 
 from __future__ import annotations
@@ -54,6 +65,8 @@ class PeerInfo:
     stage_done: str = ""  # last stage this peer reported done
     gone: bool = False
     offline_at: float | None = None  # its Last-Will arrived (confirmed by silence, see sweep)
+    joins_at: int | None = None  # re-admitted: the step it (re)joins at (`Admission.readmit`)
+    readmissions: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,13 +76,27 @@ class StatusOutcome:
 
     changed: bool
     drop: str | None = None
+    readmit: bool = False  # a dropped peer announced "ready" again: the caller re-admits it
+    stale: bool = False  # a retained "ready" left over from an earlier run: the caller clears it
 
 
 class Admission:
     """The peer table of one run (see the module docstring)."""
 
-    def __init__(self, n: int, *, liveness_timeout: float, heartbeat: float) -> None:
+    def __init__(
+        self,
+        n: int,
+        *,
+        liveness_timeout: float,
+        heartbeat: float,
+        started_at: float = 0.0,
+        stale_after: float = float("inf"),
+    ) -> None:
+        """``started_at`` (wall clock, `time.time`) and ``stale_after`` (seconds): a "ready"
+        stamped more than ``stale_after`` before the orchestrator started is a leftover of an
+        earlier run under this id (its peer gave up waiting long ago) and is refused."""
         self.n = n
+        self.started_at, self.stale_after = started_at, stale_after
         self.peers = {i: PeerInfo() for i in range(n)}
         self.timeout = liveness_timeout
         self.confirm = 2 * heartbeat + 0.2  # a Last-Will stands once this passed in silence
@@ -84,8 +111,18 @@ class Admission:
         return {i for i, p in self.peers.items() if not p.gone}
 
     def expected(self, stage: str) -> set[int]:
-        """Live peers that still owe ``stage`` its work (whose statistics a round waits for)."""
-        return {i for i in self.live() if self.peers[i].stage_done != stage}
+        """Live peers that still owe ``stage`` its work (whose statistics a round waits for); a
+        re-admitted peer only once the others have reported its joining step."""
+        live = self.live()
+        joining = {i for i in live if self.peers[i].joins_at is not None}
+        if joining:
+            reached = self.known_step(live - joining)
+            for i in list(joining):
+                joins_at = self.peers[i].joins_at
+                if joins_at is not None and reached >= joins_at:
+                    self.peers[i].joins_at = None  # in step with the others now
+                    joining.discard(i)
+        return {i for i in live - joining if self.peers[i].stage_done != stage}
 
     def finished(self, stage: str) -> list[int]:
         return [i for i, p in self.peers.items() if p.stage_done == stage]
@@ -143,12 +180,25 @@ class Admission:
         if status.peer != peer:
             log.warning("control.rejected", topic="status", peer=peer, problem="peer mismatch")
             return StatusOutcome(changed=False)
+        old = 0 < status.ts < self.started_at - self.stale_after
+        if not stage and status.state == "ready" and old:
+            log.warning(
+                "control.rejected",
+                topic="status",
+                peer=peer,
+                problem=f"a 'ready' of {self.started_at - status.ts:.0f} s before this run began",
+            )
+            return StatusOutcome(changed=False, stale=True)
         if status.state == "offline":  # a Last-Will: confirmed by silence in sweep
             info.state, info.offline_at = status.state, now
             return StatusOutcome(changed=False)
+        # a peer announces "ready" only when it starts: mid-training, that is a restart (dropped
+        # already, or not yet: its Last-Will may still be unconfirmed)
+        back = stage == "train" and status.state == "ready"
         if status.address is not None and status.state in ("ready", "training"):
             problem = address_problem(status.address)
-            if problem is None and stage and info.address and status.address != info.address:
+            moved = status.address != info.address
+            if problem is None and stage and info.address and moved and not back:
                 problem = f"changes the admitted address {info.address!r} during the run"
             if problem is not None:
                 log.warning(
@@ -171,7 +221,7 @@ class Admission:
             info.stage_done = status.stage
         elif status.state == "failed" and stage and not info.gone:
             drop = f"status {status.state}" + (f": {status.reason}" if status.reason else "")
-        return StatusOutcome(changed=True, drop=drop)
+        return StatusOutcome(changed=True, drop=drop, readmit=back and bool(info.address))
 
     def drop(self, peer: int, reason: str) -> bool:
         """Mark ``peer`` gone; False if it already was."""
@@ -180,6 +230,24 @@ class Admission:
             return False
         info.gone = True
         log.warning("peer.dropped", peer=peer, reason=reason, live=sorted(self.live()))
+        return True
+
+    def readmit(self, peer: int, joins_at: int, now: float) -> bool:
+        """Take a dropped ``peer`` back (it announced "ready" again): live from now, joining the
+        gossip at step ``joins_at``; False if it was not dropped."""
+        info = self.peers[peer]
+        if not info.gone or not info.address:
+            return False
+        info.gone, info.offline_at, info.last_seen = False, None, now
+        info.joins_at, info.stage_done, info.step = joins_at, "", joins_at
+        info.readmissions += 1
+        log.warning(
+            "peer.readmitted",
+            peer=peer,
+            address=info.address,
+            joins_at=joins_at,
+            live=sorted(self.live()),
+        )
         return True
 
     def begin_stage(self, now: float) -> None:

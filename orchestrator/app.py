@@ -22,7 +22,9 @@ The run, as seen from here:
    rounds recorded; in an ada-feedback run the statistics of uncontrolled steps go to the graph
    book, and every decision point publishes a schedule version effective at its step + lag;
 5. liveness: a dropped peer (Last-Will, "failed", silence) is no longer waited for, and a
-   repaired schedule over the live peers is published;
+   repaired schedule over the live peers is published; a peer restarted with the same command
+   announces "ready" again and is re-admitted: a new schedule version includes it, with its new
+   address, effective a little ahead of the live peers (`Orchestrator._readmit`);
 6. when every live peer is done: ``control`` "stop", ``orchestrator-summary.json``, exit 0 (1 if
    no peer finished).
 
@@ -44,7 +46,11 @@ malformed address is refused (`concord.orchestrator.admission`).
 
 Run ids and retained state: the run's retained topics (``control``, ``schedule``, ``plan``, the
 presence and every peer's ``status``) are cleared at the end of the run, and ``control``,
-``schedule`` and ``plan`` at its start. A run refuses to start (`OrchestratorError`) while another
+``schedule`` and ``plan`` at its start. Peers' ``status`` topics are not cleared at the start —
+a peer started before the orchestrator announced itself there — but a retained "ready" stamped
+more than ``network.startup_timeout`` + `STALE_SLACK` seconds before this orchestrator started
+(a crashed run's leftover: its peer gave up long ago) is refused and its topic cleared
+(`concord.orchestrator.admission`). A run refuses to start (`OrchestratorError`) while another
 orchestrator's presence under the same run id is retained "online" and fresh (refreshed every
 `PRESENCE_REFRESH` seconds by its owner; older than `PRESENCE_STALE`: a crashed run's leftover).
 """
@@ -80,7 +86,7 @@ from concord.orchestrator.graphs import GraphBook
 from concord.orchestrator.metrics import MetricsTable
 from concord.orchestrator.records import RunRecords, manifest, summary
 from concord.orchestrator.rounds import RoundBook
-from concord.orchestrator.schedules import Schedules, plan_message
+from concord.orchestrator.schedules import REPAIR_AHEAD, Schedules, plan_message
 from concord.protos.control_plane import (
     Decision,
     Message,
@@ -102,6 +108,7 @@ PRESENCE_REFRESH = 10.0  # seconds between re-publications of the retained "onli
 PRESENCE_STALE = 3 * PRESENCE_REFRESH  # an "online" presence older than this is a leftover
 RETAINED_SETTLE = 0.5  # seconds to let the retained messages arrive after (re)subscribing
 MAX_STATISTIC = 1e100  # θ_i or ‖g_i‖ above this is no measurement (and would overflow sums)
+STALE_SLACK = 60.0  # seconds of clock skew allowed for before a retained "ready" is a leftover
 
 
 class Orchestrator:
@@ -113,7 +120,11 @@ class Orchestrator:
         self.topics = Topics(run_id)
         o = cfg.orchestrator
         self.admission = Admission(
-            cfg.peers, liveness_timeout=o.liveness_timeout, heartbeat=o.heartbeat
+            cfg.peers,
+            liveness_timeout=o.liveness_timeout,
+            heartbeat=o.heartbeat,
+            started_at=time.time(),
+            stale_after=cfg.network.startup_timeout + STALE_SLACK,
         )
         self.schedules = Schedules(cfg)
         self.book: RoundBook | None = None
@@ -170,6 +181,10 @@ class Orchestrator:
             outcome = self.admission.on_status(peer, message, now, self.stage)
             if outcome.drop is not None:
                 self._drop(peer, outcome.drop)
+            if outcome.readmit:
+                self._readmit(peer, now)
+            if outcome.stale and self.bus is not None:  # a leftover of an earlier run: gone
+                self._spawn(self.bus.clear("status", peer), "clear")
             if outcome.changed:
                 self.changed.set()
         elif isinstance(message, Stats):
@@ -210,6 +225,25 @@ class Orchestrator:
         owed = self.admission.peers[peer].stage_done != self.stage
         if self.stage and self.admission.live() and owed:
             self._spawn(self._publish_schedule(f"peer {peer} left ({reason})"), "schedule")
+        self.changed.set()
+
+    def _readmit(self, peer: int, now: float) -> None:
+        """A peer restarted and announced "ready" again mid-training: drop its old incarnation
+        (if that was not noticed yet) and take it back with the address it announced, in a new
+        schedule version effective `REPAIR_AHEAD` steps past the newest step a live peer
+        reported; it fetches its parameters from a neighbour and starts there
+        (`concord.peer.app`)."""
+        a = self.admission
+        if not a.peers[peer].gone:
+            a.drop(peer, "restarted (announced ready during training)")
+            if self.book is not None:
+                self._publish_all(self.book.expire(self.expected(), now))
+        others = sorted(a.live())
+        joins_at = a.newest_step(others) + REPAIR_AHEAD
+        if not a.readmit(peer, joins_at, now):
+            return
+        reason = f"peer {peer} re-admitted at {a.peers[peer].address}"
+        self._spawn(self._publish_schedule(reason, effective_step=joins_at), "schedule")
         self.changed.set()
 
     async def _liveness(self) -> None:

@@ -18,8 +18,15 @@ step and round), ``checkpoint.pt`` (load with ``weights_only=True``), ``summary.
 
 A static peer started again with the same ``--config`` and ``--out`` after it was killed (or
 stopped) continues from its last checkpoint (parameters, algorithm and RNG state, the gossip-round
-counter and byte counters): metrics lines after the checkpoint's step are dropped, and training
-goes on from the next step while its neighbours skip it per ``network.deadline``.
+counter and byte counters): metrics lines after the checkpoint's step are dropped — unless its
+neighbours are more than ``network.rejoin_fetch_after`` steps further (or it has no checkpoint):
+then it adopts a neighbour's parameters (``Fetch``) and goes on from that neighbour's step + 1
+(`PeerProcess._rejoin`). Its neighbours skip it after ``network.skip_after`` missed rounds and
+take it back when it says Hello again (`concord.peer.transport`). An orchestrated peer restarted
+with the same command is re-admitted by the orchestrator at a later schedule version; it fetches
+a neighbour's parameters and starts at that version's effective step (`PeerProcess._join_late`).
+A peer that finds itself more than its step window behind all its neighbours (it was stalled)
+jumps to their step (``jump`` in `PeerProcess.train`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -156,7 +164,17 @@ class PeerProcess:
         self.resume: dict[str, Any] | None = None
         if self.broker is None:
             self.resume = resumable(out, cfg, peer_id)
+        # started before on this run directory (killed, with or without a checkpoint): rejoin
+        self.restarted = self.broker is None and (
+            self.resume is not None or (out / "metrics.jsonl").is_file()
+        )
+        self.rejoined: dict[str, int] = {}
         after = None if self.resume is None else int(self.resume["run"]["next_step"]) - 1
+        if self.broker is not None and (out / "metrics.jsonl").is_file():
+            # an orchestrated peer restarted on its run directory (`concord peer` refuses one of a
+            # completed run): it rejoins at the step the orchestrator gives it, so its earlier
+            # records stay and the new ones follow them
+            after = sys.maxsize
         self.writer = RunWriter(
             out, cfg, run=self.run_id, flush_every=1, resume_after=after, peer=peer_id
         )
@@ -225,6 +243,7 @@ class PeerProcess:
             deadline=cfg.network.deadline,
             max_abs_value=cfg.network.max_abs_value,
             stream_idle_timeout=cfg.network.stream_idle_timeout,
+            skip_after=cfg.network.skip_after,
             tensor_ids=expected_tensor_ids(cfg),
             is_neighbour=is_neighbour,
             server_credentials=server_creds,
@@ -278,6 +297,10 @@ class PeerProcess:
             tensors_received=transport.counters.received,
             tensors_late=transport.counters.late,
             send_failures=transport.counters.send_failures,
+            missed_deadlines=transport.counters.missed_deadlines,
+            neighbours_skipped=transport.counters.skipped,
+            neighbours_back=transport.counters.back,
+            rounds_not_waited=transport.counters.not_waited,
             **coord.counters(),
         )
         self.log.info("peer.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
@@ -310,6 +333,7 @@ class PeerProcess:
                     self.log.warning("peer.start_without", missing=missing)
                 connected = True
             await coord.training(stage, transport)
+            late = coord.rejoin_at(stage)
             result = await asyncio.to_thread(
                 self.train,
                 runner,
@@ -317,6 +341,8 @@ class PeerProcess:
                 steps=stage.steps,
                 hooks=coord.step_hooks(stage),
                 evaluate=stage.final,
+                join_at=late,
+                fetch_from=coord.neighbours(),
             )
             result.update(await coord.stage_done(stage))
             if stage.final or self.stop.is_set():
@@ -335,23 +361,54 @@ class PeerProcess:
         steps: int | None = None,
         hooks: Sequence[StepHooks] = (),
         evaluate: bool = True,
+        join_at: int | None = None,
+        fetch_from: Sequence[int] = (),
     ) -> dict[str, Any]:
         """Train ``steps`` steps (default: the whole plan) in this thread; ``hooks`` see every
         step (an orchestrated stage applies schedules before and publishes metrics after one).
-        ``evaluate``: evaluate (and checkpoint) at the run's evaluation interval."""
+        ``evaluate``: evaluate (and checkpoint) at the run's evaluation interval. ``join_at``: a
+        restarted orchestrated peer re-admitted at that step; it fetches its parameters from
+        one of ``fetch_from`` and starts there (`_join_late`)."""
         i = self.peer_id
         total = runner.total_steps if steps is None else min(steps, runner.total_steps)
         clock = _StepClock(self)
         t0 = time.perf_counter()
+        comm = runner.comm if isinstance(runner.comm, PeerComm) else None
+        transport = comm.transport if comm is not None else None
+        jumps: list[tuple[int, int]] = []  # (from, to): steps this peer jumped over
+        neighbours = self.neighbours_ever(runner) if transport is not None else []
+
+        def jump(step: int) -> int:
+            """Behind its neighbours by more than the step window (they skipped it while it was
+            stalled, or it restarted from an old checkpoint), this peer can mix with nobody:
+            it jumps to their step — the round counter too, so frame keys match — and gossip
+            pulls its stale parameters back in (`concord.peer.transport.Transport.behind`)."""
+            if comm is None or transport is None:
+                return step
+            ahead = transport.behind(comm.step_base + step, neighbours)
+            if ahead is None:
+                return step
+            to = ahead[0] - comm.step_base
+            if to >= total:
+                return step  # no step of this stage (a bogus claim): stay
+            self.log.warning("peer.jump", from_step=step, to_step=to, round=ahead[1])
+            comm.loop.call_soon_threadsafe(transport.jumped)  # before the next round's coroutine
+            runner.rounds_total = ahead[1]
+            jumps.append((step, to))
+            return to
 
         def one(step: int) -> dict[str, Any]:
             record, report = runner.step(step)
             record["step_ms"] = (time.perf_counter() - clock.started) * 1e3  # incl. control waits
             record["peer"] = i
+            if jumps and jumps[-1][1] == step:
+                record["jumped_from"] = jumps[-1][0]
             record["missing"] = sorted({j for o in report.outcomes for m in o.missing for j in m})
             record["rejected"] = sorted(
                 {j for o in report.outcomes for r in o.rejected for j, _ in r}
             )
+            if transport is not None:  # neighbours not waited for after this step
+                record["skipped"] = list(transport.suspected)
             if record["missing"]:
                 self.log.warning(
                     "round.missing",
@@ -376,18 +433,31 @@ class PeerProcess:
         if self.resume is not None:  # a restarted static peer: continue from its checkpoint
             start = self._restore(self.resume, runner, task)
             self.resume = None
-        result = drive(
-            steps=total,
-            interval=runner.eval_interval(),
-            last_step=runner.total_steps - 1,
-            train=one,
-            evaluate=evaluation if evaluate else None,
-            sink=self.writer,
-            hooks=[clock, *hooks, _Checkpoints(self, runner, task)],
-            stop=self.stop.is_set,
-            start=start,
-        )
-        resumed = {"resumed_from_step": start} if start else {}
+        if self.restarted and comm is not None and transport is not None:
+            self.restarted = False
+            start = self._rejoin(runner, task, comm, transport, start, neighbours, total)
+        if join_at is not None and comm is not None and transport is not None:
+            peers = [j for j in fetch_from if j in neighbours] or list(fetch_from)
+            start = self._join_late(runner, task, comm, transport, join_at, peers, total)
+        serve = _Serve(runner, task, comm, transport)
+        try:
+            result = drive(
+                steps=total,
+                interval=runner.eval_interval(),
+                last_step=runner.total_steps - 1,
+                train=one,
+                evaluate=evaluation if evaluate else None,
+                sink=self.writer,
+                hooks=[clock, *hooks, serve, _Checkpoints(self, runner, task)],
+                stop=self.stop.is_set,
+                start=start,
+                skip=jump,
+            )
+        finally:
+            serve.close()  # Fetches are refused from now on
+        resumed: dict[str, Any] = {"resumed_from_step": start} if start else {}
+        if self.rejoined:
+            resumed["rejoined"] = dict(self.rejoined)
         return {
             **resumed,
             "engine": "processes",
@@ -396,6 +466,8 @@ class PeerProcess:
             "completed": result.steps == runner.total_steps,
             "accuracy": result.last_eval.get("accuracy"),
             "gossip_rounds_total": runner.rounds_total,
+            "jumps": len(jumps),
+            "steps_jumped": sum(to - at for at, to in jumps),
             "bytes_sent_total": runner.comm.counters.bytes_wire,
             "bytes_raw_total": runner.comm.counters.bytes_raw,
             "bytes_per_edge": runner.comm.counters.edge_table(),
@@ -403,6 +475,80 @@ class PeerProcess:
             "cpu_seconds": time.process_time(),  # this process so far, every thread
             "run_dir": str(self.out),
         }
+
+    def _rejoin(
+        self,
+        runner: StepRunner,
+        task: ClassificationTask,
+        comm: PeerComm,
+        transport: Transport,
+        start: int,
+        neighbours: list[int],
+        total: int,
+    ) -> int:
+        """A restarted static peer asks its neighbours for their parameters (Fetch); when the
+        most advanced answer is more than ``network.rejoin_fetch_after`` steps ahead of its
+        checkpoint (or it has none), it adopts those parameters and continues at that
+        neighbour's step + 1 — with the round counter to match (one round per step), so its
+        frames carry the keys its neighbours expect and land inside their step window. The
+        algorithm's state (momentum, trackers) is kept: the checkpoint's own, or the fresh one;
+        it is this peer's, decays within a few steps, and a neighbour's would not fit its data.
+        Returns the step to start at. Only a restarted peer fetches: at a fresh start the
+        neighbours' first round waits for this peer, whose Fetch would wait for their step
+        boundary."""
+        cfg = self.cfg
+        timeout = 2 * cfg.network.deadline + 5.0  # a neighbour's step boundary, at worst
+        future = asyncio.run_coroutine_threadsafe(
+            transport.fetch_any(neighbours, timeout), comm.loop
+        )
+        got = future.result(timeout + 10.0)
+        if got is None:
+            self.log.info("peer.rejoin", fetched=False, step=start)
+            return start
+        behind = got.step - comm.step_base - start
+        to = got.step - comm.step_base + 1
+        if behind <= cfg.network.rejoin_fetch_after or to >= total:
+            self.log.info("peer.rejoin", fetched=False, step=start, neighbour_step=got.step)
+            return start
+        with torch.no_grad():
+            task.x[0].copy_(got.x.to(task.x.device, task.x.dtype))
+        runner.rounds_total = got.round + 1
+        self.rejoined = {"from_peer": got.sender, "at_step": to, "checkpoint_step": start}
+        self.log.warning("peer.rejoin", fetched=True, **self.rejoined)
+        return to
+
+    def _join_late(
+        self,
+        runner: StepRunner,
+        task: ClassificationTask,
+        comm: PeerComm,
+        transport: Transport,
+        join_at: int,
+        peers: list[int],
+        total: int,
+    ) -> int:
+        """A restarted orchestrated peer, re-admitted at step ``join_at``: it adopts the
+        parameters of the most advanced of ``peers`` that answers a Fetch and starts at
+        ``join_at`` or, if that neighbour is already past it, at its step + 1 (the round
+        counter to match, one round per step; `jump` corrects the rest). Without an answer it
+        starts at ``join_at`` from its initial parameters, and gossip pulls them in."""
+        timeout = 2 * self.cfg.network.deadline + 5.0
+        future = asyncio.run_coroutine_threadsafe(transport.fetch_any(peers, timeout), comm.loop)
+        got = future.result(timeout + 10.0)
+        start = min(join_at, total - 1)
+        if got is None:
+            runner.rounds_total = start
+            self.rejoined = {"at_step": start, "readmitted_at": join_at}
+            self.log.warning("peer.rejoin", fetched=False, **self.rejoined)
+            return start
+        local = got.step - comm.step_base
+        start = min(max(join_at, local + 1), total - 1)
+        with torch.no_grad():
+            task.x[0].copy_(got.x.to(task.x.device, task.x.dtype))
+        runner.rounds_total = got.round + (start - local)
+        self.rejoined = {"from_peer": got.sender, "at_step": start, "readmitted_at": join_at}
+        self.log.warning("peer.rejoin", fetched=True, **self.rejoined)
+        return start
 
     def run_state(self, runner: StepRunner, step: int) -> dict[str, Any]:
         """The peer's state beyond tensors after ``step`` (a checkpoint's ``run``)."""
@@ -464,6 +610,31 @@ class _StepClock(StepHooks):
         self.process.step = step
         structlog.contextvars.bind_contextvars(step=step)
         self.started = time.perf_counter()
+
+
+class _Serve(StepHooks):
+    """Fetch answers (`concord.peer.transport.Transport.snapshot`): at each step boundary, a copy
+    of the parameters for the neighbours waiting — never a torn read of a step in progress."""
+
+    def __init__(
+        self,
+        runner: StepRunner,
+        task: ClassificationTask,
+        comm: PeerComm | None,
+        transport: Transport | None,
+    ) -> None:
+        self.runner, self.task, self.comm, self.transport = runner, task, comm, transport
+        if transport is not None:
+            transport.training = True
+
+    def before(self, step: int) -> None:
+        t, comm = self.transport, self.comm
+        if t is not None and comm is not None and t.wanted:
+            t.fulfil(self.task.x[0], comm.step_base + step, self.runner.rounds_total)
+
+    def close(self) -> None:
+        if self.transport is not None and self.comm is not None:
+            self.comm.loop.call_soon_threadsafe(self.transport.stop_serving)
 
 
 class _Checkpoints(StepHooks):

@@ -36,8 +36,9 @@ progress ends at the next step boundary, the peer writes its error record and ex
 A received schedule is applied only if `ScheduleCheck` accepts it (the control plane is not
 authenticated; a retained forged or stale schedule must not crash or mislead the peer): it names
 this run's topology, weights, κ and seed; its peers are the ones this peer expects (version 1:
-every peer of the run; later: a subset of the schedule in force — peers are dropped, never added)
-and include this peer; each peer keeps its address (this peer's is the one it advertised); its
+every peer of the run; later: any peers of the run — dropped ones, or ones added back after a
+restart — with a version newer than the one in force) and include this peer; each peer that stays
+keeps its address, one added back comes with its new one (this peer's is the one it advertised); its
 phase indices are the plan's; and every phase's topology yields a valid mixing matrix over its
 peers (core's builder and validation: symmetric doubly stochastic, column-stochastic for push-sum
 topologies, which only push-sum algorithms may use). Otherwise it is refused with a logged reason
@@ -160,6 +161,12 @@ class StaticCoordination:
     def step_hooks(self, stage: Stage) -> list[StepHooks]:
         return []
 
+    def rejoin_at(self, stage: Stage) -> int | None:
+        return None  # a restarted static peer rejoins from its checkpoint (`concord.peer.app`)
+
+    def neighbours(self) -> list[int]:
+        return [j for j in range(self.cfg.peers) if j != self.peer_id]
+
     async def training(self, stage: Stage, transport: Transport) -> None:
         return None
 
@@ -221,15 +228,16 @@ class ScheduleCheck:
         if s.version <= 1 and members != everyone:
             missing = sorted(everyone - members)
             return f"version {s.version} must list every peer of the run; missing {missing}"
-        expected = everyone if current is None else set(current.peers)
-        if not members <= expected:
-            return f"peers {sorted(members - expected)} were dropped earlier or never admitted"
+        if current is not None and s.version <= current.version:
+            return f"version {s.version} is not newer than version {current.version} in force"
         if len(s.addresses) != len(s.peers):
             return f"{len(s.addresses)} addresses for {len(s.peers)} peers"
         address = dict(zip(s.peers, s.addresses, strict=True))
         if self.advertise and address[me] != self.advertise:
             return f"it gives this peer the address {address[me]!r}, not {self.advertise!r}"
         if current is not None and len(current.addresses) == len(current.peers):
+            # a peer keeps its address while it stays in; one added back (re-admitted after a
+            # restart) comes with the address it announced now
             known = dict(zip(current.peers, current.addresses, strict=True))
             moved = sorted(p for p in members if known.get(p, address[p]) != address[p])
             if moved:
@@ -359,19 +367,31 @@ class Membership:
 
 class OrchestratorHooks(StepHooks):
     """Around each step of an orchestrated stage: schedules in force before it, how its rounds
-    were decided and its metrics (to the orchestrator) after it."""
+    were decided and its metrics (to the orchestrator) after it. ``addresses`` is told every
+    newer schedule as soon as it is seen (a re-admitted peer's new address: connect early)."""
 
     def __init__(
-        self, control: OrchestratedControl, membership: Membership, log: Any, train: bool
+        self,
+        control: OrchestratedControl,
+        membership: Membership,
+        log: Any,
+        train: bool,
+        addresses: Callable[[Schedule], None] | None = None,
     ) -> None:
         self.control = control
         self.membership = membership
         self.log = log
         self.train = train
         self.graph_fallback = False  # this step ran on its old graph (decision not received)
+        self.addresses = addresses
+        self.addressed = 0  # the newest schedule version whose addresses were passed on
 
     def before(self, step: int) -> None:
         self.graph_fallback = False
+        pending = self.membership._pending()
+        if pending is not None and pending.version > self.addressed and self.addresses:
+            self.addressed = pending.version
+            self.addresses(pending)
         decision = self.membership.awaited(step)
         if decision is not None and not self.control.wait_for_schedule(
             lambda: self.membership.holds(decision)
@@ -441,6 +461,11 @@ class OrchestratedCoordination:
         self._handled: list[float] = []  # ts of the run controls already acted on
         self._advertise = ""
         self._control: OrchestratedControl | None = None
+        self._transport: Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # the first schedule this peer took is a later version: it (re)joins a run in progress
+        # at that schedule's effective step (`rejoin_at`)
+        self.joined_version = 0
 
     def is_neighbour(self, sender: int, wire_step: int, round: int, tensor_id: int) -> bool:
         return self.membership.is_neighbour(sender, wire_step, round, tensor_id)
@@ -510,7 +535,30 @@ class OrchestratedCoordination:
         schedule = ctl.schedule
         if schedule is not None:
             transport.set_addresses(dict(zip(schedule.peers, schedule.addresses, strict=True)))
+            self.joined_version = schedule.version
+        self._transport, self._loop = transport, asyncio.get_running_loop()
         return True
+
+    def rejoin_at(self, stage: Stage) -> int | None:
+        """The step of ``stage`` a restarted peer starts at: the effective step of the schedule
+        that re-admitted it (None: it runs the stage from the start with everyone). A peer
+        whose first schedule is a later version joins a train stage in progress: at the start
+        every peer takes version 1 (the run starts when all are ready)."""
+        s = self.client.schedule
+        if stage.name != "train" or self.joined_version <= 1 or s is None:
+            return None
+        return max(0, s.effective_step)
+
+    def neighbours(self) -> list[int]:
+        """The peers of the schedule held (a rejoining peer fetches from them)."""
+        s = self.client.schedule
+        return [] if s is None else [j for j in s.peers if j != self.peer_id]
+
+    def _addresses(self, s: Schedule) -> None:
+        """The training thread saw a newer schedule: its addresses to the transport (loop)."""
+        t, loop = self._transport, self._loop
+        if t is not None and loop is not None and len(s.addresses) == len(s.peers):
+            loop.call_soon_threadsafe(t.set_addresses, dict(zip(s.peers, s.addresses, strict=True)))
 
     async def next_stage(self) -> Stage | None:
         """The next stage the orchestrator starts; None when a stop comes first."""
@@ -561,7 +609,11 @@ class OrchestratedCoordination:
 
     def step_hooks(self, stage: Stage) -> list[StepHooks]:
         assert self._control is not None, "round_hooks() comes first"
-        return [OrchestratorHooks(self._control, self.membership, self.log, stage.final)]
+        return [
+            OrchestratorHooks(
+                self._control, self.membership, self.log, stage.final, self._addresses
+            )
+        ]
 
     async def training(self, stage: Stage, transport: Transport) -> None:
         await self.client.status("training", stage=stage.name, address=self._advertise)

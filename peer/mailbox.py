@@ -81,6 +81,10 @@ class Counters:
     late: int = 0
     send_failures: int = 0
     missed_deadlines: int = 0  # rounds that gave up on a neighbour's tensor at the deadline
+    skipped: int = 0  # times a neighbour became suspect (`network.skip_after` rounds missed)
+    back: int = 0  # times a suspect neighbour was taken back
+    not_waited: int = 0  # (neighbour, round) pairs a suspect was missing without a wait
+    dropped_sends: int = 0  # tensors not sent to a suspect (its last one still in flight)
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -101,6 +105,8 @@ class Mailbox:
         self._held: dict[int, int] = {}  # sender → bytes reserved (assembling + filed)
         self._closed: set[Key] = set()  # slots their round has collected (this step or later)
         self.dropped = 0  # entries refused by the caps
+        self.newest: dict[int, int] = {}  # sender → the latest step of a tensor it delivered
+        self.watch: asyncio.Future[None] | None = None  # resolved when `newest` moves (`seen`)
 
     # -- bytes in flight ------------------------------------------------------------------------
 
@@ -130,6 +136,15 @@ class Mailbox:
         if size:
             self.release(key[0], size)
         return fut
+
+    def seen(self, sender: int, step: int) -> None:
+        """``sender`` sent a tensor of ``step`` (filed, late, or refused as too far ahead): a
+        round waiting for one of its earlier steps stops waiting (streams are in order, so that
+        one is here already or never comes)."""
+        if step > self.newest.get(sender, -1):
+            self.newest[sender] = step
+            if self.watch is not None and not self.watch.done():
+                self.watch.set_result(None)
 
     def _admit(self, key: Key) -> None:
         """Room for one more network-created slot (raises `RejectedError` "overload")."""
@@ -161,6 +176,7 @@ class Mailbox:
         slot (released by `take` / `advance`), or released at once when it is not filed. Raises
         `RejectedError` ("overload", after releasing) when the caps leave no room for it."""
         key = (arrival.sender, arrival.step, arrival.round, arrival.tensor_id)
+        self.seen(arrival.sender, arrival.step)
         if arrival.step < self.step or key in self._closed:
             self.release(arrival.sender, reserved)
             return False

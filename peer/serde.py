@@ -21,10 +21,11 @@ from google.protobuf.message import DecodeError
 from concord.errors import MalformedFrameError as MalformedFrameError
 from concord.protos import data_plane_pb2 as pb
 
-PROTOCOL_VERSION = 2  # 2: FrameHeader.push_weight (SGP), CODEC_QSGD, DTYPE_INT16
+PROTOCOL_VERSION = 3  # 2: FrameHeader.push_weight (SGP), CODEC_QSGD, DTYPE_INT16; 3: Fetch
 TENSOR_MIX = 0  # tensor ids within a round (see FrameHeader.tensor_id)
 TENSOR_ALLREDUCE = 1
 TENSOR_EDGE = 2
+TENSOR_FETCH = 3  # a peer's parameters answering a Fetch (never on an Exchange stream)
 
 CODEC_TO_WIRE: dict[str, int] = {
     "none": pb.CODEC_NONE,

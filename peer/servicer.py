@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -237,6 +237,15 @@ class GossipServicer(pb_grpc.GossipServicer):
     def __init__(self, transport: ServedPeer) -> None:
         self.t = transport
         self.open: dict[int, int] = {}  # greeted peer id → its open Exchange streams
+        # called with the peer id of every accepted Hello (the transport takes a skipped
+        # neighbour back when it reaches us again, `concord.peer.transport.Transport.greeted_by`)
+        self.on_hello: Callable[[int], None] | None = None
+        # called with (sender, step, round) of a frame refused as too far ahead (this peer fell
+        # behind: `concord.peer.transport.Transport.saw_ahead`)
+        self.on_ahead: Callable[[int, int, int], None] | None = None
+        # this peer's parameters at its next step boundary, for a Fetch (None: not training;
+        # `concord.peer.transport.Transport.snapshot`)
+        self.snapshot: Callable[[], Awaitable[serde.Outgoing | None]] | None = None
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register Hello, Exchange (protobuf frames) and ExchangeRaw (raw frames, no protobuf
@@ -279,7 +288,50 @@ class GossipServicer(pb_grpc.GossipServicer):
                 await context.abort(STATUS_OF[r.reason], r.detail)
             return serde.hello_reply(False, r.detail, self.t.peer_id)
         self.t.greeted.add(context.peer(), hello.peer_id)
+        if self.on_hello is not None:
+            self.on_hello(hello.peer_id)
         return serde.hello_reply(True, "", self.t.peer_id)
+
+    async def Fetch(  # noqa: N802 - the RPC name of the .proto
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TensorFrame]:
+        """This peer's parameters for a neighbour that (re)joins: only for a peer of this run
+        that said Hello on this connection (and, with mTLS, the one its certificate names);
+        taken at the next step boundary by the training thread, never mid-step."""
+        connection = context.peer()
+        try:
+            if request.run_id != self.t.view().run_id:
+                raise RejectedError("permission", f"run {request.run_id!r} is not this run")
+            if not self.t.greeted.greeted(connection, request.peer_id):
+                raise RejectedError(
+                    "permission", f"peer {request.peer_id} fetches before Hello on this connection"
+                )
+            if self.t.require_identity:
+                certified = peer_id_of(context.auth_context())
+                if certified != request.peer_id:
+                    raise RejectedError(
+                        "identity",
+                        f"Fetch claims peer {request.peer_id}; the client certificate names "
+                        f"{'no peer' if certified is None else f'peer {certified}'}",
+                    )
+        except RejectedError as r:
+            self.t.counters.reject(r.reason)
+            log.warning(
+                "fetch.rejected",
+                peer=self.t.peer_id,
+                sender=request.peer_id,
+                remote=connection,
+                reason=r.detail,
+            )
+            await context.abort(STATUS_OF[r.reason], r.detail)
+            return
+        out = await self.snapshot() if self.snapshot is not None else None
+        if out is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not training")
+            return
+        log.info("fetch.served", peer=self.t.peer_id, to=request.peer_id, step=out.step)
+        for index in range(out.count):
+            yield out.frame(index)
 
     async def Exchange(  # noqa: N802 - the RPC name of the .proto
         self, request_iterator: AsyncIterator[pb.TensorFrame], context: grpc.aio.ServicerContext
@@ -423,11 +475,15 @@ class GossipServicer(pb_grpc.GossipServicer):
             code=STATUS_OF[r.reason].name,
             reason=r.detail,
         )
+        horizon = self.t.mailbox.step + self.t.step_window
+        ahead = r.reason == "precondition" and info.step > horizon  # (not some other check)
+        if self.on_ahead is not None and sender is not None and ahead:
+            self.on_ahead(sender, info.step, info.round)
         if sender is not None and info.sender == sender:
             # the round waiting for this tensor records it as rejected, not missing
             self.t.mailbox.reject(
                 (sender, info.step, info.round, info.tensor_id),
                 f"{STATUS_OF[r.reason].name}: {r.detail}",
-                horizon=self.t.mailbox.step + self.t.step_window,
+                horizon=horizon,
             )
         await context.abort(STATUS_OF[r.reason], r.detail)

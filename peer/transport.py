@@ -12,8 +12,35 @@ Failure is data: `Transport.round_` returns who answered, who is missing and who
 (with the reason). A neighbour whose connection failed (refused, reset, timed out) is marked down
 and not waited for; the next send to it reconnects, at most once per backoff interval (0.2 s
 doubling to 5 s). A neighbour that merely refused one of our tensors is still alive and still
-waited for. Deadlines are per tensor: writing a whole tensor, like waiting for one, ends at the
-round's deadline; a miss is a missing neighbour in the outcome, never an exception.
+waited for; the next send to it reconnects at once. Deadlines are per tensor: writing a whole
+tensor, like waiting for one, ends at the round's deadline; a miss is a missing neighbour in the
+outcome, never an exception.
+
+Skipping a neighbour (``network.skip_after``, `Transport.round_`): a neighbour that misses that
+many rounds in a row (timed out, or its link down) without any tensor of it for this step or the
+last arriving in between, even late, becomes *suspect*: rounds no longer wait for it — its tensor
+is mixed if it is already here, or (when its latest tensor was of this step or the last) arrives
+within a short grace (`SUSPECT_GRACE`) after the others — and what we send it goes out behind the
+round (`Link.send_behind`, a copy of the tensor, one in flight at a time), so a stalled
+(SIGSTOPped) or cut-off neighbour stops costing a deadline per round for the rest of the run. It is
+taken back (waited for again) as soon as one of its tensors for the round in progress is here in
+time; on probation when its tensors arrive close behind (within the step window), when this peer
+jumps to its neighbours' step, or when it says Hello again after we lost our connection to it (a
+restarted peer); a Hello takes it back on probation — one more miss makes it suspect again —
+because a peer that comes back far behind (its tensors late for every round) would otherwise cost a
+full deadline for each of its reconnects. Both transitions are logged (``neighbour.skipped``,
+``neighbour.back``) and counted (`Counters`). Waiting for a merely slow neighbour until the
+deadline (the default until it has missed ``skip_after`` rounds) keeps this peer from running away
+from it, past its `STEP_WINDOW`.
+A round also stops waiting for a neighbour as soon as a tensor of a later step of it arrives (or is
+refused as too far ahead): streams are in order, the awaited one will not come.
+
+Falling behind and rejoining: tensors refused as too far ahead are noted per neighbour
+(`saw_ahead`); when every neighbour heard from is that far ahead, `behind` tells the training
+thread where to jump (`concord.peer.app`). ``Fetch`` (`fetch`, `fetch_any`) asks a neighbour for
+its parameters; this peer answers Fetches with a copy its training thread takes at the next step
+boundary (`snapshot`, `fulfil`), checked on arrival like every tensor (`check_frame`,
+`FiniteScan`).
 
 Receive bounds (`server_options`, `concord.peer.servicer`, `concord.peer.mailbox`): gRPC refuses
 messages above twice the chunk size and more than `MAX_STREAMS` concurrent streams per
@@ -26,11 +53,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 import grpc
+import numpy as np
 import structlog
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -39,7 +68,15 @@ from concord.core.comm import MixOutcome
 from concord.peer import serde
 from concord.peer.mailbox import Arrival, Counters, Mailbox, Rejection
 from concord.peer.servicer import REJECTION_CODES, GossipServicer, Greetings
-from concord.peer.validate import STEP_WINDOW, TENSOR_IDS, ReceiverView, tensor_bytes
+from concord.peer.validate import (
+    STEP_WINDOW,
+    TENSOR_IDS,
+    FiniteScan,
+    ReceiverView,
+    RejectedError,
+    check_frame,
+    tensor_bytes,
+)
 from concord.protos import data_plane_pb2 as pb
 from concord.protos import data_plane_pb2_grpc as pb_grpc
 
@@ -51,6 +88,9 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # each channel its own subchannel: a fresh channel to a neighbour that came back must not
+    # inherit the refused connection's reconnect backoff from gRPC's global subchannel pool
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -85,6 +125,9 @@ RAW_METHOD = "/concord.v1.Gossip/ExchangeRaw"
 Wire = Literal["raw", "protobuf"]
 log = structlog.get_logger("concord.peer.transport")
 _STOP_LIMIT = 10.0  # seconds `Transport.stop` may take beyond its grace
+# seconds a round waits for a suspect neighbour after the others have arrived (at most a tenth of
+# the deadline): a neighbour that is back in step is taken back, one still stalled costs this
+SUSPECT_GRACE = 0.05
 
 
 class Fanout:
@@ -110,6 +153,30 @@ class Fanout:
         return msg
 
 
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """A neighbour's parameters (a Fetch answer): taken before it ran ``step``, when its
+    gossip-round counter was ``round``."""
+
+    sender: int
+    step: int
+    round: int
+    x: torch.Tensor  # float32 [dim], this peer's own copy
+
+
+class Prebuilt:
+    """Every chunk of one outgoing tensor, built (copied) now: for a send that may outlive its
+    round (`Link.send_behind`), when the training thread is free to change the tensor again."""
+
+    def __init__(self, out: serde.Outgoing, wire: Wire) -> None:
+        build = out.raw if wire == "raw" else out.frame
+        self._messages: list[bytes | pb.TensorFrame] = [build(k) for k in range(out.count)]
+        self.count = out.count
+
+    def message(self, index: int) -> bytes | pb.TensorFrame:
+        return self._messages[index]
+
+
 class Link:
     """Our sending side towards one neighbour: channel, handshake, one ExchangeRaw (or Exchange)
     stream."""
@@ -131,6 +198,8 @@ class Link:
         self.backoff = 0.2
         self.refused: str | None = None  # the neighbour rejected our Hello (permanent)
         self.acks: dict[tuple[int, int, int], asyncio.Future[None]] = {}
+        self.lock = asyncio.Lock()  # one tensor at a time on the stream (a send behind a round)
+        self.behind: asyncio.Task[bool] | None = None  # the send to a suspect still in flight
 
     async def connect(self, timeout: float, *, wait_for_ready: bool = False) -> bool:
         """Handshake; ``wait_for_ready`` keeps trying until ``timeout`` (start-up barrier),
@@ -209,19 +278,46 @@ class Link:
         self.alive = not isinstance(exc, TimeoutError) and (
             code in REJECTION_CODES or self._connected()
         )
+        if self.alive:  # it refused one tensor: the next one may do (it fell behind, say)
+            self.next_try = time.monotonic()
+            return
         self.next_try = time.monotonic() + self.backoff
         self.backoff = min(self.backoff * 2, 5.0)
 
-    async def send(self, fan: Fanout, key: tuple[int, int, int], timeout: float) -> bool:
+    def send_behind(self, chunks: Prebuilt, key: tuple[int, int, int], timeout: float) -> bool:
+        """Send to a suspect neighbour without the round waiting for it; False (not sent) while
+        the previous such send is still in flight — a stalled neighbour holds one tensor here,
+        not one per round."""
+        if self.behind is not None and not self.behind.done():
+            return False
+        self.behind = asyncio.create_task(
+            self.send(chunks, key, timeout), name=f"send-behind-{self.peer_id}"
+        )
+        return True
+
+    async def send(self, fan: Fanout | Prebuilt, key: tuple[int, int, int], timeout: float) -> bool:
         """Write every chunk of ``fan``, the whole tensor (a reconnect included) within
         ``timeout`` seconds; False when the link is refused, down, or fails now (then marked
-        down)."""
+        down), or a send behind an earlier round holds the stream until then."""
         if self.refused is not None:
             return False
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
+        try:
+            async with asyncio.timeout_at(end):
+                await self.lock.acquire()
+        except TimeoutError:
+            return False
+        try:
+            return await self._send(fan, key, end)
+        finally:
+            self.lock.release()
+
+    async def _send(self, fan: Fanout | Prebuilt, key: tuple[int, int, int], end: float) -> bool:
+        loop = asyncio.get_running_loop()
         if not self.up and (
-            time.monotonic() < self.next_try or not await self.connect(min(timeout, 2.0))
+            time.monotonic() < self.next_try
+            or not await self.connect(min(max(0.0, end - loop.time()), 2.0))
         ):
             return False
         for done in [k for k, f in self.acks.items() if f.done()]:
@@ -252,6 +348,15 @@ class Link:
         pending = [f for f in self.acks.values() if not f.done()]
         if pending and self.up:
             await asyncio.wait(pending, timeout=timeout)
+
+    async def shutdown(self) -> None:
+        """`close`, after ending a send still in flight behind the rounds."""
+        if self.behind is not None:
+            self.behind.cancel()
+            with contextlib.suppress(BaseException):
+                await self.behind
+            self.behind = None
+        await self.close()
 
     async def close(self) -> None:
         if self.call is not None:
@@ -292,17 +397,31 @@ class Transport:
         max_abs_value: float | None = None,
         stream_idle_timeout: float = 60.0,
         tensor_ids: frozenset[int] = TENSOR_IDS,
+        skip_after: int = 3,
     ) -> None:
         """``wire``: how this peer sends ("raw": ExchangeRaw; "protobuf": Exchange); it receives
-        both. ``max_abs_value`` / ``stream_idle_timeout``: ``network.*``; ``tensor_ids``: the
-        tensor ids the run's algorithm sends (others are refused). With ``server_credentials``
-        (mTLS) a client certificate must name the peer id its Hello and frames claim."""
+        both. ``max_abs_value`` / ``stream_idle_timeout`` / ``skip_after``: ``network.*``;
+        ``tensor_ids``: the tensor ids the run's algorithm sends (others are refused). With
+        ``server_credentials`` (mTLS) a client certificate must name the peer id its Hello and
+        frames claim."""
+        if skip_after < 1:
+            raise ValueError(f"skip_after = {skip_after}; a neighbour must miss at least 1 round")
         self.run_id, self.peer_id, self.world_size = run_id, peer_id, world_size
         self.addresses = list(addresses)
         self.fingerprint, self.dim, self.codec, self.ratio = fingerprint, dim, codec, ratio
         self.levels = levels  # qsgd's s: the dtype of its incoming level parts
         self.chunk_bytes, self.max_tensor_bytes = chunk_bytes, max_tensor_bytes
         self.deadline = deadline
+        self.skip_after = skip_after
+        self.grace = min(SUSPECT_GRACE, deadline / 10)
+        self.misses: dict[int, int] = {}  # neighbour → rounds missed in a row
+        self._noted: dict[int, int] = {}  # neighbour → its newest step when its last round ended
+        self.suspects: set[int] = set()  # neighbours not waited for (module docstring)
+        self.suspected: tuple[int, ...] = ()  # a snapshot of them for the training thread
+        # (step, round) of the newest neighbour's tensor refused as too far ahead of this peer
+        # (`saw_ahead`); read and cleared by the training thread (`take_ahead`)
+        self.ahead: dict[int, tuple[int, int]] = {}
+        self._moving: dict[int, int] = {}  # neighbour → distinct (growing) steps refused ahead
         self.step_window = STEP_WINDOW  # how far ahead a neighbour's frame may be (steps)
         self.is_neighbour = is_neighbour
         self.server_credentials = server_credentials
@@ -326,6 +445,11 @@ class Transport:
         self.server: grpc.aio.Server | None = None
         self.health: health.aio.HealthServicer | None = None
         self.port = 0
+        # Fetch (rejoin): served while the training thread runs (`training`), at its next step
+        # boundary (`fulfil`); `_wanted` are the answers waiting for it
+        self.training = False
+        self._wanted: list[asyncio.Future[serde.Outgoing | None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def set_addresses(self, addresses: dict[int, str]) -> None:
         """Where to reach each peer (static config, or the orchestrator's schedule). A peer whose
@@ -336,7 +460,7 @@ class Transport:
             link = self.links.get(j)
             if link is None or link.address != address:
                 if link is not None:
-                    self._closing.add(asyncio.ensure_future(link.close()))
+                    self._closing.add(asyncio.ensure_future(link.shutdown()))
                 self.links[j] = Link(self, j, address)
 
     def view(self) -> ReceiverView:
@@ -360,7 +484,12 @@ class Transport:
 
     async def start(self, listen: str) -> int:
         self.server = grpc.aio.server(options=server_options(self.chunk_bytes, self.idle_timeout))
-        GossipServicer(self).add_to_server(self.server)
+        servicer = GossipServicer(self)
+        servicer.on_hello = self.greeted_by
+        servicer.on_ahead = self.saw_ahead
+        servicer.snapshot = self.snapshot
+        self._loop = asyncio.get_running_loop()
+        servicer.add_to_server(self.server)
         # the standard grpc.health.v1 service: "" and "concord.v1.Gossip" report SERVING
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -429,13 +558,20 @@ class Transport:
         targets = [self.links[j] for j in send_to if j in self.links]
         if targets and frames is None:
             raise ValueError("round_ needs frames to send to " + str(list(send_to)))
+        waited = [link for link in targets if link.peer_id not in self.suspects]
         sends = []
-        if frames is not None and targets:
-            fan = Fanout(frames, len(targets), self.wire)
+        if frames is not None and waited:
+            fan = Fanout(frames, len(waited), self.wire)
             sends = [
                 asyncio.create_task(link.send(fan, key, self.deadline), name=f"send-{link.peer_id}")
-                for link in targets
+                for link in waited
             ]
+        behind = [link for link in targets if link.peer_id in self.suspects]
+        if frames is not None and behind:
+            chunks = Prebuilt(frames, self.wire)  # a copy: the send may outlive this round
+            for link in behind:
+                if not link.send_behind(chunks, key, self.deadline):
+                    self.counters.dropped_sends += 1
         slots = {j: self.mailbox.slot((j, step, round, tensor_id)) for j in receive_from}
         loop = asyncio.get_running_loop()
         end = loop.time() + self.deadline
@@ -443,29 +579,290 @@ class Transport:
         arrived: dict[int, Arrival] = {}
         missing: list[int] = []
         rejected: list[tuple[int, str]] = []
-        for j, slot in slots.items():
-            link = self.links.get(j)
+        grace_end: float | None = None
+        for j in sorted(slots, key=lambda j: j in self.suspects):  # suspects last
+            slot = slots[j]
+            peer_link = self.links.get(j)
             got: Arrival | Rejection | None = None
             if slot.done() and not slot.cancelled():
                 got = slot.result()  # here already, even from a neighbour whose link is down
-            elif link is not None and link.alive:
-                # a live neighbour is waited for until the round's deadline, every round: not
-                # waiting for a merely slow one would let this peer run ahead of it (and past
-                # its STEP_WINDOW), desynchronising the gossip for good
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                    got = await asyncio.wait_for(asyncio.shield(slot), max(0.0, end - loop.time()))
-                if got is None:
+            elif j in self.suspects:
+                # the others are in (or timed out): a suspect in step with us (its latest tensor
+                # is of this step or the last) gets a short grace, no more; one that is behind
+                # gets none — it catches up only if it is faster than us
+                if step - 1 <= self.mailbox.newest.get(j, -1) <= step:
+                    if grace_end is None:
+                        grace_end = min(end, loop.time() + self.grace)
+                    got = await self._wait(slot, grace_end, j, step)
+            elif peer_link is not None and peer_link.alive:
+                # a live neighbour is waited for until the round's deadline until it has missed
+                # `skip_after` rounds: not waiting for a merely slow one would let this peer run
+                # ahead of it (and past its STEP_WINDOW), desynchronising the gossip
+                got = await self._wait(slot, end, j, step)
+                if got is None and self.mailbox.newest.get(j, -1) <= step:
                     self.counters.missed_deadlines += 1
             # collected (or given up): the slot's bytes are released, a later copy is late
             self.mailbox.take((j, step, round, tensor_id))
+            self._note(j, got, step, round)
             if isinstance(got, Arrival):
                 arrived[j] = got
             elif isinstance(got, Rejection):
                 rejected.append((j, got.reason))
             else:
                 missing.append(j)
+        missing.sort()
         outcome = MixOutcome(answered=[sorted(arrived)], missing=[missing], rejected=[rejected])
         return arrived, outcome
+
+    async def _wait(
+        self, slot: asyncio.Future[Arrival | Rejection], until: float, j: int, step: int
+    ) -> Arrival | Rejection | None:
+        """The slot's content if it is filled before loop time ``until``; None when it is not by
+        then, or as soon as neighbour ``j`` sends a tensor of a later step (its streams are in
+        order: the one for ``step`` is never coming)."""
+        loop = asyncio.get_running_loop()
+        while not slot.done():
+            remaining = until - loop.time()
+            if remaining <= 0 or self.mailbox.newest.get(j, -1) > step or self._refused(j, step):
+                return None
+            watch = self.mailbox.watch = loop.create_future()
+            try:
+                await asyncio.wait(
+                    {slot, watch}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                self.mailbox.watch = None
+                watch.cancel()
+        return None if slot.cancelled() else slot.result()
+
+    def _note(self, j: int, got: Arrival | Rejection | None, step: int, round: int) -> None:
+        """Count a round's result for neighbour ``j``: misses in a row make it suspect, a tensor
+        of it in time takes a suspect back (module docstring). A rejection is neither."""
+        newest = self.mailbox.newest.get(j, -1)
+        moved = newest > self._noted.get(j, -1)
+        self._noted[j] = newest
+        if j in self.suspects:
+            if isinstance(got, Arrival):
+                self._take_back(j, "tensor in time", step=step, round=round)
+            elif moved and step - self.step_window <= newest < step:
+                # alive and just behind us (its tensors arrive, late): waiting for it again
+                # keeps this peer from running away from it for good, cutting the graph apart
+                self._take_back(j, "close behind", misses=self.skip_after - 1, step=step)
+            elif got is None:
+                self.counters.not_waited += 1
+            return
+        fresh = moved and newest >= step - 1
+        if isinstance(got, Arrival) or (got is None and fresh):
+            # a tensor of it came, if only just too late for this round: a neighbour that is
+            # slow (waiting for a stalled peer of its own, say) is not skipped — skipping it
+            # would let this peer run away and cut the graph apart
+            self.misses[j] = 0
+        elif got is None:
+            misses = self.misses[j] = self.misses.get(j, 0) + 1
+            if misses >= self.skip_after:
+                self.suspects.add(j)
+                self.suspected = tuple(sorted(self.suspects))
+                self.counters.skipped += 1
+                log.warning(
+                    "neighbour.skipped",
+                    peer=self.peer_id,
+                    neighbour=j,
+                    missed=misses,
+                    step=step,
+                    round=round,
+                    skipped=self.counters.skipped,
+                )
+
+    def _take_back(self, j: int, why: str, *, misses: int = 0, **where: int) -> None:
+        link = self.links.get(j)
+        if link is not None:  # it answers again: the next send reconnects at once
+            link.next_try, link.backoff = 0.0, 0.2
+        self.suspects.discard(j)
+        self.suspected = tuple(sorted(self.suspects))
+        self.misses[j] = misses
+        self.counters.back += 1
+        log.info(
+            "neighbour.back",
+            peer=self.peer_id,
+            neighbour=j,
+            why=why,
+            back=self.counters.back,
+            **where,
+        )
+
+    def jumped(self) -> None:
+        """This peer jumped to its neighbours' step (`behind`): in step with them now, it waits
+        for them again — on probation — instead of running away from them."""
+        for j in sorted(self.suspects):
+            self._take_back(j, "jumped", misses=self.skip_after - 1)
+
+    def greeted_by(self, j: int) -> None:
+        """Neighbour ``j`` said Hello (the servicer's hook): a suspect we had lost our connection
+        to is back — a restarted peer — and is waited for again, on probation (module
+        docstring). A Hello from one we still reach is a mere reconnect (e.g. after we refused a
+        tensor of it too far ahead) and changes nothing."""
+        link = self.links.get(j)
+        if j in self.suspects and (link is None or not link.alive):
+            self._take_back(j, "hello", misses=self.skip_after - 1)
+
+    # -- Fetch: parameters for a neighbour that (re)joins ------------------------------------
+
+    async def snapshot(self) -> serde.Outgoing | None:
+        """This peer's parameters, taken by the training thread at its next step boundary
+        (`fulfil`); None when it is not training, or no boundary comes within a round's worst
+        case (a deadline for the sends, one for the receives, and some slack)."""
+        if not self.training:
+            return None
+        fut: asyncio.Future[serde.Outgoing | None] = asyncio.get_running_loop().create_future()
+        self._wanted.append(fut)
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(fut), 2 * self.deadline + 5.0)
+        return None
+
+    @property
+    def wanted(self) -> bool:
+        """A Fetch waits for `fulfil` (read by the training thread at each step boundary)."""
+        return bool(self._wanted)
+
+    def fulfil(self, x: torch.Tensor, step: int, round: int) -> None:
+        """The training thread, between two steps: answer the waiting Fetches with a copy of
+        ``x`` (the parameters before wire step ``step``; ``round``: the gossip-round counter) —
+        a copy, because training goes on while the answer is sent."""
+        loop = self._loop
+        if not self._wanted or loop is None:
+            return
+        flat = x.detach().to(torch.float32).reshape(-1).clone()
+        out = self.frames(
+            step=step,
+            round=round,
+            tensor_id=serde.TENSOR_FETCH,
+            codec="none",
+            parts={"values": flat},
+        )
+        loop.call_soon_threadsafe(self._answer, out)
+
+    def _answer(self, out: serde.Outgoing | None) -> None:
+        wanted, self._wanted = self._wanted, []
+        for fut in wanted:
+            if not fut.done():
+                fut.set_result(out)
+
+    def stop_serving(self) -> None:
+        """Training is over (on the loop): Fetches are refused from now on."""
+        self.training = False
+        self._answer(None)
+
+    async def fetch(self, j: int, timeout: float) -> Fetched | None:
+        """Neighbour ``j``'s parameters (Hello first, on the link's connection); None when it
+        does not answer within ``timeout`` seconds, is not training, or sends something that
+        fails the checks every received tensor passes (logged)."""
+        link = self.links.get(j)
+        if link is None:
+            return None
+        try:
+            async with asyncio.timeout(timeout):
+                if not await link.connect(timeout) or link.channel is None:
+                    return None
+                call = pb_grpc.GossipStub(link.channel).Fetch(
+                    pb.FetchRequest(run_id=self.run_id, peer_id=self.peer_id)
+                )
+                return await self._fetched(j, aiter(call))
+        except grpc.aio.AioRpcError as exc:
+            why = f"{exc.code().name}: {exc.details()}"
+        except (TimeoutError, RejectedError, serde.MalformedFrameError) as exc:
+            why = repr(exc)
+        log.info("fetch.none", peer=self.peer_id, neighbour=j, why=why)
+        return None
+
+    async def _fetched(self, j: int, frames: AsyncIterator[pb.TensorFrame]) -> Fetched:
+        """Assemble and check one Fetch answer (`check_frame` and `FiniteScan`, as for every
+        received tensor: sender, run, sizes, parts, finiteness, ``max_abs_value``)."""
+        view: ReceiverView | None = None
+        head: serde.FrameInfo | None = None
+        buf = np.empty(0, dtype=np.uint8)
+        scan: FiniteScan | None = None
+        received = next_index = 0
+        async for frame in frames:
+            info, body = serde.frame_from_wire(frame)
+            if view is None:
+                view = dataclasses.replace(
+                    self.view(),
+                    current_step=info.step,
+                    codecs=frozenset({"none"}),
+                    tensor_ids=frozenset({serde.TENSOR_FETCH}),
+                    is_neighbour=lambda *_: True,
+                )
+            check_frame(info, len(body), view, expected_sender=j)
+            if head is None:
+                if info.chunk_index != 0 or info.codec != "none":
+                    raise RejectedError("invalid", "a Fetch answer is one uncompressed tensor")
+                head = info
+                buf = np.empty(info.byte_length, dtype=np.uint8)  # every byte written below
+                parts = info.parts or ()
+                scan = FiniteScan(serde.tensors_from_payload(buf, parts), parts, view.max_abs_value)
+            same = (info.step, info.round, info.byte_length) == (
+                head.step,
+                head.round,
+                head.byte_length,
+            )
+            if not same or info.chunk_index != next_index or info.chunk_offset != received:
+                raise RejectedError("invalid", f"chunk {info.chunk_index} out of order")
+            buf[received : received + len(body)] = np.frombuffer(body, dtype=np.uint8)
+            received += len(body)
+            next_index += 1
+            if scan is not None:
+                scan.advance(received)
+        if head is None or received != head.byte_length or next_index != head.chunk_count:
+            raise RejectedError("invalid", "an incomplete Fetch answer")
+        values = serde.tensors_from_payload(buf, head.parts or ()).get("values")
+        if values is None or values.numel() != self.dim or values.dtype != torch.float32:
+            raise RejectedError("invalid", "a Fetch answer without the float32 parameters")
+        return Fetched(j, head.step, head.round, values.clone())
+
+    async def fetch_any(self, peers: Sequence[int], timeout: float) -> Fetched | None:
+        """The most advanced answer of ``peers`` (asked concurrently), or None."""
+        got = await asyncio.gather(*(self.fetch(j, timeout) for j in peers))
+        answers = [f for f in got if f is not None]
+        return max(answers, key=lambda f: f.step) if answers else None
+
+    def _refused(self, j: int, step: int) -> bool:
+        """We refused ``j``'s tensor of ``step`` (or a later one) as too far ahead: it will not
+        send that one again (a peer that jumped lands on such a step)."""
+        got = self.ahead.get(j)
+        return got is not None and got[0] >= step
+
+    def saw_ahead(self, sender: int, step: int, round: int) -> None:
+        """A neighbour's tensor of ``step`` (round ``round``) was refused as more than
+        `step_window` steps ahead of us: this peer fell behind (stalled, or restarted from an old
+        checkpoint) and its neighbours went on without it (they skip it). Remembers the newest
+        such step (the first round seen of it) for the training thread, which jumps there
+        (`concord.peer.app`): behind by more than the window it can mix with nobody."""
+        got = self.ahead.get(sender)
+        if got is None or step > got[0]:
+            self._moving[sender] = self._moving.get(sender, 0) + 1
+        if got is None or step > got[0] or (step == got[0] and round < got[1]):
+            self.ahead = {**self.ahead, sender: (step, round)}  # replaced whole: read by a thread
+        self.mailbox.seen(sender, step)
+
+    def behind(self, step: int, neighbours: Sequence[int]) -> tuple[int, int] | None:
+        """Where to jump from ``step`` (the training thread): the (step, round) of the least
+        advanced of ``neighbours``, when every one of them has sent tensors of at least two
+        different, growing steps refused as too far ahead — this peer is the one behind. A
+        neighbour in step (or one silent, or dead) keeps it where it is: one runaway neighbour
+        must not pull the others along, and one odd frame (a single far step) is no trend."""
+        ahead, newest, moving = self.ahead, dict(self.mailbox.newest), dict(self._moving)
+        if not neighbours or any(
+            j not in ahead or moving.get(j, 0) < 2 or newest.get(j, -1) > ahead[j][0]
+            for j in neighbours
+        ):
+            return None
+        least = min((ahead[j] for j in neighbours), key=lambda sr: sr[0])
+        if least[0] <= step + self.step_window:
+            return None
+        # land `step_window` steps past where the least advanced neighbour was: it has moved
+        # on meanwhile, and our tensors must reach it early (filed) or in time, not late
+        lead = self.step_window
+        return least[0] + lead, least[1] + lead
 
     async def stop(self, grace: float, *, limit: float = _STOP_LIMIT) -> None:
         """Drain the outgoing links (``grace`` seconds), close them, stop the server. Bounded:
@@ -489,7 +886,7 @@ class Transport:
         self._stopping = "drain"
         await asyncio.gather(*(link.drain(grace) for link in self.links.values()))
         self._stopping = "close links"
-        await asyncio.gather(*(link.close() for link in self.links.values()), *self._closing)
+        await asyncio.gather(*(link.shutdown() for link in self.links.values()), *self._closing)
         self._stopping = "server stop"
         if self.server is not None:
             await self.server.stop(grace)

@@ -56,6 +56,14 @@ ACK_STATUS_UNSPECIFIED: AckStatus
 ACK_OK: AckStatus
 ACK_LATE: AckStatus
 
+class FetchRequest(_message.Message):
+    __slots__ = ("run_id", "peer_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    peer_id: int
+    def __init__(self, run_id: _Optional[str] = ..., peer_id: _Optional[int] = ...) -> None: ...
+
 class HelloRequest(_message.Message):
     __slots__ = ("run_id", "peer_id", "protocol_version", "model_fingerprint", "codec")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

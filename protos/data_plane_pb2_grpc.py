@@ -45,6 +45,11 @@ class GossipStub:
                 request_serializer=concord_dot_protos_dot_data__plane__pb2.TensorFrame.SerializeToString,
                 response_deserializer=concord_dot_protos_dot_data__plane__pb2.Ack.FromString,
                 _registered_method=True)
+        self.Fetch = channel.unary_stream(
+                '/concord.v1.Gossip/Fetch',
+                request_serializer=concord_dot_protos_dot_data__plane__pb2.FetchRequest.SerializeToString,
+                response_deserializer=concord_dot_protos_dot_data__plane__pb2.TensorFrame.FromString,
+                _registered_method=True)
 
 
 class GossipServicer:
@@ -65,6 +70,17 @@ class GossipServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fetch(self, request, context):
+        """A (re)starting peer asks a neighbour for its parameters (rejoin; version 3). Only after a
+        Hello on the same connection (and, with mTLS, for the peer id of the client certificate).
+        The callee answers at its next step boundary with one tensor: tensor_id 3, codec none, its
+        parameters before the step in FrameHeader.step, and the gossip-round counter in round;
+        FAILED_PRECONDITION when it is not training (not yet, or any more).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GossipServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +93,11 @@ def add_GossipServicer_to_server(servicer, server):
                     servicer.Exchange,
                     request_deserializer=concord_dot_protos_dot_data__plane__pb2.TensorFrame.FromString,
                     response_serializer=concord_dot_protos_dot_data__plane__pb2.Ack.SerializeToString,
+            ),
+            'Fetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=concord_dot_protos_dot_data__plane__pb2.FetchRequest.FromString,
+                    response_serializer=concord_dot_protos_dot_data__plane__pb2.TensorFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +155,33 @@ class Gossip:
             '/concord.v1.Gossip/Exchange',
             concord_dot_protos_dot_data__plane__pb2.TensorFrame.SerializeToString,
             concord_dot_protos_dot_data__plane__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/concord.v1.Gossip/Fetch',
+            concord_dot_protos_dot_data__plane__pb2.FetchRequest.SerializeToString,
+            concord_dot_protos_dot_data__plane__pb2.TensorFrame.FromString,
             options,
             channel_credentials,
             insecure,

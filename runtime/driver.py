@@ -59,6 +59,7 @@ def drive(
     hooks: Sequence[StepHooks] = (),
     stop: Callable[[], bool] | None = None,
     start: int = 0,
+    skip: Callable[[int], int] | None = None,
 ) -> DriveResult:
     """Run steps ``start … steps − 1`` (``start`` > 0: a resumed run, steps ``0 … start − 1``
     were done before and count as completed).
@@ -67,16 +68,27 @@ def drive(
     record, called after every ``interval``-th step and after ``last_step`` (the run's final step,
     ``final`` = True; a stage that ends earlier, such as the calibration pass, does not evaluate
     there). ``evaluate`` None: no evaluations. ``stop()`` is asked before each step.
+
+    ``skip(step)``, asked before each step (after ``stop``), returns the step to run instead
+    (≥ ``step``, < ``steps``): a peer that fell behind its neighbours jumps to their step, and
+    the steps in between run nowhere (no record, no evaluation; they count as completed).
     """
     if start < 0:
         raise ValueError(f"start = {start!r}; must be ≥ 0")
     result = DriveResult(steps=min(start, steps), stopped=False)
-    for step in range(start, steps):
+    step = start - 1
+    while step + 1 < steps:
+        step += 1
         if stop is not None and stop():
             for hook in hooks:
                 hook.stopping(step)
             result.stopped = True
             return result
+        if skip is not None:
+            to = skip(step)
+            if not step <= to < steps:
+                raise ValueError(f"skip({step}) = {to}; must be in {step} … {steps - 1}")
+            step = to
         for hook in hooks:
             hook.before(step)
         record = train(step)

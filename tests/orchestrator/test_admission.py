@@ -114,3 +114,46 @@ def test_a_broker_outage_grants_grace() -> None:
     assert a.sweep(6.0, "train") == []
     assert a.sweep(9.9, "train") == []
     assert [p for p, _ in a.sweep(10.1, "train")] == [0, 1, 2]
+
+
+def test_a_dropped_peer_announcing_ready_again_is_readmitted_from_a_later_step() -> None:
+    a = table()
+    for i in range(3):
+        ready(a, i)
+    a.begin_stage(0.0)
+    for i in range(3):
+        a.heard(i, Heartbeat(peer=i, step=20, ts=1.0), 1.0)
+    assert a.drop(2, "Last-Will")
+    assert not a.readmit(1, 25, 2.0)  # not dropped
+    back = Status(peer=2, state="ready", address="127.0.0.1:7002", steps_per_epoch=10)
+    outcome = a.on_status(2, back, 3.0, "train")
+    assert outcome.readmit
+    assert a.peers[2].address == "127.0.0.1:7002"  # a new incarnation may move
+    assert a.readmit(2, 22, 3.0)
+    assert a.live() == {0, 1, 2}
+    assert a.expected("train") == {0, 1}  # the others have not reached step 22 yet
+    for i in (0, 1):
+        a.heard(i, Heartbeat(peer=i, step=22, ts=2.0), 4.0)
+    assert a.expected("train") == {0, 1, 2}
+    assert a.peers[2].joins_at is None
+    # a "training" status that moves an admitted peer is still refused
+    moved = Status(peer=2, state="training", address="127.0.0.1:7999")
+    assert not a.on_status(2, moved, 5.0, "train").changed
+    assert a.peers[2].address == "127.0.0.1:7002"
+    # outside the train stage a "ready" is no restart
+    assert not a.on_status(0, Status(peer=0, state="ready"), 6.0, "calibrate").readmit
+
+
+def test_a_ready_left_over_from_an_earlier_run_is_refused_as_stale() -> None:
+    a = Admission(2, liveness_timeout=TIMEOUT, heartbeat=HEARTBEAT, started_at=1000.0,
+                  stale_after=90.0)  # fmt: skip
+    old = Status(peer=0, state="ready", address="127.0.0.1:5000", steps_per_epoch=10, ts=900.0)
+    outcome = a.on_status(0, old, 0.0, "")
+    assert outcome.stale
+    assert not outcome.changed
+    assert a.peers[0].address is None
+    fresh = Status(peer=0, state="ready", address="127.0.0.1:5000", steps_per_epoch=10, ts=950.0)
+    assert a.on_status(0, fresh, 0.0, "").changed  # a peer started before the orchestrator
+    unstamped = Status(peer=1, state="ready", address="127.0.0.1:5001", steps_per_epoch=10)
+    assert a.on_status(1, unstamped, 0.0, "").changed  # no ts: not judged
+    assert a.ready()

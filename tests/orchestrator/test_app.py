@@ -85,3 +85,47 @@ def test_a_failed_peer_is_dropped_its_round_decided_and_the_schedule_repaired(
     control = (tmp_path / "control.jsonl").read_text().splitlines()
     assert len(control) == 1
     assert json.loads(control[0])["peers"] == 2
+
+
+def test_a_restarted_peer_is_readmitted_in_a_new_schedule_at_its_new_address(
+    tmp_path: Path,
+) -> None:
+    """A peer's "ready" during training is a restart: its old incarnation is dropped (not
+    noticed yet here) and one schedule version takes it back at the address it announced,
+    effective REPAIR_AHEAD steps past the newest step a live peer reported; its statistics are
+    not awaited until the others reach that step."""
+    cfg = load_config(None, ["peers=3", "epochs=2", "control.mode=none"], environ={})
+
+    async def scenario() -> tuple[FakeBus, Orchestrator]:
+        orch = Orchestrator(cfg, tmp_path, broker="mqtt://unused:1", run_id="t")
+        bus = FakeBus()
+        orch.bus = bus  # type: ignore[assignment]
+        orch.schedules.start(make_plan(cfg, make_lr_schedule(cfg, 10)))
+        for i in range(3):
+            status = Status(peer=i, state="ready", address=f"127.0.0.1:{5000 + i}")
+            await orch.on_message("status", i, status)
+        orch.stage = "train"
+        for i in range(3):
+            await orch.on_message("heartbeat", i, Heartbeat(peer=i, step=7, ts=1.0))
+        moved = Status(peer=1, state="training", address="127.0.0.1:6001")
+        await orch.on_message("status", 1, moved)  # a live peer's address is kept
+        assert orch.admission.peers[1].address == "127.0.0.1:5001"
+        back = Status(peer=2, state="ready", address="127.0.0.1:6002", ts=1e10)
+        await orch.on_message("status", 2, back)
+        await asyncio.wait(list(orch._tasks), timeout=5)
+        assert orch.expected() == {0, 1}  # peer 2 joins at step 9
+        for i in (0, 1):
+            await orch.on_message("heartbeat", i, Heartbeat(peer=i, step=9, ts=2.0))
+        assert orch.expected() == {0, 1, 2}
+        orch.records.close()
+        return bus, orch
+
+    bus, orch = asyncio.run(scenario())
+    assert orch.admission.live() == {0, 1, 2}
+    assert orch.admission.peers[2].readmissions == 1
+    (schedule,) = [m for k, m in bus.sent if k == "schedule"]
+    assert isinstance(schedule, Schedule)
+    assert schedule.peers == [0, 1, 2]
+    assert schedule.addresses == ["127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:6002"]
+    assert schedule.effective_step == 9  # newest reported step 7 + REPAIR_AHEAD
+    assert schedule.reason == "peer 2 re-admitted at 127.0.0.1:6002"

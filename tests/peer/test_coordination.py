@@ -106,3 +106,34 @@ def test_frames_are_checked_against_the_graph_in_force_at_their_step() -> None:
     client.schedule = schedule(3, 1, effective=5, decided=3)  # re-published, unchanged K
     assert not ok(2, 5)
     assert m.is_neighbour(3, 0, 0, TENSOR_ALLREDUCE)  # all-reduce: everyone but ourselves
+
+
+def test_a_later_schedule_may_add_back_a_dropped_peer_at_a_new_address_only() -> None:
+    from concord.peer.coordination import ScheduleCheck
+
+    cfg = load_config(None, ["peers=4"], environ={})
+    check = ScheduleCheck(cfg, 0)
+    check.advertise = "h:1000"
+
+    def sched(version: int, peers: list[int], addresses: dict[int, str]) -> Schedule:
+        return Schedule(
+            version=version,
+            peers=peers,
+            topology=cfg.topology,
+            weights=cfg.weights,
+            kappa=cfg.kappa,
+            seed=cfg.seed,
+            phases=[{"index": 1, "topology": None}],
+            addresses=[addresses.get(p, f"h:{1000 + p}") for p in peers],
+            effective_step=5 if version > 1 else 0,
+        )
+
+    v1 = sched(1, [0, 1, 2, 3], {})
+    assert check(v1, None) is None
+    v2 = sched(2, [0, 1, 2], {})
+    assert check(v2, v1) is None  # peer 3 dropped
+    assert check(sched(3, [0, 1, 2, 3], {3: "h:9003"}), v2) is None  # back, moved
+    why = check(sched(3, [0, 1, 2, 3], {1: "h:9001", 3: "h:9003"}), v2)
+    assert why == "it changes the addresses of peers [1]"  # a peer that stayed keeps its own
+    assert "not newer" in (check(sched(2, [0, 1, 2, 3], {}), v2) or "")
+    assert "not peers of this run" in (check(sched(3, [0, 1, 2, 4], {}), v2) or "")

@@ -31,6 +31,7 @@ def _pair(
     *,
     neighbours_of_1: Callable[[int], bool] = lambda s: True,
     wire: Wire = "raw",
+    skip_after: int = 3,
 ) -> tuple[Transport, Transport]:
     addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
     common = {
@@ -44,6 +45,7 @@ def _pair(
         "max_tensor_bytes": 1 << 26,
         "deadline": deadline,
         "wire": wire,
+        "skip_after": skip_after,
     }
     t0 = Transport(peer_id=0, is_neighbour=lambda *a: True, **common)  # type: ignore[arg-type]
     t1 = Transport(
@@ -183,6 +185,122 @@ def test_a_silent_live_neighbour_costs_one_deadline_and_counts_as_missing() -> N
     _run(body)
 
 
+async def _send_only(t: Transport, step: int, value: float, to: list[int]) -> None:
+    frames = t.frames(
+        step=step,
+        round=step,
+        tensor_id=0,
+        codec="none",
+        parts={"values": torch.full((DIM,), value)},
+    )
+    await t.round_(step=step, round=step, tensor_id=0, frames=frames, send_to=to, receive_from=[])
+
+
+def test_a_neighbour_missing_skip_after_rounds_is_skipped_until_its_tensor_is_in_time() -> None:
+    async def body() -> None:
+        t0, t1 = _pair(deadline=0.5, skip_after=2)
+        for t in (t0, t1):
+            await t.start(t.addresses[t.peer_id])
+        try:
+            assert await t0.connect([1], timeout=10) == []
+            assert await t1.connect([0], timeout=10) == []
+            with structlog.testing.capture_logs() as logs:
+                for step in (0, 1):  # peer 1 is alive but silent: each round waits the deadline
+                    start = time.monotonic()
+                    _, outcome = await _round(t0, step, 1.0, [1])
+                    assert outcome.missing == [[1]]
+                    assert time.monotonic() - start >= 0.45
+                assert t0.suspects == {1}
+                assert t0.suspected == (1,)
+                assert t0.counters.skipped == 1
+                assert t0.counters.missed_deadlines == 2
+                (skipped,) = [e for e in logs if e["event"] == "neighbour.skipped"]
+                assert (skipped["neighbour"], skipped["missed"], skipped["step"]) == (1, 2, 1)
+                # skipped: the round costs the grace, not the deadline; what peer 0 sends goes
+                # out behind the round and still reaches peer 1
+                start = time.monotonic()
+                _, outcome = await _round(t0, 2, 5.0, [1])
+                assert time.monotonic() - start < 0.3
+                assert outcome.missing == [[1]]
+                assert t0.counters.not_waited == 1
+                assert t0.counters.missed_deadlines == 2
+
+                def reached() -> int:  # peer 1 collects nothing: its budget refuses the 3rd
+                    return t1.counters.received + sum(t1.counters.rejected.values())
+
+                for _ in range(200):
+                    if reached() == 3:
+                        break
+                    await asyncio.sleep(0.02)
+                assert reached() == 3
+                # a reconnect of a neighbour we still reach does not take it back
+                await t1.links[0].close()
+                assert await t1.connect([0], timeout=10) == []
+                assert t0.suspects == {1}
+                # its tensor for the round in progress is here in time: waited for again
+                await _send_only(t1, 3, 7.0, [0])
+                for _ in range(200):  # written is not yet filed: wait until it is here
+                    if t0.counters.received == 1:
+                        break
+                    await asyncio.sleep(0.02)
+                arrived, outcome = await _round(t0, 3, 1.0, [1])
+                assert outcome.answered == [[1]]
+                assert float(arrived[1].tensors()["values"][0]) == 7.0
+                assert t0.suspects == set()
+                assert t0.suspected == ()
+                assert t0.counters.back == 1
+                (back,) = [e for e in logs if e["event"] == "neighbour.back"]
+                assert (back["neighbour"], back["why"], back["step"]) == (1, "tensor in time", 3)
+            start = time.monotonic()
+            _, outcome = await _round(t0, 4, 1.0, [1])  # silent again: the full deadline
+            assert outcome.missing == [[1]]
+            assert time.monotonic() - start >= 0.45
+            assert t0.counters.missed_deadlines == 3
+            assert t0.suspects == set()  # one miss of skip_after = 2
+        finally:
+            await asyncio.gather(t0.stop(1.0), t1.stop(1.0))
+
+    _run(body)
+
+
+def test_a_skipped_neighbour_that_comes_back_says_hello_and_is_taken_back_on_probation() -> None:
+    async def body() -> None:
+        t0, t1 = _pair(deadline=0.5, skip_after=2)
+        await t0.start(t0.addresses[0])  # peer 1 is not there (killed)
+        try:
+            assert await t0.connect([1], timeout=0.5) == [1]
+            for step in (0, 1):  # a dead link is not waited for, but its misses count
+                _, outcome = await _round(t0, step, 1.0, [1])
+                assert outcome.missing == [[1]]
+            assert t0.suspects == {1}
+            assert t0.counters.missed_deadlines == 0
+            await t1.start(t1.addresses[1])  # peer 1 (re)starts and greets its neighbour
+            with structlog.testing.capture_logs() as logs:
+                assert await t1.connect([0], timeout=10) == []
+            assert t0.suspects == set()
+            assert t0.misses[1] == 1  # on probation: one more miss makes it suspect again
+            (back,) = [e for e in logs if e["event"] == "neighbour.back"]
+            assert (back["neighbour"], back["why"]) == (1, "hello")
+            (_, o0), (_, o1) = await asyncio.gather(
+                _round(t0, 2, 1.0, [1]), _round(t1, 2, 2.0, [0])
+            )
+            assert o0.answered == [[1]]  # in step again
+            assert o1.answered == [[0]]
+            assert t0.misses[1] == 0
+            _, outcome = await _round(t0, 3, 1.0, [1])  # silent once: the deadline, not skipped
+            assert outcome.missing == [[1]]
+            assert t0.suspects == set()
+        finally:
+            await asyncio.gather(t0.stop(1.0), t1.stop(1.0))
+
+    _run(body)
+
+
+def test_skip_after_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="skip_after = 0"):
+        _pair(deadline=1.0, skip_after=0)
+
+
 def test_a_fanout_builds_each_chunk_once_for_all_its_links() -> None:
     out = serde.Outgoing(
         run_id="r",
@@ -229,5 +347,100 @@ def test_stop_is_bounded_when_a_link_never_closes() -> None:
         never.set()
         if t0.server is not None:
             await t0.server.stop(None)
+
+    _run(body)
+
+
+def test_fetch_answers_at_the_next_step_boundary_with_a_copy_of_the_parameters() -> None:
+    async def body() -> None:
+        t0, t1 = _pair(deadline=1.0)
+        for t in (t0, t1):
+            await t.start(t.addresses[t.peer_id])
+        try:
+            # not training: refused at once (a fresh run's neighbours start from scratch)
+            start = time.monotonic()
+            assert await t1.fetch(0, timeout=5.0) is None
+            assert time.monotonic() - start < 2.0
+            t0.training = True
+            x = torch.arange(DIM, dtype=torch.float32)
+            fetch = asyncio.create_task(t1.fetch(0, timeout=10.0))
+            for _ in range(200):  # the Fetch waits for peer 0's next step boundary
+                if t0.wanted:
+                    break
+                await asyncio.sleep(0.01)
+            assert t0.wanted
+            assert not fetch.done()
+            await asyncio.to_thread(t0.fulfil, x, 41, 40)  # the training thread, between steps
+            x.add_(1.0)  # training goes on: the answer is a copy
+            got = await fetch
+            assert got is not None
+            assert (got.sender, got.step, got.round) == (0, 41, 40)
+            assert torch.equal(got.x, torch.arange(DIM, dtype=torch.float32))
+            assert not t0.wanted
+            assert await t1.fetch_any([0], timeout=0.5) is None  # no boundary in time
+            t0.stop_serving()
+            assert await t1.fetch(0, timeout=5.0) is None
+        finally:
+            await asyncio.gather(t0.stop(1.0), t1.stop(1.0))
+
+    _run(body)
+
+
+def test_fetch_without_hello_on_the_connection_is_refused() -> None:
+    async def body() -> None:
+        import grpc
+
+        from concord.protos import data_plane_pb2 as pb
+        from concord.protos import data_plane_pb2_grpc as pb_grpc
+
+        t0, _ = _pair(deadline=1.0)
+        await t0.start(t0.addresses[0])
+        t0.training = True
+        try:
+            async with grpc.aio.insecure_channel(t0.addresses[0]) as channel:
+                call = pb_grpc.GossipStub(channel).Fetch(pb.FetchRequest(run_id="t", peer_id=1))
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for _ in call:
+                        pass
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "before Hello" in (err.value.details() or "")
+            assert t0.counters.rejected == {"permission": 1}
+            assert not t0.wanted  # refused before asking the training thread
+        finally:
+            await t0.stop(1.0)
+
+    _run(body)
+
+
+def test_a_second_round_of_the_same_step_ends_when_its_tensor_arrives() -> None:
+    """Consensus control repeats rounds within a step: each round's wait ends with its tensor,
+    not at the deadline (the wait also watches for tensors of later steps)."""
+
+    async def body() -> None:
+        t0, t1 = _pair(deadline=5.0)
+        for t in (t0, t1):
+            await t.start(t.addresses[t.peer_id])
+        try:
+            assert await t0.connect([1], timeout=10) == []
+            assert await t1.connect([0], timeout=10) == []
+
+            async def rnd(t: Transport, r: int, others: list[int]) -> MixOutcome:
+                frames = t.frames(
+                    step=3, round=r, tensor_id=0, codec="none", parts={"values": torch.ones(DIM)}
+                )
+                _, outcome = await t.round_(
+                    step=3, round=r, tensor_id=0, frames=frames, send_to=others,
+                    receive_from=others,
+                )  # fmt: skip
+                return outcome
+
+            for r in (7, 8, 9):
+                start = time.monotonic()
+                o0, o1 = await asyncio.gather(rnd(t0, r, [1]), rnd(t1, r, [0]))
+                assert o0.answered == [[1]]
+                assert o1.answered == [[0]]
+                assert time.monotonic() - start < 2.5, r
+        finally:
+            await asyncio.gather(t0.stop(1.0), t1.stop(1.0))
 
     _run(body)

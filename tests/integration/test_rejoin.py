@@ -1,0 +1,286 @@
+"""A stalled or restarted peer and its neighbours (issue 13, item 4): real `concord peer` processes
+on loopback.
+
+Static peers: a neighbour that misses ``network.skip_after`` rounds in a row is skipped (not
+waited for) and taken back when its tensors are in time again — SIGSTOP one peer of a ring for
+several deadlines, SIGCONT it, and check from the step records that its neighbours stopped paying
+the deadline per step and mix it again, and that every peer finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
+from tests.integration.peers import Peers, write_config
+
+TINY = """
+topology = "ring"
+algorithm = "dsgd"
+seed = 3
+[dataset]
+samples = 800
+[model]
+name = "mlp"
+hidden = [32]
+[control]
+mode = "none"
+"""
+DEADLINE = 1.0
+SKIP_AFTER = 3
+
+
+@pytest.fixture
+def started() -> Iterator[list[Peers]]:
+    runs: list[Peers] = []
+    yield runs
+    for p in runs:
+        p.kill_all()
+
+
+def _records(path: Path, kind: str = "step") -> list[dict[str, Any]]:
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def _wait_steps(path: Path, steps: int, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.is_file() and len(path.read_text().splitlines()) > steps:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path} has not reached {steps} lines in {timeout} s")
+
+
+def test_a_stalled_peer_is_skipped_after_skip_after_deadlines_and_mixed_again_after_sigcont(
+    tmp_path: Path, started: list[Peers]
+) -> None:
+    # 10 steps per epoch per peer; long enough that peer 3 is stopped well inside the run
+    extra = f"epochs = 150\n{TINY}"
+    config = write_config(tmp_path / "run.toml", 4, extra, deadline=DEADLINE)
+    with config.open("a") as f:
+        f.write(f"skip_after = {SKIP_AFTER}\n")  # appended to [network]
+    peers = Peers(config, tmp_path, [0, 1, 2, 3])
+    started.append(peers)
+    _wait_steps(tmp_path / "peer-3" / "metrics.jsonl", 40, timeout=120)
+    stopped_at = time.time()
+    peers.procs[3].send_signal(signal.SIGSTOP)
+    time.sleep(8 * DEADLINE)  # eight deadlines stalled
+    peers.procs[3].send_signal(signal.SIGCONT)
+    resumed_at = time.time()
+    assert peers.wait(timeout=600) == {0: 0, 1: 0, 2: 0, 3: 0}
+    for i in (0, 2):  # peer 3's ring neighbours
+        summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
+        assert summary["completed"]
+        assert summary["neighbours_skipped"] >= 1
+        assert summary["neighbours_back"] >= 1
+        assert summary["rounds_not_waited"] >= 1
+        steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
+        assert len(steps) == 1500
+        without = [r for r in steps if 3 in r["missing"]]
+        slow = [r for r in without if r["step_ms"] >= 0.9 * DEADLINE * 1e3]
+        # without skipping, every step without peer 3 costs the deadline; with it, the first
+        # skip_after do (and a few around SIGCONT, while peer 3 is far behind, at most)
+        assert len(without) >= 4 * len(slow), (len(without), len(slow))
+        assert len(slow) <= 3 * SKIP_AFTER, [r["step"] for r in slow]
+        assert any(3 in r["skipped"] for r in steps)
+        # mixed again after SIGCONT: the last steps all have peer 3's tensor
+        last = max(r["step"] for r in without)
+        assert last < 1500 - 100, last
+        assert all(3 not in r["missing"] and r["skipped"] == [] for r in steps[last + 1 :])
+        normal = statistics.median(r["step_ms"] for r in steps[:40])
+        skipping = statistics.median(r["step_ms"] for r in without)
+        print(
+            f"peer {i}: median step {normal:.1f} ms before, {skipping:.1f} ms while peer 3 "
+            f"was skipped ({len(without)} steps without it, {len(slow)} costing the deadline); "
+            f"stopped {resumed_at - stopped_at:.1f} s"
+        )
+        assert skipping < 0.5 * DEADLINE * 1e3
+    summary3 = json.loads((tmp_path / "peer-3" / "summary.json").read_text())
+    assert summary3["completed"]
+    # far behind all its neighbours after SIGCONT, it jumped to their step
+    assert summary3["jumps"] >= 1
+    jumped = [r for r in _records(tmp_path / "peer-3" / "metrics.jsonl") if "jumped_from" in r]
+    assert jumped
+    assert jumped[0]["step"] > jumped[0]["jumped_from"] + 2
+
+
+def _log_events(path: Path, *events: str) -> list[dict[str, Any]]:
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [e for e in map(json.loads, lines) if e.get("event") in events]
+
+
+def _ts(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def test_a_killed_static_peer_restarted_fetches_its_neighbours_parameters_and_rejoins(
+    tmp_path: Path, started: list[Peers]
+) -> None:
+    extra = f"epochs = 150\n{TINY}"
+    config = write_config(tmp_path / "run.toml", 4, extra, deadline=DEADLINE)
+    with config.open("a") as f:
+        f.write(f"skip_after = {SKIP_AFTER}\nrejoin_fetch_after = 10\n")  # to [network]
+    peers = Peers(config, tmp_path, [0, 1, 2, 3])
+    started.append(peers)
+    metrics3 = tmp_path / "peer-3" / "metrics.jsonl"
+    _wait_steps(metrics3, 45, timeout=120)  # past its first checkpoints (every 10 steps)
+    peers.procs[3].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    peers.procs[3].wait(timeout=30)
+    time.sleep(5 * DEADLINE)  # the others go on without it, far past its checkpoint
+    restart = Peers(config, tmp_path, [3])  # the same command
+    started.append(restart)
+    restarted_at = time.time()
+    mixed_at = None
+    end = time.monotonic() + 120
+    while mixed_at is None and time.monotonic() < end and restart.procs[3].poll() is None:
+        rejoined = [r for r in _records(metrics3) if r["step"] > 60 and r["missing"] == []]
+        mixed_at = time.time() if rejoined else None
+        time.sleep(0.05)
+    assert restart.wait(timeout=600) == {3: 0}
+    assert {i: peers.procs[i].wait(timeout=600) for i in (0, 1, 2)} == {0: 0, 1: 0, 2: 0}
+    summary3 = json.loads((tmp_path / "peer-3" / "summary.json").read_text())
+    assert summary3["completed"]
+    rejoined = summary3["rejoined"]
+    assert rejoined["from_peer"] in (0, 2)
+    assert rejoined["at_step"] > rejoined["checkpoint_step"] + 10
+    assert rejoined["checkpoint_step"] >= 40  # it did resume from its checkpoint first
+    steps3 = _records(metrics3)
+    first = next(r for r in steps3 if r["step"] >= rejoined["at_step"])
+    assert first["step"] == rejoined["at_step"]  # no step in between ran
+    accuracy = {}
+    detect = []
+    for i in (0, 2):
+        summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
+        assert summary["completed"]
+        accuracy[i] = summary["accuracy"]
+        steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
+        without = [r for r in steps if 3 in r["missing"]]
+        assert without  # it was gone for a while
+        assert max(r["step"] for r in without) < 1500 - 100  # … and mixed again to the end
+        skipped = _log_events(tmp_path / f"peer-{i}" / "log.jsonl", "neighbour.skipped")
+        detect.append(_ts(skipped[0]) - killed_at)
+        served = _log_events(tmp_path / f"peer-{i}" / "log.jsonl", "fetch.served")
+        assert len(served) <= 1
+    assert mixed_at is not None
+    print(
+        f"detect {min(detect):.2f}-{max(detect):.2f} s after SIGKILL; first step mixing both "
+        f"neighbours {mixed_at - restarted_at:.2f} s after the restart; accuracy peer 3 "
+        f"{summary3['accuracy']:.3f}, neighbours {accuracy}"
+    )
+    assert all(abs(summary3["accuracy"] - a) <= 0.05 for a in accuracy.values())
+
+
+def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again(
+    tmp_path: Path,
+) -> None:
+    """Orchestrator, Mosquitto and 4 peers on a ring (uncontrolled); peer 3 SIGKILLed mid-run
+    and started again with the same command: the orchestrator drops it (its Last-Will), then
+    re-admits it in a later schedule version at its new address; it fetches a neighbour's
+    parameters, starts at the re-admission step, its neighbours mix it again, the run
+    completes, and its accuracy is within 5 points of the others'."""
+    if mosquitto_binary() is None:
+        pytest.fail("mosquitto is not installed; scripts/bootstrap installs it (root, Debian)")
+    broker = MosquittoBroker()
+    broker.start()
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'name = "rejoin"\npeers = 4\nepochs = 150\n{TINY}'
+        "[orchestrator]\nheartbeat = 0.5\nliveness_timeout = 6\n"
+        f"[network]\ndeadline = {DEADLINE}\nskip_after = {SKIP_AFTER}\n"
+    )
+    common = ["--config", str(config), "--broker", broker.url]
+
+    def command(name: str) -> list[str]:
+        if name == "orchestrator":
+            args = ["orchestrator", "--out", str(tmp_path / "orchestrator")]
+        else:
+            i, out = name.removeprefix("peer-"), str(tmp_path / name)
+            args = ["peer", "--id", i, "--listen", "127.0.0.1:0", "--out", out]
+        return [sys.executable, "-m", "concord.lab.cli", *args, *common]
+
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs: list[Any] = []
+
+    def spawn(name: str, *more: str) -> None:
+        log = open(tmp_path / f"{name}.out", "ab")  # noqa: SIM115 - closed below
+        logs.append(log)
+        args = [*command(name), *more]
+        procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+    try:
+        for name in ["orchestrator", *(f"peer-{i}" for i in range(4))]:
+            spawn(name)
+        metrics3 = tmp_path / "peer-3" / "metrics.jsonl"
+        _wait_steps(metrics3, 40, timeout=180)
+        procs["peer-3"].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        procs["peer-3"].wait(timeout=30)
+        orch_log = tmp_path / "orchestrator" / "log.jsonl"
+        end = time.monotonic() + 60
+        while not _log_events(orch_log, "peer.dropped") and time.monotonic() < end:
+            time.sleep(0.05)
+        (dropped,) = _log_events(orch_log, "peer.dropped")
+        spawn("peer-3")  # the same command, on the same run directory
+        restarted_at = time.time()
+        mixed_at = None
+        end = time.monotonic() + 120
+        while mixed_at is None and time.monotonic() < end and procs["peer-3"].poll() is None:
+            back = [r for r in _records(metrics3) if r["step"] > 60 and r["missing"] == []]
+            mixed_at = time.time() if back else None
+            time.sleep(0.05)
+        codes = {n: p.wait(timeout=600) for n, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        for log in logs:
+            log.close()
+        broker.stop()
+    assert codes == {"orchestrator": 0, **{f"peer-{i}": 0 for i in range(4)}}
+    schedules = [
+        json.loads(line)
+        for line in (tmp_path / "orchestrator" / "schedules.jsonl").read_text().splitlines()
+    ]
+    assert [s["peers"] for s in schedules] == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2, 3]]
+    readmitted = schedules[-1]
+    assert "re-admitted" in readmitted["reason"]
+    summary3 = json.loads((tmp_path / "peer-3" / "summary.json").read_text())
+    assert summary3["completed"]
+    assert summary3["rejoined"]["from_peer"] in (0, 2)
+    assert summary3["rejoined"]["readmitted_at"] == readmitted["effective_step"]
+    steps3 = [r["step"] for r in _records(metrics3)]
+    before = [t for t in steps3 if t < readmitted["effective_step"]]
+    assert len(before) >= 40  # its records from before the kill are kept …
+    after = steps3[len(before) :]
+    assert after[0] >= readmitted["effective_step"]  # … and it went on from the re-admission
+    assert after == sorted(set(after))
+    accuracy = {}
+    for i in (0, 2):
+        summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
+        assert summary["completed"]
+        accuracy[i] = summary["accuracy"]
+        steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
+        assert any(3 in r["missing"] for r in steps)
+        assert max(r["step"] for r in steps if 3 in r["missing"]) < 1500 - 100
+    assert mixed_at is not None
+    print(
+        f"orchestrated: drop {_ts(dropped) - killed_at:.2f} s after SIGKILL; first step mixing "
+        f"both neighbours {mixed_at - restarted_at:.2f} s after the restart (re-admitted at "
+        f"step {readmitted['effective_step']}); accuracy peer 3 {summary3['accuracy']:.3f}, "
+        f"neighbours {accuracy}"
+    )
+    assert all(abs(summary3["accuracy"] - a) <= 0.05 for a in accuracy.values())
