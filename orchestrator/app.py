@@ -282,6 +282,9 @@ class Orchestrator:
 
     async def _publish_schedule(self, reason: str, effective_step: int | None = None) -> None:
         live = sorted(self.admission.live())
+        if not live:  # every peer left between the drop that asked for it and now
+            log.warning("schedule.skipped", reason=reason, why="no live peer left")
+            return
         schedule = self.schedules.next(
             reason,
             live,

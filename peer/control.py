@@ -232,6 +232,16 @@ class ControlClient:
         """The orchestrator said, or its Last-Will did, that it is offline: nobody decides."""
         return self.orchestrator is not None and self.orchestrator.state == "offline"
 
+    def gone_for(self, settle: float) -> bool:
+        """The orchestrator is offline and has stayed so for ``settle`` seconds of this peer's
+        current broker connection. Right after a broker restart its Last-Will ("connection
+        lost") may still stand while it reconnects (its backoff is at most 5 s): a peer that
+        took that at once for the end would leave before its "done" reached anyone."""
+        if not self.orchestrator_gone or not self.connected:
+            return False
+        since = max(self._offline_since or self.started, self.bus.connected_at or self.started)
+        return time.monotonic() - since >= settle
+
     def _on_presence(self, p: Presence) -> None:
         was_gone = self.orchestrator_gone
         self.orchestrator = p

@@ -91,6 +91,9 @@ __all__ = [
 ]
 
 _STOP_WAIT = 60.0  # seconds a finished peer keeps serving until the run's "stop"
+# seconds an "offline" orchestrator may take to come back after this peer (re)connected: its
+# reconnect backoff is at most 5 s (`concord.protos.mqtt.Bus`)
+_RECONNECT_SETTLE = 6.0
 
 
 @dataclass(frozen=True)
@@ -628,7 +631,10 @@ class OrchestratedCoordination:
         return {"control_fallbacks": fallbacks, "control_rounds_clamped": clamped}
 
     async def leave(self, summary: dict[str, Any]) -> None:
-        """Wait for the run's "stop" (nobody says it when the orchestrator is gone)."""
+        """Wait for the run's "stop" (nobody says it when the orchestrator is gone). A peer that
+        finished while the broker was away (a restart; steps run fast on fallback) first waits,
+        within the same bound, for the broker and for the orchestrator to come back: its retained
+        "done" reaches the orchestrator only then (`ControlClient.gone_for`)."""
         ctl = self.client
         if summary.get("completed"):
             await self._stop_watching()  # trained to the end: the wait below has its own bound
@@ -637,7 +643,7 @@ class OrchestratedCoordination:
                 lambda: (
                     self.stop.is_set()
                     or (ctl.control is not None and ctl.control.action == "stop")
-                    or ctl.orchestrator_gone
+                    or ctl.gone_for(_RECONNECT_SETTLE)
                 ),
                 _STOP_WAIT,
             )

@@ -38,6 +38,7 @@ import os
 import re
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -363,6 +364,7 @@ class Bus:
             kind, peer, message = will
             self._will = (topics.topic(kind, peer), encode(message))
         self.connected = asyncio.Event()
+        self.connected_at: float | None = None  # time.monotonic() of the current connection
         self.connects = 0  # successful connections so far (1 + reconnects)
         self.rejected = 0  # invalid, unsigned or refused payloads received
         self.handler_errors = 0  # messages whose handling raised (logged, never propagated)
@@ -417,6 +419,7 @@ class Bus:
                         payload = self._seal(topic, body)
                         await client_.publish(topic, payload, qos=spec.qos, retain=True)
                     self.connects += 1
+                    self.connected_at = time.monotonic()
                     self.connected.set()
                     delay = self.backoff[0]
                     log.info("mqtt.connected", client=self.identifier, connects=self.connects)
