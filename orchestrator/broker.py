@@ -86,20 +86,34 @@ def _plugins() -> tuple[type, type]:
     from concord.protos.mqtt import mosquitto_verify, read_acl, read_passwd
 
     class PasswordFileAuth(BaseAuthPlugin):  # type: ignore[misc]  # amqtt is untyped
+        """The password, and (as Mosquitto does) the Last-Will: its topic must be one the user
+        may write, since amqtt publishes a will without asking the topic plugin."""
+
         @dataclass
         class Config:
             password_file: str = ""
+            acl_file: str = ""
 
         def __init__(self, context: Any) -> None:
             super().__init__(context)
             self.users = read_passwd(Path(self.context.config.password_file))
+            acl = self.context.config.acl_file
+            self.rules = read_acl(Path(acl)) if acl else {}
 
         async def authenticate(self, *, session: Any) -> bool | None:
             hashed = self.users.get(session.username or "") if session else None
             ok = hashed is not None and mosquitto_verify(session.password or "", hashed)
             if not ok:
                 log.warning("broker.auth_refused", username=getattr(session, "username", None))
-            return ok
+                return False
+            if session.will_flag:
+                writes = self.rules.get(session.username, {}).get("write", [])
+                if not any(_covers(f, session.will_topic or "") for f in writes):
+                    log.warning(
+                        "broker.will_refused", username=session.username, topic=session.will_topic
+                    )
+                    return False
+            return True
 
     class TopicAcl(BaseTopicPlugin):  # type: ignore[misc]
         @dataclass
@@ -132,8 +146,48 @@ def _plugins() -> tuple[type, type]:
             return ok
 
     PasswordFileAuth.__module__ = TopicAcl.__module__ = __name__
+    _authenticate_at_connect()
     _PLUGINS = PasswordFileAuth, TopicAcl
     return _PLUGINS
+
+
+def _authenticate_at_connect() -> None:
+    """Make amqtt authenticate a client as soon as its CONNECT is read, before the broker looks
+    up its client id. amqtt 0.12 first deletes or updates the session of that client id (its
+    subscriptions, its Last-Will) and takes over a live connection, and only then refuses a bad
+    password: anyone who could reach the port could silence, disconnect or speak (through a
+    will) for any client whose id it guessed, and each refused session stayed in memory. Here a
+    refused CONNECT gets CONNACK "not authorised" and the connection is closed with no session
+    touched. amqtt's `_initialize_client_session` calls ``BrokerProtocolHandler`` from its module,
+    so that is the name replaced (once, process-wide; a broker without authentication plugins
+    is unaffected: its anonymous plugin answers yes)."""
+    import amqtt.broker
+    from amqtt.errors import MQTTError
+    from amqtt.mqtt.connack import NOT_AUTHORIZED, ConnackPacket
+    from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
+
+    if getattr(amqtt.broker.BrokerProtocolHandler, "concord_authenticates_first", False):
+        return
+
+    class AuthenticateFirst(BrokerProtocolHandler):  # type: ignore[misc]  # amqtt is untyped
+        concord_authenticates_first = True
+
+        @classmethod
+        async def init_from_connect(
+            cls, reader: Any, writer: Any, plugins_manager: Any, loop: Any = None
+        ) -> tuple[Any, Any]:
+            handler, session = await super().init_from_connect(
+                reader, writer, plugins_manager, loop
+            )
+            verdicts = await plugins_manager.map_plugin_auth(session=session)
+            said = [v for v in (verdicts or {}).values() if v is not None]
+            if not said or not all(said):
+                await ConnackPacket.build(0, NOT_AUTHORIZED).to_stream(writer)
+                await writer.close()
+                raise MQTTError(f"client {session.client_id!r} refused at CONNECT")
+            return handler, session
+
+    amqtt.broker.BrokerProtocolHandler = AuthenticateFirst
 
 
 _PLUGINS: tuple[type, type] | None = None
@@ -247,8 +301,12 @@ class EmbeddedBroker:
 
     @property
     def url(self) -> str:
+        """Where this machine's clients reach it: a wildcard bind (0.0.0.0, ::) is dialled on
+        loopback (the broker certificate of `concord certs broker` names 127.0.0.1), an IPv6
+        host in brackets."""
         scheme = "mqtts" if self.certfile is not None else "mqtt"
-        return f"{scheme}://{self.host}:{self.port}"
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     def _config(self, port: int) -> dict[str, Any]:
         listener: dict[str, Any] = {"type": "tcp", "bind": f"{self.host}:{port}"}
@@ -262,7 +320,10 @@ class EmbeddedBroker:
         else:
             _plugins()
             plugins = {
-                f"{__name__}.PasswordFileAuth": {"password_file": str(self.password_file)},
+                f"{__name__}.PasswordFileAuth": {
+                    "password_file": str(self.password_file),
+                    "acl_file": str(self.acl_file),
+                },
                 f"{__name__}.TopicAcl": {"acl_file": str(self.acl_file)},
             }
         return {"listeners": {"default": listener}, "plugins": plugins}

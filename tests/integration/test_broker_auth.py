@@ -6,7 +6,9 @@ CAs are refused, and no secret reaches a log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -22,7 +24,7 @@ from concord.orchestrator.broker import EmbeddedBroker, MosquittoBroker, mosquit
 from concord.peer.broker_creds import BrokerFiles, issue_broker
 from concord.peer.certs import init_ca
 from concord.protos.control_plane import Decision, Topics, encode
-from concord.protos.mqtt import BrokerAuth, Bus, client, connection
+from concord.protos.mqtt import BrokerAuth, Bus, client, connection, tls_context
 
 RUN = "authrun"
 TOPICS = Topics(RUN)
@@ -115,6 +117,114 @@ def test_the_orchestrator_may_publish_a_decision_and_a_peer_may_not(
         assert not await _delivered(url, peer, topic, listener=monitor)
 
     _run(kind, creds, body)
+
+
+def _raw_client(url: str, creds: BrokerFiles, identifier: str, **kw: Any) -> aiomqtt.Client:
+    """A client with every CONNECT field under the test's control (clean session, will)."""
+    address, _ = connection(url)
+    return aiomqtt.Client(
+        address.host,
+        address.port,
+        identifier=identifier,
+        protocol=aiomqtt.ProtocolVersion.V311,
+        tls_context=tls_context(BrokerAuth(ca=creds.ca)),
+        timeout=5,
+        **kw,
+    )
+
+
+async def _next_payload(c: aiomqtt.Client, wait: float = 5.0) -> bytes | None:
+    try:
+        async with asyncio.timeout(wait):
+            async for m in c.messages:
+                return bytes(m.payload) if isinstance(m.payload, bytes | bytearray) else b""
+    except TimeoutError:
+        return None
+    return None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_client_cannot_touch_the_session_of_the_id_it_claims(
+    kind: str, creds: BrokerFiles
+) -> None:
+    """A CONNECT with peer 0's client id, a wrong password, clean_session = 0 and a Last-Will on
+    the orchestrator's control topic is refused before the broker looks at the id: peer 0 stays
+    connected and subscribed, and no will is published. (amqtt 0.12 updated and took over the
+    session first: the attacker's will then spoke for peer 0, its subscriptions vanished.)"""
+
+    async def body(url: str) -> None:
+        victim_id, control = f"peer-{RUN}-0", TOPICS.topic("control")
+        async with client(url, victim_id, auth=auth(creds, "peer-0", ca=creds.ca)) as victim:
+            await victim.subscribe(control, qos=1)
+            forged = aiomqtt.Will(control, b"FORGED", qos=1, retain=True)
+            for clean in (False, True):
+                attacker = _raw_client(
+                    url, creds, victim_id, username="peer-0", password="wrong",
+                    clean_session=clean, will=forged,
+                )  # fmt: skip
+                with pytest.raises(aiomqtt.MqttError):
+                    async with attacker:
+                        pass
+            await asyncio.sleep(0.5)
+            orchestrator = auth(creds, "orchestrator", ca=creds.ca)
+            async with client(url, "orchestrator-x", auth=orchestrator) as orch:
+                await orch.publish(control, b"REAL", qos=1)
+            assert await _next_payload(victim) == b"REAL"  # still subscribed; no forged will
+
+    _run(kind, creds, body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_last_will_is_published_only_on_a_topic_the_identity_may_write(
+    kind: str, creds: BrokerFiles
+) -> None:
+    """A will is a publication the broker makes later on the client's behalf: one on a topic the
+    identity may not write never reaches anyone (the embedded broker refuses such a CONNECT;
+    Mosquitto drops the will when it would publish it; amqtt published them unchecked), one on
+    its own topic does."""
+
+    async def vanish(c: aiomqtt.Client) -> None:
+        """Connect, then drop the TCP connection without DISCONNECT: the broker owes the will."""
+        with contextlib.suppress(aiomqtt.MqttError):
+            async with c:
+                c._client.socket().shutdown(socket.SHUT_RDWR)
+
+    async def body(url: str) -> None:
+        monitor = auth(creds, "monitor", ca=creds.ca)
+        async with client(url, "watcher", auth=monitor) as watcher:
+            await watcher.subscribe(TOPICS.all(), qos=1)
+            await watcher.subscribe("concord/v1/other-run/#", qos=1)
+            password = creds.passwords["monitor"].read_text(encoding="utf-8").strip()
+            for topic in (TOPICS.topic("control"), "concord/v1/other-run/control"):
+                will = aiomqtt.Will(topic, b"FORGED", qos=1, retain=True)
+                await vanish(
+                    _raw_client(url, creds, "m-w", username="monitor", password=password, will=will)
+                )
+            assert await _next_payload(watcher, 2.0) is None
+            password = creds.passwords["peer-1"].read_text(encoding="utf-8").strip()
+            own = aiomqtt.Will(TOPICS.topic("status", 1), b"OWN", qos=1, retain=False)
+            await vanish(
+                _raw_client(url, creds, "p-w", username="peer-1", password=password, will=own)
+            )
+            assert await _next_payload(watcher) == b"OWN"
+
+    _run(kind, creds, body)
+
+
+def test_refused_connections_leave_no_session_in_the_embedded_broker(creds: BrokerFiles) -> None:
+    async def main() -> None:
+        async with EmbeddedBroker(
+            password_file=creds.passwd, acl_file=creds.acl, certfile=creds.cert, keyfile=creds.key
+        ) as b:
+            before = len(b._broker._sessions)
+            for i in range(20):
+                c = _raw_client(b.url, creds, f"junk-{i}", username="nobody", password="x")
+                with pytest.raises(aiomqtt.MqttError):
+                    async with c:
+                        pass
+            assert len(b._broker._sessions) == before
+
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,3 +272,28 @@ def test_embedded_broker_refuses_a_public_bind_without_authentication() -> None:
             EmbeddedBroker(host)
     EmbeddedBroker("127.0.0.1")
     EmbeddedBroker("localhost")
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("127.0.0.1", "mqtt://127.0.0.1:1884"),
+        ("0.0.0.0", "mqtt://127.0.0.1:1884"),
+        ("::", "mqtt://[::1]:1884"),
+        ("::1", "mqtt://[::1]:1884"),
+        ("10.1.2.3", "mqtt://10.1.2.3:1884"),
+    ],
+)
+def test_embedded_broker_url_is_one_local_clients_can_dial(
+    host: str, url: str, tmp_path: Path
+) -> None:
+    """A wildcard bind is dialled on loopback and an IPv6 host is bracketed (mqtts://0.0.0.0
+    fails the certificate's host check; mqtt://:::1884 is no URL)."""
+    from concord.protos.mqtt import BrokerAddress
+
+    passwd, acl = tmp_path / "passwd", tmp_path / "acl"
+    passwd.write_text("")
+    acl.write_text("")
+    broker = EmbeddedBroker(host, 1884, password_file=passwd, acl_file=acl)
+    assert broker.url == url
+    assert BrokerAddress.parse(broker.url).port == 1884
