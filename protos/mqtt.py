@@ -50,7 +50,13 @@ import structlog
 
 from concord.errors import ConfigError
 from concord.protos.control_plane import TOPICS, Message, PayloadError, Topics, decode, encode
-from concord.protos.signing import SignatureError, Signer, Signing, Verifier
+from concord.protos.signing import (
+    SignatureError,
+    Signer,
+    Signing,
+    Verifier,
+    required_identity,
+)
 
 log = structlog.get_logger("concord.protos.mqtt")
 
@@ -460,14 +466,17 @@ class Bus:
                 log.debug("control.duplicate", client=self.identifier, topic=topic)
                 return
             self.rejected += 1
-            told = (exc.sender, exc.reason)
-            if told not in self._told and len(self._told) < 1024:  # once per sender and reason
+            # once per (the identity the topic requires, reason): a bounded set that a flood of
+            # made-up sender names cannot exhaust; the name the envelope claims is logged as such
+            told = (required_identity(topic) or "?", exc.reason)
+            if told not in self._told and len(self._told) < 1024:
                 self._told.add(told)
                 log.warning(
                     "control.rejected",
                     client=self.identifier,
                     topic=topic,
-                    sender=exc.sender,
+                    sender=required_identity(topic),
+                    claimed=exc.sender,
                     reason=exc.reason,
                     problem=exc.problem,
                 )

@@ -5,11 +5,11 @@ When a run has a PKI (``[network.tls]``: the run CA of ``concord certs``), every
 is wrapped by its sender in an envelope, a msgpack map::
 
     {"v": SCHEMA_VERSION, "kind": "signed", "run": RUN, "from": IDENTITY, "epoch": int,
-     "seq": int, "will": bool, "topic": TOPIC, "body": <the encoded message>,
+     "seq": int, "conn": int, "will": bool, "topic": TOPIC, "body": <the encoded message>,
      "crt": <the sender's certificate, DER>, "sig": <ECDSA-SHA256, DER>}
 
-``sig`` signs the canonical msgpack array ``[CONTEXT, run, from, epoch, seq, will, topic, body]``
-with the key the run CA issued to the sender (peers: ``peer-<id>``, the orchestrator:
+``sig`` signs the canonical msgpack array ``[CONTEXT, run, from, epoch, seq, conn, will, topic,
+body]`` with the key the run CA issued to the sender (peers: ``peer-<id>``, the orchestrator:
 ``orchestrator``); ``CONTEXT`` separates these signatures from anything else the same keys sign
 (the data plane's TLS handshakes). A `Verifier` accepts an envelope only when
 
@@ -19,18 +19,21 @@ with the key the run CA issued to the sender (peers: ``peer-<id>``, the orchestr
 * ``crt`` chains to the run CA (checked once per certificate, cached by its SHA-256), is inside
   its validity window, is no CA, allows digital signatures and names ``from`` as its CN;
 * ``sig`` verifies with the certificate's key;
+* its ``epoch`` is not older than the newest incarnation of that sender accepted on any topic:
+  ``epoch`` is the sender's wall clock (ns) when its `Signer` was made — one per process
+  incarnation — so nothing of an earlier incarnation passes once a later one was heard;
 * it is newer than what was accepted from that sender on that topic: (epoch, seq) strictly
-  greater. ``epoch`` is the sender's wall clock (ns) when its `Signer` was made — one per
-  process incarnation — and ``seq`` counts its messages from 1, so a replayed message, a
-  retained message re-published after a reconnect, and anything of an earlier incarnation are
-  dropped. A second copy of the last accepted message (MQTT delivers QoS 1 at least once, and a
-  message published while a receiver subscribes can reach it live and retained) is dropped as a
-  "duplicate", which receivers do not report as a refusal.
+  greater, ``seq`` counting the sender's messages from 1. So a replayed message and a retained
+  message re-published after a reconnect are dropped. A second copy of the last accepted message
+  (MQTT delivers QoS 1 at least once, and a message published while a receiver subscribes can
+  reach it live and retained) is dropped as a "duplicate", which receivers do not report.
 
 **Last-Wills** are signed when the connection is made (``will`` true, with the next ``seq``), but
 the broker publishes them when the connection breaks, after everything the sender published
-later. A will is therefore judged only against that sender's earlier accepted wills on the same
-topic, never against its ordinary messages (which always carry higher sequence numbers).
+later. A will is therefore judged against that sender's earlier accepted wills on the same topic,
+never against its ordinary messages (which carry higher sequence numbers) — and against ``conn``:
+every envelope carries the seq of its sender's current will (a will: its own), so once a message
+of a later connection was accepted, the will of an earlier connection is stale and dropped.
 
 Every refusal is a `SignatureError` (a `PayloadError`) with the claimed sender and a short reason
 key, so that a receiver logs it once per sender and reason (`concord.protos.mqtt.Bus`). This
@@ -70,7 +73,7 @@ if TYPE_CHECKING:
 
 ORCHESTRATOR = "orchestrator"
 CONTEXT = "concord/v1 signed control message"
-FIELDS = ("v", "kind", "run", "from", "epoch", "seq", "will", "topic", "body", "crt", "sig")
+FIELDS = ("v", "kind", "run", "from", "epoch", "seq", "conn", "will", "topic", "body", "crt", "sig")
 MAX_CERT_BYTES = 4096  # a P-256 leaf certificate is ~600 bytes
 MAX_SIG_BYTES = 80  # a DER ECDSA P-256 signature is at most 72 bytes
 MAX_ENVELOPE_BYTES = MAX_PAYLOAD_BYTES + MAX_CERT_BYTES + 1024
@@ -106,10 +109,10 @@ def required_identity(topic: str) -> str | None:
 
 
 def _signed_bytes(
-    run: str, sender: str, epoch: int, seq: int, will: bool, topic: str, body: bytes
+    run: str, sender: str, epoch: int, seq: int, conn: int, will: bool, topic: str, body: bytes
 ) -> bytes:
     packed: bytes = msgpack.packb(
-        [CONTEXT, run, sender, epoch, seq, will, topic, body], use_bin_type=True
+        [CONTEXT, run, sender, epoch, seq, conn, will, topic, body], use_bin_type=True
     )
     return packed
 
@@ -154,6 +157,7 @@ class Signer:
         self.run = run
         self.epoch = time.time_ns() if epoch is None else epoch
         self._seq = itertools.count(1)  # next() is atomic under the GIL
+        self.conn = 0  # seq of the Last-Will of the current connection (0: none yet)
 
     @classmethod
     def load(cls, identity: str, key_path: Path, cert_path: Path, run: str) -> Signer:
@@ -162,9 +166,14 @@ class Signer:
 
     def seal(self, topic: str, body: bytes, *, will: bool = False) -> bytes:
         """The envelope of ``body`` (an encoded message) for ``topic``, with the next sequence
-        number."""
+        number. A Last-Will (sealed at each connect) starts a connection: its seq becomes the
+        ``conn`` every later envelope carries, so a receiver can tell a stale will of an earlier
+        connection from the current one."""
         seq = next(self._seq)
-        signed = _signed_bytes(self.run, self.identity, self.epoch, seq, will, topic, body)
+        if will:
+            self.conn = seq
+        conn = self.conn
+        signed = _signed_bytes(self.run, self.identity, self.epoch, seq, conn, will, topic, body)
         sig = self.key.sign(signed, ec.ECDSA(hashes.SHA256()))
         envelope = {
             "v": SCHEMA_VERSION,
@@ -173,6 +182,7 @@ class Signer:
             "from": self.identity,
             "epoch": self.epoch,
             "seq": seq,
+            "conn": conn,
             "will": will,
             "topic": topic,
             "body": body,
@@ -208,6 +218,8 @@ class Verifier:
         self.run = run
         self._certs: dict[bytes, _Known | str] = {}  # sha256(DER) → verified, or why refused
         self._last: dict[tuple[str, str, bool], tuple[int, int]] = {}
+        self._epoch: dict[str, int] = {}  # sender → newest incarnation accepted (any topic)
+        self._conn: dict[str, tuple[int, int]] = {}  # sender → (epoch, newest conn seen)
         self.accepted = 0
 
     @classmethod
@@ -245,15 +257,28 @@ class Verifier:
             )
         if known.cn != sender:
             raise refuse("identity", f"claims {sender!r}, but its certificate is {known.cn!r}")
-        signed = _signed_bytes(
-            self.run, sender, env["epoch"], env["seq"], env["will"], topic, env["body"]
-        )
+        epoch, seq, conn, will = env["epoch"], env["seq"], env["conn"], env["will"]
+        signed = _signed_bytes(self.run, sender, epoch, seq, conn, will, topic, env["body"])
         try:
             known.key.verify(env["sig"], signed, ec.ECDSA(hashes.SHA256()))
         except InvalidSignature:
             raise refuse("signature", "the signature does not verify") from None
-        key = (sender, topic, env["will"])
-        stamp = (env["epoch"], env["seq"])
+        floor = self._epoch.get(sender, 0)
+        if epoch < floor:  # whatever the topic: that incarnation is over
+            raise refuse(
+                "replay",
+                f"an earlier incarnation's {'Last-Will' if will else 'message'} (epoch {epoch}; "
+                f"{sender} is at epoch {floor})",
+            )
+        newest = self._conn.get(sender, (0, 0))
+        if will and newest[0] == epoch and seq < newest[1]:
+            raise refuse(
+                "replay",
+                f"a stale Last-Will of an earlier connection (seq {seq}; {sender}'s current "
+                f"connection began at seq {newest[1]})",
+            )
+        key = (sender, topic, will)
+        stamp = (epoch, seq)
         last = self._last.get(key)
         if last is not None and stamp == last:  # QoS 1 is at-least-once; retained + live
             raise refuse("duplicate", "a second copy of the last accepted message")
@@ -266,6 +291,9 @@ class Verifier:
                 f"{last[1]})",
             )
         self._last[key] = stamp
+        self._epoch[sender] = epoch
+        if (epoch, conn) > newest:
+            self._conn[sender] = (epoch, conn)
         self.accepted += 1
         body: bytes = env["body"]
         return body
@@ -329,7 +357,7 @@ class Verifier:
                     f"signed envelope field {name!r} must be a non-empty {kind.__name__} of at "
                     f"most {limit} bytes; got {type(value).__name__}",
                 )
-        for name in ("epoch", "seq"):
+        for name in ("epoch", "seq", "conn"):
             value = env[name]
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64:
                 raise refuse(
@@ -337,6 +365,12 @@ class Verifier:
                 )
         if not isinstance(env["will"], bool):
             raise refuse("malformed", "signed envelope field 'will' must be a bool")
+        if env["conn"] > env["seq"] or (env["will"] and env["conn"] != env["seq"]):
+            raise refuse(
+                "malformed",
+                "signed envelope field 'conn' must be the seq of the sender's current Last-Will "
+                "(its own seq for a will, at most the seq otherwise)",
+            )
         return env
 
     def certificate_problem(self, der: bytes, *, now: dt.datetime | None = None) -> str | None:

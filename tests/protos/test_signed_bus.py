@@ -143,12 +143,17 @@ def test_signed_messages_flow_and_forgeries_are_dropped(pki: Path) -> None:
                 assert orch_in.states(1) == STATES
                 assert orch.handler_errors == 0
                 refusals = [
-                    (e.get("sender"), e.get("reason"))
+                    (e.get("sender"), e.get("claimed"), e.get("reason"))
                     for e in logs
                     if e["event"] == "control.rejected" and e.get("client") == orch.identifier
                 ]
+                # logged once per (the identity the topic requires, reason), with the claim
                 assert sorted(refusals, key=str) == sorted(
-                    [("peer-1", "unsigned"), ("peer-1", "replay"), ("peer-2", "identity")],
+                    [
+                        ("peer-1", "peer-1", "unsigned"),
+                        ("peer-1", "peer-1", "replay"),
+                        ("peer-1", "peer-2", "identity"),
+                    ],
                     key=str,
                 )
                 plain_problems = [e["problem"] for e in logs if e.get("client") == plain.identifier]

@@ -88,6 +88,7 @@ def forge(key: ec.EllipticCurvePrivateKey, cert_der: bytes, **fields: Any) -> by
         "from": "peer-1",
         "epoch": 1,
         "seq": 1,
+        "conn": 0,
         "will": False,
         "topic": TOPICS_.topic("heartbeat", 1),
         "body": BEAT,
@@ -95,8 +96,8 @@ def forge(key: ec.EllipticCurvePrivateKey, cert_der: bytes, **fields: Any) -> by
     }
     env.update(fields)
     signed = msgpack.packb(
-        [CONTEXT, env["run"], env["from"], env["epoch"], env["seq"], env["will"], env["topic"],
-         env["body"]],
+        [CONTEXT, env["run"], env["from"], env["epoch"], env["seq"], env["conn"], env["will"],
+         env["topic"], env["body"]],
         use_bin_type=True,
     )  # fmt: skip
     env["sig"] = key.sign(signed, ec.ECDSA(hashes.SHA256()))
@@ -149,9 +150,16 @@ def test_replays_and_earlier_incarnations_are_dropped(pki: Path) -> None:
     later = signer(pki, "peer-1", epoch=2_000)  # a restart: a new epoch, seq from 1 again
     v.open(topic, later.seal(topic, status))
     refused(v, topic, first.seal(topic, status), "replay", "an earlier incarnation's message")
-    # replay state is per topic: the same sender's heartbeat topic is independent
+    # the incarnation floor is per sender: on a topic where only the old one was heard, too
     beat = TOPICS_.topic("heartbeat", 1)
-    assert v.open(beat, first.seal(beat, BEAT)) == BEAT
+    refused(v, beat, first.seal(beat, BEAT), "replay", "(epoch 1000; peer-1 is at epoch 2000)")
+    refused(v, topic, first.seal(topic, status, will=True), "replay", "earlier incarnation's Last")
+    assert v.open(beat, later.seal(beat, BEAT)) == BEAT
+    # sequence numbers are per topic: a later heartbeat does not make an older status stale
+    other = signer(pki, "peer-1", epoch=3_000)
+    s1, b2 = other.seal(topic, status), other.seal(beat, BEAT)
+    assert v.open(beat, b2) == BEAT
+    assert v.open(topic, s1) == status
 
 
 def test_a_will_is_judged_against_earlier_wills_only(pki: Path) -> None:
@@ -169,6 +177,25 @@ def test_a_will_is_judged_against_earlier_wills_only(pki: Path) -> None:
     v.open(topic, s.seal(topic, ready))
     assert v.open(topic, will2) == offline
     refused(v, topic, will1, "replay", "Last-Will")
+
+
+def test_the_will_of_an_earlier_connection_is_stale_once_a_later_one_spoke(pki: Path) -> None:
+    """Connection 1's will was never published (the connection closed cleanly); after
+    connection 2's first message, anyone replaying that will (the broker kept it) is refused:
+    every envelope carries the seq of its connection's will (``conn``)."""
+    v = verifier(pki)
+    topic = TOPICS_.topic("status", 2)
+    offline = encode(Status(peer=2, state="offline"))
+    ready = encode(Status(peer=2, state="ready"))
+    s = signer(pki, "peer-2")
+    will1 = s.seal(topic, offline, will=True)
+    assert v.open(topic, s.seal(topic, ready)) == ready
+    will2 = s.seal(topic, offline, will=True)
+    assert msgpack.unpackb(will2)["conn"] == msgpack.unpackb(will2)["seq"]
+    beat = TOPICS_.topic("heartbeat", 2)
+    assert v.open(beat, s.seal(beat, encode(Heartbeat(peer=2, step=1, ts=1.0))))
+    refused(v, topic, will1, "replay", "a stale Last-Will of an earlier connection")
+    assert v.open(topic, will2) == offline  # the current connection's will stands
 
 
 def test_an_unsigned_message_is_refused_on_a_run_with_a_pki(pki: Path) -> None:
@@ -256,6 +283,8 @@ def test_malformed_envelopes_are_refused(pki: Path, payload: bytes, text: str) -
         ({"body": "text"}, "'body' must be a non-empty bytes"),
         ({"crt": b""}, "'crt' must be a non-empty bytes"),
         ({"from": 7}, "'from' must be a non-empty str"),
+        ({"conn": 2}, "'conn' must be the seq of the sender's current Last-Will"),
+        ({"will": True}, "'conn' must be the seq of the sender's current Last-Will"),
     ],
 )
 def test_envelope_fields_are_checked(pki: Path, change: dict[str, Any], text: str) -> None:
