@@ -47,6 +47,7 @@ import hashlib
 import itertools
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -252,17 +253,40 @@ class Verifier:
         if not known.not_before <= at <= known.not_after:
             raise refuse(
                 "expired",
-                f"the sender's certificate is valid {known.not_before:%Y-%m-%d %H:%M} to "
-                f"{known.not_after:%Y-%m-%d %H:%M} UTC, not now",
+                f"the sender's certificate (with the run CA) is valid "
+                f"{known.not_before:%Y-%m-%d %H:%M} to {known.not_after:%Y-%m-%d %H:%M} UTC, "
+                "not now",
             )
         if known.cn != sender:
             raise refuse("identity", f"claims {sender!r}, but its certificate is {known.cn!r}")
         epoch, seq, conn, will = env["epoch"], env["seq"], env["conn"], env["will"]
+        # stale before costly: a replay is refused without an ECDSA verification (a flood of
+        # old messages costs no CPU); the state is updated only after the signature verified
+        self._check_fresh(sender, topic, epoch, seq, will, refuse)
         signed = _signed_bytes(self.run, sender, epoch, seq, conn, will, topic, env["body"])
         try:
             known.key.verify(env["sig"], signed, ec.ECDSA(hashes.SHA256()))
         except InvalidSignature:
             raise refuse("signature", "the signature does not verify") from None
+        self._last[(sender, topic, will)] = (epoch, seq)
+        newest = self._conn.get(sender, (0, 0))
+        self._epoch[sender] = epoch
+        if (epoch, conn) > newest:
+            self._conn[sender] = (epoch, conn)
+        self.accepted += 1
+        body: bytes = env["body"]
+        return body
+
+    def _check_fresh(
+        self,
+        sender: str,
+        topic: str,
+        epoch: int,
+        seq: int,
+        will: bool,
+        refuse: Callable[[str, str], SignatureError],
+    ) -> None:
+        """Refuse what is not newer than what was accepted (module docstring); no state change."""
         floor = self._epoch.get(sender, 0)
         if epoch < floor:  # whatever the topic: that incarnation is over
             raise refuse(
@@ -277,26 +301,16 @@ class Verifier:
                 f"a stale Last-Will of an earlier connection (seq {seq}; {sender}'s current "
                 f"connection began at seq {newest[1]})",
             )
-        key = (sender, topic, will)
-        stamp = (epoch, seq)
-        last = self._last.get(key)
-        if last is not None and stamp == last:  # QoS 1 is at-least-once; retained + live
+        last = self._last.get((sender, topic, will))
+        if last is not None and (epoch, seq) == last:  # QoS 1 is at-least-once; retained + live
             raise refuse("duplicate", "a second copy of the last accepted message")
-        if last is not None and stamp < last:
-            what = "an earlier incarnation's" if stamp[0] < last[0] else "a replayed or stale"
+        if last is not None and (epoch, seq) < last:
+            what = "an earlier incarnation's" if epoch < last[0] else "a replayed or stale"
             raise refuse(
                 "replay",
-                f"{what} {'Last-Will' if env['will'] else 'message'} "
-                f"(epoch {stamp[0]}, seq {stamp[1]}; accepted up to epoch {last[0]}, seq "
-                f"{last[1]})",
+                f"{what} {'Last-Will' if will else 'message'} (epoch {epoch}, seq {seq}; "
+                f"accepted up to epoch {last[0]}, seq {last[1]})",
             )
-        self._last[key] = stamp
-        self._epoch[sender] = epoch
-        if (epoch, conn) > newest:
-            self._conn[sender] = (epoch, conn)
-        self.accepted += 1
-        body: bytes = env["body"]
-        return body
 
     def _parse(self, topic: str, payload: bytes) -> dict[str, Any]:
         claimed = required_identity(topic) or "?"
@@ -421,7 +435,13 @@ class Verifier:
         key = cert.public_key()
         if not isinstance(key, ec.EllipticCurvePublicKey):
             return f"has a {type(key).__name__}, not an EC key"
-        return _Known(_common_name(cert), key, cert.not_valid_before_utc, cert.not_valid_after_utc)
+        # a signature is good while both the sender's certificate and the run CA are valid
+        return _Known(
+            _common_name(cert),
+            key,
+            max(cert.not_valid_before_utc, self.ca.not_valid_before_utc),
+            min(cert.not_valid_after_utc, self.ca.not_valid_after_utc),
+        )
 
 
 def _basic_constraints(cert: x509.Certificate) -> x509.BasicConstraints | None:

@@ -432,3 +432,33 @@ REASONS = {
     "unsigned", "malformed", "run", "topic", "identity", "certificate", "expired", "signature",
     "replay", "duplicate",
 }  # fmt: skip
+
+
+def test_a_signature_is_good_only_while_the_run_ca_is_valid(tmp_path: Path) -> None:
+    """A sender's certificate may outlive the run CA that issued it; its messages must not."""
+    from concord.peer.certs import init_ca, issue_peer
+
+    init_ca(tmp_path, run_id=RUN, days=2)
+    issue_peer(tmp_path, 1, days=30)
+    v = Verifier.load(tmp_path / "ca.crt", RUN)
+    s = Signer.load("peer-1", tmp_path / "peer-1.key", tmp_path / "peer-1.crt", RUN)
+    topic = TOPICS_.topic("heartbeat", 1)
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    assert v.open(topic, s.seal(topic, BEAT), now=soon) == BEAT
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=5)  # the CA expired, the leaf not
+    with pytest.raises(SignatureError, match="with the run CA") as info:
+        v.open(topic, s.seal(topic, BEAT), now=later)
+    assert info.value.reason == "expired"
+
+
+def test_a_stale_message_is_refused_before_its_signature_is_checked(pki: Path) -> None:
+    """A replayed (or stale forged) envelope costs no ECDSA verification: the freshness check
+    comes first, and it changes no state."""
+    v = verifier(pki)
+    topic = TOPICS_.topic("heartbeat", 1)
+    s = signer(pki, "peer-1")
+    old, new = s.seal(topic, BEAT), s.seal(topic, BEAT)
+    assert v.open(topic, new) == BEAT
+    env = msgpack.unpackb(old)
+    env["sig"] = b"\x30" + b"\x00" * 70  # garbage: would fail verification
+    refused(v, topic, msgpack.packb(env, use_bin_type=True), "replay", "a replayed or stale")
