@@ -89,6 +89,7 @@ from concord.orchestrator.rounds import RoundBook
 from concord.orchestrator.schedules import REPAIR_AHEAD, Schedules, plan_message
 from concord.protos.control_plane import (
     Decision,
+    Heartbeat,
     Message,
     Metrics,
     Presence,
@@ -177,6 +178,13 @@ class Orchestrator:
             return
         now = time.monotonic()
         self.admission.heard(peer, message, now)
+        if isinstance(message, Heartbeat) and self.stage == "train":
+            info = self.admission.peers[peer]
+            if info.gone and info.stage_done != self.stage:
+                # dropped while it was stalled or cut off, and alive after all: take it back
+                # like a restarted peer (it jumps to its neighbours' step once they send to it)
+                log.warning("peer.back", peer=peer, step=message.step)
+                self._readmit(peer, now)
         if isinstance(message, Status):
             outcome = self.admission.on_status(peer, message, now, self.stage)
             if outcome.drop is not None:

@@ -129,3 +129,40 @@ def test_a_restarted_peer_is_readmitted_in_a_new_schedule_at_its_new_address(
     assert schedule.addresses == ["127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:6002"]
     assert schedule.effective_step == 9  # newest reported step 7 + REPAIR_AHEAD
     assert schedule.reason == "peer 2 re-admitted at 127.0.0.1:6002"
+
+
+def test_a_dropped_peer_heard_again_during_training_is_readmitted(tmp_path: Path) -> None:
+    """A peer dropped while it was stalled (SIGSTOP) or cut off is alive after all when its
+    heartbeats come back: it is re-admitted at its address in a new schedule version, as a
+    restarted peer is; a peer that finished the stage, or heartbeats outside training, are not
+    taken back."""
+    cfg = load_config(None, ["peers=3", "epochs=2", "control.mode=none"], environ={})
+
+    async def scenario() -> tuple[FakeBus, Orchestrator]:
+        orch = Orchestrator(cfg, tmp_path, broker="mqtt://unused:1", run_id="t")
+        bus = FakeBus()
+        orch.bus = bus  # type: ignore[assignment]
+        orch.schedules.start(make_plan(cfg, make_lr_schedule(cfg, 10)))
+        for i in range(3):
+            status = Status(peer=i, state="ready", address=f"127.0.0.1:{5000 + i}")
+            await orch.on_message("status", i, status)
+        orch.stage = "calibrate"
+        orch._drop(2, "silent for 6.1 s")
+        await orch.on_message("heartbeat", 2, Heartbeat(peer=2, step=3, ts=1.0))
+        assert orch.admission.live() == {0, 1}  # not in training: stays dropped
+        orch.stage = "train"
+        for i in (0, 1):
+            await orch.on_message("heartbeat", i, Heartbeat(peer=i, step=20, ts=2.0))
+        await orch.on_message("heartbeat", 2, Heartbeat(peer=2, step=4, ts=3.0))
+        await asyncio.wait(list(orch._tasks), timeout=5)
+        orch.records.close()
+        return bus, orch
+
+    bus, orch = asyncio.run(scenario())
+    assert orch.admission.live() == {0, 1, 2}
+    assert orch.admission.peers[2].readmissions == 1
+    schedules = [m for k, m in bus.sent if k == "schedule"]
+    assert isinstance(schedules[-1], Schedule)
+    assert schedules[-1].peers == [0, 1, 2]
+    assert schedules[-1].addresses[2] == "127.0.0.1:5002"
+    assert schedules[-1].effective_step == 22  # the others' step 20 + REPAIR_AHEAD
