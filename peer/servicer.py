@@ -261,20 +261,26 @@ class GossipServicer(pb_grpc.GossipServicer):
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, raw),))
         server.add_registered_method_handlers(SERVICE, raw)
 
+    def _check_certified(self, rpc: str, claimed: int, context: grpc.aio.ServicerContext) -> None:
+        """With mTLS, the peer id an RPC claims must be the one its client certificate names;
+        `RejectedError` ("identity") otherwise."""
+        if not self.t.require_identity:
+            return
+        certified = peer_id_of(context.auth_context())
+        if certified != claimed:
+            raise RejectedError(
+                "identity",
+                f"{rpc} claims peer {claimed}; the client certificate names "
+                f"{'no peer' if certified is None else f'peer {certified}'}",
+            )
+
     async def Hello(  # noqa: N802 - the RPC name of the .proto
         self, request: pb.HelloRequest, context: grpc.aio.ServicerContext
     ) -> pb.HelloReply:
         hello = serde.hello_from_wire(request)
         try:
             check_hello(hello, self.t.view())
-            if self.t.require_identity:
-                certified = peer_id_of(context.auth_context())
-                if certified != hello.peer_id:
-                    raise RejectedError(
-                        "identity",
-                        f"Hello claims peer {hello.peer_id}; the client certificate names "
-                        f"{'no peer' if certified is None else f'peer {certified}'}",
-                    )
+            self._check_certified("Hello", hello.peer_id, context)
         except RejectedError as r:
             self.t.counters.reject(r.reason)
             log.warning(
@@ -306,14 +312,7 @@ class GossipServicer(pb_grpc.GossipServicer):
                 raise RejectedError(
                     "permission", f"peer {request.peer_id} fetches before Hello on this connection"
                 )
-            if self.t.require_identity:
-                certified = peer_id_of(context.auth_context())
-                if certified != request.peer_id:
-                    raise RejectedError(
-                        "identity",
-                        f"Fetch claims peer {request.peer_id}; the client certificate names "
-                        f"{'no peer' if certified is None else f'peer {certified}'}",
-                    )
+            self._check_certified("Fetch", request.peer_id, context)
         except RejectedError as r:
             self.t.counters.reject(r.reason)
             log.warning(

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from concord.core.config import load_config
+from concord.core.config import RunConfig, load_config
 from concord.core.control.controller import Calibration, ConsensusController
 from concord.core.control.runplan import control_config, make_lr_schedule, make_plan
 from concord.orchestrator.app import Orchestrator
@@ -87,6 +87,18 @@ def test_a_failed_peer_is_dropped_its_round_decided_and_the_schedule_repaired(
     assert json.loads(control[0])["peers"] == 2
 
 
+async def _three_ready_peers(cfg: RunConfig, out: Path) -> tuple[Orchestrator, FakeBus]:
+    """An orchestrator on a `FakeBus` whose 3 peers announced "ready" at 127.0.0.1:500<i>."""
+    orch = Orchestrator(cfg, out, broker="mqtt://unused:1", run_id="t")
+    bus = FakeBus()
+    orch.bus = bus  # type: ignore[assignment]
+    orch.schedules.start(make_plan(cfg, make_lr_schedule(cfg, 10)))
+    for i in range(3):
+        status = Status(peer=i, state="ready", address=f"127.0.0.1:{5000 + i}")
+        await orch.on_message("status", i, status)
+    return orch, bus
+
+
 def test_a_restarted_peer_is_readmitted_in_a_new_schedule_at_its_new_address(
     tmp_path: Path,
 ) -> None:
@@ -97,13 +109,7 @@ def test_a_restarted_peer_is_readmitted_in_a_new_schedule_at_its_new_address(
     cfg = load_config(None, ["peers=3", "epochs=2", "control.mode=none"], environ={})
 
     async def scenario() -> tuple[FakeBus, Orchestrator]:
-        orch = Orchestrator(cfg, tmp_path, broker="mqtt://unused:1", run_id="t")
-        bus = FakeBus()
-        orch.bus = bus  # type: ignore[assignment]
-        orch.schedules.start(make_plan(cfg, make_lr_schedule(cfg, 10)))
-        for i in range(3):
-            status = Status(peer=i, state="ready", address=f"127.0.0.1:{5000 + i}")
-            await orch.on_message("status", i, status)
+        orch, bus = await _three_ready_peers(cfg, tmp_path)
         orch.stage = "train"
         for i in range(3):
             await orch.on_message("heartbeat", i, Heartbeat(peer=i, step=7, ts=1.0))
@@ -139,13 +145,7 @@ def test_a_dropped_peer_heard_again_during_training_is_readmitted(tmp_path: Path
     cfg = load_config(None, ["peers=3", "epochs=2", "control.mode=none"], environ={})
 
     async def scenario() -> tuple[FakeBus, Orchestrator]:
-        orch = Orchestrator(cfg, tmp_path, broker="mqtt://unused:1", run_id="t")
-        bus = FakeBus()
-        orch.bus = bus  # type: ignore[assignment]
-        orch.schedules.start(make_plan(cfg, make_lr_schedule(cfg, 10)))
-        for i in range(3):
-            status = Status(peer=i, state="ready", address=f"127.0.0.1:{5000 + i}")
-            await orch.on_message("status", i, status)
+        orch, bus = await _three_ready_peers(cfg, tmp_path)
         orch.stage = "calibrate"
         orch._drop(2, "silent for 6.1 s")
         await orch.on_message("heartbeat", 2, Heartbeat(peer=2, step=3, ts=1.0))
