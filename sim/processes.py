@@ -48,6 +48,7 @@ from concord.runtime.logs import open_log
 from concord.runtime.rundir import load_checkpoint
 
 _GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
+_PEERS_AFTER = 90.0  # seconds peers may outlive the orchestrator (60 s "stop" wait + teardown)
 # seconds the orchestrator may take to exit once every peer has and its summary is written (its
 # teardown is bounded by 5 s publish and 3 s broker-shutdown timeouts; this catches the rest)
 _TEARDOWN = 30.0
@@ -134,6 +135,22 @@ class Children:
         except (OSError, ValueError):  # not written yet, or being written
             return None
         return isinstance(record, dict) and record.get("completed") is True
+
+    def peers_stuck(self, since: float | None, now: float) -> dict[str, bool]:
+        """Peers still running `_PEERS_AFTER` seconds after the orchestrator exited (``since``):
+        a peer waits at most 60 s for the run's "stop" and 15 s for its transport, so these are
+        hung in teardown. name → whether its summary says it completed."""
+        if since is None or now - since <= _PEERS_AFTER:
+            return {}
+        stuck = {}
+        for name in self.running():
+            if name.startswith("peer-"):
+                summary = self.run_dir / "peers" / name / "summary.json"
+                try:
+                    stuck[name] = json.loads(summary.read_text()).get("completed") is True
+                except (OSError, ValueError):
+                    stuck[name] = False
+        return stuck
 
     def abandon(self, name: str, *, done: bool = True) -> None:
         """Stop a child; when its work is ``done`` its exit status is then no failure."""
@@ -269,11 +286,19 @@ async def _follow(
         with bar:
             task = bar.add_task("run", total=None, info="starting peers")
             peers_gone: float | None = None
+            orchestrator_gone: float | None = None
             while children.running() and not stop:
                 if children.hopeless():
                     break
                 await asyncio.sleep(0.25)
                 now = time.monotonic()
+                if "orchestrator" not in children.running():
+                    orchestrator_gone = orchestrator_gone or now
+                    for name, completed in children.peers_stuck(orchestrator_gone, now).items():
+                        structlog.get_logger("concord.sim.processes").warning(
+                            "peer.teardown_stuck", peer=name, completed=completed
+                        )
+                        children.abandon(name, done=completed)
                 if children.running() != ["orchestrator"]:
                     peers_gone = None
                 elif peers_gone is None:

@@ -348,3 +348,30 @@ def test_peers_stop_waiting_for_a_crashed_orchestrator_and_finish(
         if not lagged:  # barrier fallback: plain gossip (the step of the kill may have more)
             assert {r["rounds"] for r in after[1:]} == {1}
     assert time.time() - killed_at < 150
+
+
+def test_peers_hung_long_after_the_orchestrator_exited_are_stopped(tmp_path: Path) -> None:
+    """A peer still running `_PEERS_AFTER` seconds after the orchestrator exited is hung in its
+    teardown (it waits at most 60 s for "stop" plus its transport's bound): the launcher stops it;
+    one whose summary says it completed is no failure, one without a summary is."""
+    from concord.core.config import load_config
+    from concord.sim import processes
+
+    cfg = load_config(None, ["peers=2"], environ={})
+    (tmp_path / "logs").mkdir()
+    children = processes.Children(tmp_path, cfg)
+    for i in range(2):
+        children.procs[f"peer-{i}"] = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(300)"]
+        )
+    (tmp_path / "peers" / "peer-0").mkdir(parents=True)
+    (tmp_path / "peers" / "peer-0" / "summary.json").write_text('{"completed": true}')
+    now = time.monotonic()
+    assert children.peers_stuck(None, now) == {}
+    assert children.peers_stuck(now - 10, now) == {}  # the orchestrator left a moment ago
+    stuck = children.peers_stuck(now - processes._PEERS_AFTER - 1, now)
+    assert stuck == {"peer-0": True, "peer-1": False}
+    for name, done in stuck.items():
+        children.abandon(name, done=done)
+    assert children.running() == []
+    assert children.failed() == {"peer-1": -signal.SIGTERM}
