@@ -125,9 +125,31 @@ RAW_METHOD = "/concord.v1.Gossip/ExchangeRaw"
 Wire = Literal["raw", "protobuf"]
 log = structlog.get_logger("concord.peer.transport")
 _STOP_LIMIT = 10.0  # seconds `Transport.stop` may take beyond its grace
+_REAP_LIMIT = 2.0  # seconds a cancelled link task (ack reader, send behind) gets to end
 # seconds a round waits for a suspect neighbour after the others have arrived (at most a tenth of
 # the deadline): a neighbour that is back in step is taken back, one still stalled costs this
 SUSPECT_GRACE = 0.05
+
+
+async def _bounded(
+    aw: asyncio.Future[Any] | Any, what: str, limit: float = _REAP_LIMIT, *, cancel: bool = False
+) -> bool:
+    """Wait at most ``limit`` seconds for ``aw`` (cancelled first with ``cancel``); True when it
+    ended. Never awaits it directly: awaiting a task waits for as long as it ignores a
+    cancellation (a gRPC call can), and `asyncio.wait_for` waits for the cancelled inner task
+    too; `asyncio.wait` does neither — our own cancellation still raises here at once, and a
+    task that will not end is logged and left behind."""
+    task = asyncio.ensure_future(aw)
+    if cancel:
+        task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=limit)
+    if not done:
+        task.cancel()
+        log.warning("transport.task_left", task=what, waited=limit)
+        return False
+    if not task.cancelled():
+        task.exception()  # retrieved: asyncio does not log it at exit, and it is not ours
+    return True
 
 
 class Fanout:
@@ -352,24 +374,21 @@ class Link:
     async def shutdown(self) -> None:
         """`close`, after ending a send still in flight behind the rounds."""
         if self.behind is not None:
-            self.behind.cancel()
-            with contextlib.suppress(BaseException):
-                await self.behind
-            self.behind = None
+            behind, self.behind = self.behind, None
+            await _bounded(behind, f"send-behind-{self.peer_id}", cancel=True)
         await self.close()
 
     async def close(self) -> None:
+        # each wait is bounded (`_bounded`); `up` stays as it was until the end, as a concurrent
+        # send must not reconnect on a link half closed
         if self.call is not None:
-            with contextlib.suppress(Exception):
-                await self.call.done_writing()
+            await _bounded(self.call.done_writing(), f"done-writing-{self.peer_id}")
             self.call = None
         if self.reader is not None:
-            self.reader.cancel()
-            with contextlib.suppress(BaseException):
-                await self.reader
+            await _bounded(self.reader, f"acks-{self.peer_id}", cancel=True)
             self.reader = None
         if self.channel is not None:
-            await self.channel.close()
+            await _bounded(self.channel.close(), f"channel-{self.peer_id}")
             self.channel = None
         self.up = False
 
@@ -442,6 +461,7 @@ class Transport:
         self.set_addresses(dict(enumerate(self.addresses)))
         self._closing: set[asyncio.Future[None]] = set()
         self._stopping = ""  # the stage `stop` is in (drain, close links, server stop)
+        self.stop_timed_out = False  # `stop` left tasks behind: exit without waiting for them
         self.server: grpc.aio.Server | None = None
         self.health: health.aio.HealthServicer | None = None
         self.port = 0
@@ -866,12 +886,12 @@ class Transport:
 
     async def stop(self, grace: float, *, limit: float = _STOP_LIMIT) -> None:
         """Drain the outgoing links (``grace`` seconds), close them, stop the server. Bounded:
-        a finished peer must exit even if a close never completes (seen once, not reproduced:
-        a peer stuck here for minutes after its neighbours exited) — after ``grace + limit``
-        seconds it logs what it gave up on and returns."""
-        try:
-            await asyncio.wait_for(self._stop(grace), grace + limit)
-        except TimeoutError:
+        a finished peer must exit even if a close never completes (seen: a peer stuck here for
+        minutes after its neighbours exited) — after ``grace + limit`` seconds it logs what it
+        gave up on, sets `stop_timed_out` (the process then exits without waiting for the tasks
+        left behind) and returns."""
+        if not await _bounded(self._stop(grace), "transport.stop", grace + limit):
+            self.stop_timed_out = True
             log.warning(
                 "transport.stop_timeout",
                 waited=grace + limit,

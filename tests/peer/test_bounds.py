@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +95,35 @@ async def _hello(channel: grpc.aio.Channel, peer_id: int) -> pb.HelloReply:
 
 
 async def _send(channel: grpc.aio.Channel, messages: list[bytes]) -> list[pb.Ack] | grpc.RpcError:
-    call = channel.stream_stream(RAW, response_deserializer=pb.Ack.FromString)
+    """Write ``messages`` one by one, then read the acks; the RPC's own status on refusal.
+
+    Explicit writes, not a request iterator: when the server refuses the first frame while the
+    iterator still writes the next, gRPC reports its *local* write failure (INTERNAL) instead of
+    the server's status — a race the production sender handles the same way (`Link.send`)."""
+    call = channel.stream_stream(RAW, response_deserializer=pb.Ack.FromString)(timeout=20)
     try:
-        return [ack async for ack in call(_aiter(messages), timeout=20)]
+        for m in messages:
+            await call.write(m)
+        await call.done_writing()
+        return [ack async for ack in call]
+    except (asyncio.InvalidStateError, grpc.aio.UsageError):
+        code = await call.code()
+        details = await call.details()
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
     except grpc.aio.AioRpcError as exc:
         return exc
 
 
-async def _aiter(messages: list[bytes]) -> AsyncIterator[bytes]:
-    for m in messages:
-        yield m
+def _refused_with(exc: grpc.aio.AioRpcError, code: grpc.StatusCode, words: str = "") -> bool:
+    """The refusal carries ``code`` and ``words``, or gRPC lost it to its own client-side write
+    race: the server refused a tensor's first chunk while the client was writing the next, and
+    the call ended locally with INTERNAL "Failed execute_batch" (rare; grpcio's client, not
+    ours). The tests also check the server's counters, which name the reason either way."""
+    if exc.code() == code:
+        return words in (exc.details() or "")
+    return exc.code() == grpc.StatusCode.INTERNAL and "execute_batch" in (
+        exc.debug_error_string() or ""
+    )
 
 
 def test_frames_need_a_hello_on_their_own_connection() -> None:
@@ -121,8 +140,9 @@ def test_frames_need_a_hello_on_their_own_connection() -> None:
             assert (await _hello(a, 0)).accepted
             got = await _send(b, _messages(0, step=0, round=1))
             assert isinstance(got, grpc.aio.AioRpcError)
-            assert got.code() == grpc.StatusCode.PERMISSION_DENIED
-            assert "before Hello on this connection" in (got.details() or "")
+            assert _refused_with(
+                got, grpc.StatusCode.PERMISSION_DENIED, "before Hello on this connection"
+            ), got
             assert t1.counters.rejected == {"permission": 1}
             acks = await _send(a, _messages(0, step=0, round=1))  # A greeted: served
             assert isinstance(acks, list)
@@ -150,8 +170,7 @@ def test_unexpected_tensor_ids_are_refused() -> None:
             ]:
                 got = await _send(ch, _messages(0, round=round, tensor_id=tensor_id))
                 assert isinstance(got, grpc.aio.AioRpcError), text
-                assert got.code() == grpc.StatusCode.PERMISSION_DENIED
-                assert text in (got.details() or ""), got.details()
+                assert _refused_with(got, grpc.StatusCode.PERMISSION_DENIED, text), got
             assert t1.counters.rejected == {"permission": 3}
             acks = await _send(ch, _messages(0, round=0, tensor_id=1))
             assert isinstance(acks, list)
@@ -183,8 +202,7 @@ def test_values_above_max_abs_value_are_refused(bound: float | None) -> None:
                 assert len(got) == 1
                 return
             assert isinstance(got, grpc.aio.AioRpcError)
-            assert got.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "max_abs_value" in (got.details() or "")
+            assert _refused_with(got, grpc.StatusCode.INVALID_ARGUMENT, "max_abs_value"), got
             assert t1.counters.rejected == {"invalid": 1}
             fine = torch.full((DIM,), 1e5)
             acks = await _send(ch, _messages(0, round=2, values=fine))
@@ -227,8 +245,9 @@ def test_a_certificate_of_another_peer_cannot_claim_an_id(tmp_path: Path) -> Non
             assert (await _hello(evil, 2)).accepted  # its own id is fine
             got = await _send(evil, _messages(0, round=1))  # frames claiming peer 0
             assert isinstance(got, grpc.aio.AioRpcError)
-            assert got.code() == grpc.StatusCode.PERMISSION_DENIED
-            assert "certificate names peer 2" in (got.details() or "")
+            assert _refused_with(
+                got, grpc.StatusCode.PERMISSION_DENIED, "certificate names peer 2"
+            ), got
             assert t1.counters.rejected == {"identity": 2}
             assert (await _hello(good, 0)).accepted  # the real peer 0 is served
             acks = await _send(good, _messages(0, round=1))
@@ -329,8 +348,10 @@ def test_a_flood_from_one_neighbour_is_capped() -> None:
             refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
             assert len(accepted) == 2
             assert len(refused) == 10
-            assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
-            assert "budget" in (refused[0].details() or "")
+            # the server's counters are the record of why; a client may see its own write
+            # race instead of the status (see `_send`), never a different refusal
+            assert all(_refused_with(e, grpc.StatusCode.RESOURCE_EXHAUSTED) for e in refused)
+            assert any("budget" in (e.details() or "") for e in refused)
             assert t1.counters.rejected == {"overload": 10}
             assert t1.mailbox.held(0) == 2 * DIM * 4
             assert len(t1.mailbox) == 2 + 10  # two tensors, ten rejections (bounded: caps)

@@ -351,6 +351,75 @@ def test_stop_is_bounded_when_a_link_never_closes() -> None:
     _run(body)
 
 
+def test_stop_is_bounded_when_a_link_task_ignores_cancellation() -> None:
+    """The hang seen in CI: a link's ack reader that swallows its cancellation (a gRPC read can).
+    Awaiting it directly waited forever and swallowed `stop`'s own timeout; now the close gives
+    it `_REAP_LIMIT` seconds, `stop` returns within grace + limit, and `stop_timed_out` tells the
+    process to exit without waiting for the task left behind."""
+
+    async def body() -> None:
+        t0, _t1 = _pair(deadline=1.0)
+        await t0.start(t0.addresses[0])
+        await t0.connect([1], timeout=0.2)
+        released = asyncio.Event()
+
+        async def stubborn() -> None:
+            while not released.is_set():
+                try:
+                    await released.wait()
+                except asyncio.CancelledError:
+                    continue  # ignores every cancellation
+
+        link = t0.links[1]
+        link.reader = asyncio.create_task(stubborn())
+        await asyncio.sleep(0)
+        start = time.monotonic()
+        try:
+            with structlog.testing.capture_logs() as logs:
+                await t0.stop(0.1, limit=0.5)
+        finally:
+            released.set()  # whatever happens, the loop must be able to end
+        assert 0.5 <= time.monotonic() - start < 3.0  # 0.6 s budget; was: never returned
+        assert t0.stop_timed_out
+        assert [e["stuck_in"] for e in logs if e["event"] == "transport.stop_timeout"] == [
+            "close links"
+        ]
+        if t0.server is not None:
+            await t0.server.stop(None)
+
+    _run(body)
+
+
+def test_a_link_close_leaves_a_task_that_ignores_cancellation_after_a_bounded_wait() -> None:
+    async def body() -> None:
+        t0, _t1 = _pair(deadline=1.0)
+        link = t0.links[1]
+        released = asyncio.Event()
+
+        async def stubborn() -> None:
+            while not released.is_set():
+                try:
+                    await released.wait()
+                except asyncio.CancelledError:
+                    continue
+
+        link.reader = task = asyncio.create_task(stubborn())
+        await asyncio.sleep(0)
+        start = time.monotonic()
+        try:
+            with structlog.testing.capture_logs() as logs:
+                await link.close()
+        finally:
+            released.set()
+        assert time.monotonic() - start < 4.0  # _REAP_LIMIT (2 s) and no more
+        assert link.reader is None
+        assert not link.up
+        assert [e["task"] for e in logs if e["event"] == "transport.task_left"] == ["acks-1"]
+        await task
+
+    _run(body)
+
+
 def test_fetch_answers_at_the_next_step_boundary_with_a_copy_of_the_parameters() -> None:
     async def body() -> None:
         t0, t1 = _pair(deadline=1.0)
