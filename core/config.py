@@ -843,3 +843,11 @@ def apply_overrides(cfg: RunConfig, overrides: Mapping[str, Any]) -> RunConfig:
 def to_toml(cfg: RunConfig) -> str:
     """Serialise a resolved config to TOML (tables after scalars), readable by `load_config`."""
     return tomli_w.dumps(cfg.to_dict())
+
+
+def run_identity(cfg: RunConfig) -> str:
+    """`to_toml` of what makes two runs the same run: all of the config but where its broker
+    is (a resumed run's embedded broker listens on a fresh port). Checkpoints carry it."""
+    d = cfg.to_dict()
+    d.get("orchestrator", {}).pop("broker", None)
+    return tomli_w.dumps(d)

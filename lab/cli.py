@@ -7,6 +7,7 @@ orchestrator never import torch.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -219,7 +220,7 @@ def topology(
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     default=None,
     metavar="RUN_DIR",
-    help="continue the interrupted run in RUN_DIR from its last checkpoint (vectorized engine)",
+    help="continue the interrupted run in RUN_DIR from its last checkpoint (either engine)",
 )
 def sim(
     config: Path | None,
@@ -248,8 +249,8 @@ def sim(
             _fail(str(exc))
     else:
         cfg = _run_config(config, overrides, extra=[f"engine={engine}"] if engine else [])
-    if resume is not None and (engine or cfg.engine) != "vectorized":
-        _fail("--resume continues vectorized runs only (processes: restart the peers instead)")
+    if resume is not None and engine is not None and engine != cfg.engine:
+        _fail(f"--resume continues RUN_DIR in its own engine ({cfg.engine}); drop --engine")
     from rich.console import Console
 
     from concord.lab.report import compare_table, final_table
@@ -259,7 +260,12 @@ def sim(
         if c.engine == "processes":
             from concord.sim.processes import run_processes
 
-            return run_processes(c, d, progress=not quiet, broker=broker)
+            if resume is not None and d != resume:  # the reference run of a resumed run
+                if (d / "summary.json").is_file():
+                    return dict(json.loads((d / "summary.json").read_text(encoding="utf-8")))
+                shutil.rmtree(d, ignore_errors=True)  # interrupted too: run it again
+            resuming = resume is not None and d == resume
+            return run_processes(c, d, progress=not quiet, broker=broker, resume=resuming)
         from concord.sim.engine import run as run_vectorized
 
         if resume is not None and (d == resume or (d / "summary.json").is_file()):
@@ -490,6 +496,13 @@ def _sweep_preset(
 @_set_option
 @_out_option("run directory (default: runs/peer-<id>)")
 @_force_option
+@click.option(
+    "--resume-step",
+    type=click.IntRange(min=0),
+    default=None,
+    hidden=True,
+    help="continue the interrupted run in --out after this checkpoint step (concord sim --resume)",
+)
 def peer(
     config: Path,
     peer_id: int,
@@ -500,6 +513,7 @@ def peer(
     overrides: Sequence[str],
     out: Path | None,
     force: bool,
+    resume_step: int | None,
 ) -> None:
     """Run one peer: its replica, a gRPC server, and links to its graph neighbours."""
     from concord.peer.app import CertError, PeerConfigError, run_peer
@@ -523,7 +537,9 @@ def peer(
         and started
         and not (summary.is_file() and json.loads(summary.read_text()).get("completed"))
     )
-    if not resuming:
+    if resume_step is not None and force:
+        _fail("--resume-step continues the run in --out: --force would delete it")
+    if not resuming and resume_step is None:
         _prepare_out(run_dir, force)
     try:
         code = run_peer(
@@ -533,6 +549,7 @@ def peer(
             out=run_dir,
             advertise=advertise,
             run_id=run_id,
+            resume_step=resume_step,
         )
     except (ConfigError, PeerConfigError, CertError) as exc:
         _fail(str(exc))
@@ -556,6 +573,13 @@ def peer(
 @_set_option
 @_out_option("directory for the manifest, metrics and logs (default: runs/orchestrator)")
 @_force_option
+@click.option(
+    "--resume-step",
+    type=click.IntRange(min=0),
+    default=None,
+    hidden=True,
+    help="continue the interrupted run in --out after this checkpoint step (concord sim --resume)",
+)
 def orchestrator(
     config: Path,
     broker: str | None,
@@ -563,6 +587,7 @@ def orchestrator(
     overrides: Sequence[str],
     out: Path | None,
     force: bool,
+    resume_step: int | None,
 ) -> None:
     """Coordinate the peers of a run over MQTT: schedules, plan, consensus control, liveness."""
     from concord.orchestrator.app import OrchestratorError, run_orchestrator
@@ -575,8 +600,9 @@ def orchestrator(
         if run_id is None and not cfg.name:
             click.echo(f"run id: {rid} (peers join with --run-id {rid})", err=True)
         run_dir = out or Path("runs") / "orchestrator"
-        _prepare_out(run_dir, force)
-        code = run_orchestrator(cfg, run_dir, broker=None, run_id=rid)
+        if resume_step is None:
+            _prepare_out(run_dir, force)
+        code = run_orchestrator(cfg, run_dir, broker=None, run_id=rid, resume_step=resume_step)
     except (ConfigError, OrchestratorError, ValueError, OSError) as exc:
         _fail(str(exc), 1)
     sys.exit(code)

@@ -63,7 +63,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ from concord.core.control.runplan import (
 )
 from concord.core.graphs.adagraph import FeedbackDecision, GraphFeedback, feedback_config
 from concord.errors import OrchestratorError as OrchestratorError
+from concord.orchestrator import checkpoint
 from concord.orchestrator.admission import Admission
 from concord.orchestrator.admission import PeerInfo as PeerInfo
 from concord.orchestrator.broker import EmbeddedBroker, embedded_broker_secured
@@ -113,9 +114,20 @@ STALE_SLACK = 60.0  # seconds of clock skew allowed for before a retained "ready
 
 
 class Orchestrator:
-    def __init__(self, cfg: RunConfig, out: Path, *, broker: str | None, run_id: str) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        out: Path,
+        *,
+        broker: str | None,
+        run_id: str,
+        resume_step: int | None = None,
+    ) -> None:
         self.cfg = cfg
         self.out = out
+        # continue an interrupted run after this step (`concord.orchestrator.checkpoint`)
+        self.resume_step = resume_step
+        self.resumed = None if resume_step is None else checkpoint.load(out, resume_step, cfg)
         self.broker_url = broker or cfg.orchestrator.broker
         self.run_id = run_id
         self.topics = Topics(run_id)
@@ -135,7 +147,9 @@ class Orchestrator:
         self.stop_requested = False
         self.started = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()  # publishing tasks, drained at the end
-        self.records = RunRecords(out, graphs=cfg.spec.adaptive_graph == "feedback")
+        self.records = RunRecords(
+            out, graphs=cfg.spec.adaptive_graph == "feedback", resume_after=resume_step
+        )
         self.metrics = MetricsTable(self.records.metric)
         self.bus: Bus | None = None
         self.stats_refused = 0  # statistics refused here (the round book counts its own)
@@ -391,7 +405,35 @@ class Orchestrator:
             raise OrchestratorError(f"{exc}; missing peers {self.admission.missing()}") from None
         return self.admission.agreed_steps_per_epoch()
 
-    async def _run_stage(self, stage: str, steps: int, step_base: int, book: RoundBook) -> None:
+    def _lagged_plans(self, controller: ConsensusController) -> list[Decision]:
+        """A resumed lagged run: the decisions that planned the rounds of the steps after the
+        resumed one (made before the interruption; the peers' copies were lost with them)."""
+        c, after = self.cfg.control, self.resume_step
+        if after is None or not c.lagged:
+            return []
+        out = []
+        for step in range(after + 1, after + 1 + c.lag):
+            rounds = controller.planned(step)
+            if rounds is not None:
+                decision = Decision(
+                    step=step - c.lag,
+                    round=0,
+                    repeat=False,
+                    rounds_next=rounds,
+                    reason="resumed",
+                )
+                out.append(decision)
+        return out
+
+    async def _run_stage(
+        self,
+        stage: str,
+        steps: int,
+        step_base: int,
+        book: RoundBook,
+        *,
+        plans: Sequence[Decision] = (),
+    ) -> None:
         self.stage, self.book = stage, book
         self.admission.begin_stage(time.monotonic())
         assert self.bus is not None
@@ -399,6 +441,8 @@ class Orchestrator:
             action="start", stage=stage, steps=steps, step_base=step_base, ts=time.time()
         )
         await self.bus.publish("control", start)
+        for decision in plans:
+            await self.bus.publish("decision", decision)
         log.info("stage.start", stage=stage, steps=steps, live=sorted(self.admission.live()))
         await self._wait(lambda: not self.expected(), None, f"peers to finish stage {stage!r}")
         self._publish_all(book.expire(set(), time.monotonic()))
@@ -490,7 +534,15 @@ class Orchestrator:
         calibration = None
         step_base = 0
         timeout = cfg.orchestrator.decision_timeout
-        if cfg.control.mode == "constant" and cfg.controlled_phases():
+        resumed = self.resumed
+        if resumed is not None:  # the calibration pass is behind us: its result is kept
+            if resumed["steps_per_epoch"] != spe:
+                raise OrchestratorError(
+                    f"cannot resume: the peers have {spe} steps per epoch, the checkpoint "
+                    f"{resumed['steps_per_epoch']}"
+                )
+            calibration, step_base = resumed["calibration"], resumed["step_base"]
+        elif cfg.control.mode == "constant" and cfg.controlled_phases():
             steps = calibration_steps(plan)
             recorder = CalibrationRecorder(cfg.control.statistic)
             book = RoundBook("calibrate", plan, recorder=recorder, timeout=timeout)
@@ -499,11 +551,26 @@ class Orchestrator:
             self.records.write_json("calibration.json", calibration.to_json())
             step_base = steps
         controller = ConsensusController(control_config(cfg), plan, calibration)
+        if resumed is not None:
+            controller.load_state_dict(resumed["state"])
         book = RoundBook("train", plan, controller=controller, timeout=timeout)
+        saver = checkpoint.ControlCheckpoint(
+            self.out,
+            cfg,
+            plan,
+            spe,
+            step_base=step_base,
+            calibration=calibration,
+            controller=controller,
+            resumed=resumed,
+        )
+        book.on_end = saver.ended
         if cfg.spec.adaptive_graph == "feedback":
             feedback = GraphFeedback(feedback_config(cfg.hyper), cfg.peers)
             self.graphs = GraphBook(plan, feedback, timeout=timeout)
-        await self._run_stage("train", plan.total_steps, step_base, book)
+        await self._run_stage(
+            "train", plan.total_steps, step_base, book, plans=self._lagged_plans(controller)
+        )
         graphs = self.graphs
         if graphs is not None:
             self._publish_graphs(graphs.expire(set(), time.monotonic()))
@@ -561,7 +628,14 @@ def dump_tasks() -> None:
     sys.stderr.flush()
 
 
-def run_orchestrator(cfg: RunConfig, out: Path, *, broker: str | None, run_id: str | None) -> int:
+def run_orchestrator(
+    cfg: RunConfig,
+    out: Path,
+    *,
+    broker: str | None,
+    run_id: str | None,
+    resume_step: int | None = None,
+) -> int:
     from concord.runtime.lifecycle import die_with_parent
 
     die_with_parent()
@@ -570,7 +644,10 @@ def run_orchestrator(cfg: RunConfig, out: Path, *, broker: str | None, run_id: s
     rid = run_id or cfg.name or "concord"
     with open_log(out / "log.jsonl", run=rid, role="orchestrator"):
         try:
-            return asyncio.run(Orchestrator(cfg, out, broker=broker, run_id=rid).run())
+            orchestrator = Orchestrator(
+                cfg, out, broker=broker, run_id=rid, resume_step=resume_step
+            )
+            return asyncio.run(orchestrator.run())
         except OrchestratorError as exc:
             log.error("orchestrator.failed", error=str(exc))
             raise

@@ -12,8 +12,9 @@
 * ``schedules.jsonl`` — every schedule version published (`RunRecords.schedule`);
 * ``graphs.jsonl`` — ada-feedback runs only: every graph decision point (`RunRecords.graph`).
 
-The line files are opened (truncated) when `RunRecords` is made and closed by
-`RunRecords.close`.
+The line files are opened (truncated; a resumed run: cut after its step, appended) when
+`RunRecords` is made and closed by `RunRecords.close`; ``orchestrator-checkpoint.json`` is
+`concord.orchestrator.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -30,20 +31,32 @@ from concord.core.graphs.adagraph import FeedbackDecision
 from concord.core.graphs.topology import describe, exponential_name, max_exponential_k
 from concord.orchestrator.admission import PeerInfo
 from concord.orchestrator.rounds import RoundRecord
+from concord.runtime.rundir import truncate_metrics
+
+
+def _calibration(record: dict[str, Any]) -> bool:
+    return record.get("stage") == "calibrate"
 
 
 class RunRecords:
     """The run directory's record files (see the module docstring)."""
 
-    def __init__(self, out: Path, *, graphs: bool = False) -> None:
+    def __init__(self, out: Path, *, graphs: bool = False, resume_after: int | None = None) -> None:
+        """``resume_after``: a resumed run (`concord.orchestrator.checkpoint`) keeps the lines
+        up to that step (schedules: all, they are versions) and appends."""
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
-        self._metrics: IO[str] = open(out / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
-        self._control: IO[str] = open(out / "control.jsonl", "w", encoding="utf-8")  # noqa: SIM115
-        self._schedules: IO[str] = open(out / "schedules.jsonl", "w", encoding="utf-8")  # noqa: SIM115
-        self._graphs: IO[str] | None = None
-        if graphs:
-            self._graphs = open(out / "graphs.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        names = ["metrics", "control", "schedules"] + (["graphs"] if graphs else [])
+        if resume_after is not None:
+            for name in names:
+                if name != "schedules":  # the calibration's rounds stay
+                    truncate_metrics(out / f"{name}.jsonl", resume_after, keep=_calibration)
+        mode = "w" if resume_after is None else "a"
+        files = {n: open(out / f"{n}.jsonl", mode, encoding="utf-8") for n in names}  # noqa: SIM115
+        self._metrics: IO[str] = files["metrics"]
+        self._control: IO[str] = files["control"]
+        self._schedules: IO[str] = files["schedules"]
+        self._graphs: IO[str] | None = files.get("graphs")
 
     def write_json(self, name: str, data: Any) -> None:
         """Replace ``name`` with ``data`` as indented JSON (written aside, then renamed)."""

@@ -32,6 +32,7 @@ and make every real statistic "stale".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
@@ -105,6 +106,8 @@ class RoundBook:
         self.ignored = 0  # duplicates, rounds already decided, steps outside the plan / stale
         self.refused = 0  # statistics for steps that are not open (module docstring)
         self._newest: int | None = None  # newest step a round was decided for
+        # called with the step after the controller ended it (the orchestrator's checkpoint)
+        self.on_end: Callable[[int], None] | None = None
 
     @property
     def lagged(self) -> bool:
@@ -202,6 +205,7 @@ class RoundBook:
         if not d.repeat:
             ctl.end_step(p.step, self._stats)
             self._step, self._stats = None, []
+            self._ended(p.step)
         self._record(p, len(stats), theta, d.target, d.repeat, d.rounds_next, d.reason, partial)
         if self.lagged and d.repeat:
             return out  # peers follow the plan within a step; only its end is published
@@ -226,6 +230,7 @@ class RoundBook:
         self._step, self._stats = None, []
         ctl = self.controller
         ctl.end_step(step, stats)  # never empty: begun with round 1
+        self._ended(step)
         rounds = ctl.planned(step + ctl.config.lag)
         if not self.lagged or rounds is None:
             return []
@@ -240,6 +245,10 @@ class RoundBook:
                 reason="closed-incomplete",
             )
         ]
+
+    def _ended(self, step: int) -> None:
+        if self.on_end is not None:
+            self.on_end(step)
 
     def _record(
         self,

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import signal
 import sys
 import threading
@@ -44,7 +46,7 @@ from typing import Any
 import structlog
 import torch
 
-from concord.core.config import RunConfig, to_toml
+from concord.core.config import RunConfig, run_identity
 from concord.core.graphs.topology import exponential_name, max_exponential_k
 from concord.core.loop import StepRunner
 from concord.core.task import ClassificationTask
@@ -60,6 +62,7 @@ from concord.peer.validate import STEP_WINDOW
 from concord.runtime.driver import StepHooks, drive
 from concord.runtime.rundir import (
     RunWriter,
+    checkpoint_steps,
     counters_state,
     load_checkpoint,
     load_counters,
@@ -145,6 +148,7 @@ class PeerProcess:
         broker: str | None = None,
         advertise: str | None = None,
         run_id: str | None = None,
+        resume_step: int | None = None,
     ) -> None:
         self.cfg = cfg
         self.peer_id = peer_id
@@ -159,18 +163,23 @@ class PeerProcess:
         self.advertise = advertise
         self.out = out
         self.stop = threading.Event()
+        self.left_tasks = False  # the transport's stop left a task behind: exit hard
         self.step = 0
         # a static peer restarted on its own run directory continues from its checkpoint
         self.resume: dict[str, Any] | None = None
         if self.broker is None:
             self.resume = resumable(out, cfg, peer_id)
+        if resume_step is not None:  # `concord sim --resume`: every peer from the same step
+            self.resume = resumable(out, cfg, peer_id, step=resume_step)
+            if self.resume is None:
+                raise PeerConfigError(f"{out} holds no checkpoint of step {resume_step}")
         # started before on this run directory (killed, with or without a checkpoint): rejoin
         self.restarted = self.broker is None and (
             self.resume is not None or (out / "metrics.jsonl").is_file()
         )
         self.rejoined: dict[str, int] = {}
         after = None if self.resume is None else int(self.resume["run"]["next_step"]) - 1
-        if self.broker is not None and (out / "metrics.jsonl").is_file():
+        if self.broker is not None and resume_step is None and (out / "metrics.jsonl").is_file():
             # an orchestrated peer restarted on its run directory (`concord peer` refuses one of a
             # completed run): it rejoins at the step the orchestrator gives it, so its earlier
             # records stay and the new ones follow them
@@ -269,6 +278,9 @@ class PeerProcess:
         coord = self.coordination()
         transport = self.make_transport(task, coord.addresses, coord.is_neighbour)
         port = await transport.start(self.listen)
+        if self.resume is not None:  # neighbours resume at this step too: file their tensors
+            run = self.resume["run"]
+            transport.mailbox.advance(int(run.get("step_base", 0)) + int(run["next_step"]))
         advertise = self.advertise or f"{self.listen.rpartition(':')[0]}:{port}"
         self.log.info("peer.listening", address=self.listen, port=port, advertise=advertise)
         summary: dict[str, Any] = {}
@@ -305,6 +317,7 @@ class PeerProcess:
         )
         self.log.info("peer.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
         self.writer.finish(summary, plots=False)
+        self.left_tasks = transport.stop_timed_out
         return code
 
     async def _stages(
@@ -556,10 +569,11 @@ class PeerProcess:
             "engine": "peer",
             "peer": self.peer_id,
             "next_step": step + 1,
+            "step_base": runner.comm.step_base if isinstance(runner.comm, PeerComm) else 0,
             "total_steps": runner.total_steps,
             "rounds_total": runner.rounds_total,
             "counters": counters_state(runner.comm.counters),
-            "config": to_toml(self.cfg),
+            "config": run_identity(self.cfg),
         }
 
     def _restore(self, state: dict[str, Any], runner: StepRunner, task: ClassificationTask) -> int:
@@ -577,10 +591,15 @@ class PeerProcess:
         return int(run["next_step"])
 
 
-def resumable(out: Path, cfg: RunConfig, peer_id: int) -> dict[str, Any] | None:
+def resumable(
+    out: Path, cfg: RunConfig, peer_id: int, *, step: int | None = None
+) -> dict[str, Any] | None:
     """The checkpoint a static peer restarted on ``out`` continues from: one with run state of
-    this peer and config, of a run that did not complete (None: start afresh)."""
+    this peer and config, of a run that did not complete (None: start afresh). ``step``: the
+    one of that step (``checkpoint.pt`` or ``checkpoint.prev.pt``), for a resumed run."""
     path = out / "checkpoint.pt"
+    if step is not None:
+        path = checkpoint_steps(out).get(step, out / "no-such-checkpoint")
     if not path.is_file():
         return None
     summary = out / "summary.json"
@@ -590,7 +609,7 @@ def resumable(out: Path, cfg: RunConfig, peer_id: int) -> dict[str, Any] | None:
     run = state.get("run")
     if not isinstance(run, dict) or run.get("engine") != "peer" or run.get("peer") != peer_id:
         return None
-    if run.get("config") != to_toml(cfg):
+    if run.get("config") != run_identity(cfg):
         raise PeerConfigError(
             f"{out} holds a checkpoint of another config; use the same --config to resume, or "
             "--force to start over"
@@ -647,7 +666,9 @@ class _Checkpoints(StepHooks):
 
     def _save(self, step: int) -> None:
         state = self.process.run_state(self.runner, step)
-        self.process.writer.save_checkpoint(self.task, self.runner.algorithm, step, run_state=state)
+        self.process.writer.save_checkpoint(
+            self.task, self.runner.algorithm, step, run_state=state, keep_previous=True
+        )
 
     def evaluated(self, step: int, record: dict[str, Any]) -> None:
         self._save(step)
@@ -667,11 +688,28 @@ def run_peer(
     broker: str | None = None,
     advertise: str | None = None,
     run_id: str | None = None,
+    resume_step: int | None = None,
 ) -> int:
     from concord.runtime.lifecycle import die_with_parent
 
     die_with_parent()
     process = PeerProcess(
-        cfg, peer_id, listen=listen, out=out, broker=broker, advertise=advertise, run_id=run_id
+        cfg,
+        peer_id,
+        listen=listen,
+        out=out,
+        broker=broker,
+        advertise=advertise,
+        run_id=run_id,
+        resume_step=resume_step,
     )
-    return asyncio.run(process.main())
+    with asyncio.Runner() as runner:
+        code = runner.run(process.main())
+        if process.left_tasks:
+            # the transport's stop gave up on a task that ignores cancellation (logged):
+            # closing the loop would wait for it forever; the run directory is complete
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return code

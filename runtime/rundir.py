@@ -25,7 +25,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -65,6 +65,9 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"
 
 
 class RunWriter:
@@ -141,12 +144,21 @@ class RunWriter:
             self._pending.clear()
 
     def save_checkpoint(
-        self, task: Any, algorithm: Any, step: int, *, run_state: Mapping[str, Any] | None = None
+        self,
+        task: Any,
+        algorithm: Any,
+        step: int,
+        *,
+        run_state: Mapping[str, Any] | None = None,
+        keep_previous: bool = False,
     ) -> Path:
         """``checkpoint.pt``: the replicas' parameters, buffers, the algorithm's state and the
         task's RNG state after ``step``, and ``run_state`` (the engine's state beyond tensors:
         plain dicts, lists, numbers and strings), written atomically (a crash mid-write leaves
-        the previous one). The metrics buffered so far are flushed first."""
+        the previous one). The metrics buffered so far are flushed first. ``keep_previous``:
+        the one it replaces stays as ``checkpoint.prev.pt`` — peers of one run checkpoint the
+        same steps but not at the same instant, so a run killed between two checkpoints finds
+        a step every peer holds in one of the two (`checkpoint_steps`)."""
         self.flush()
         path = self.dir / "checkpoint.pt"
         state: dict[str, Any] = {
@@ -168,6 +180,8 @@ class RunWriter:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        if keep_previous and path.is_file():
+            path.replace(self.dir / PREVIOUS_CHECKPOINT)  # a crash here leaves this one only
         tmp.replace(path)
         return path
 
@@ -196,6 +210,22 @@ class RunWriter:
         self._sink.close()
 
 
+def checkpoint_steps(run_dir: Path) -> dict[int, Path]:
+    """step → file, of ``checkpoint.pt`` and ``checkpoint.prev.pt`` in ``run_dir`` (unreadable
+    ones left out: a torn file is no checkpoint)."""
+    found: dict[int, Path] = {}
+    for name in (PREVIOUS_CHECKPOINT, "checkpoint.pt"):
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        try:
+            step = int(load_checkpoint(path)["step"])
+        except Exception:  # any failure to read means "not a checkpoint"
+            continue
+        found[step] = path
+    return found
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Safe loading only: tensors and plain containers, never arbitrary pickled objects."""
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
@@ -221,9 +251,12 @@ def restore_checkpoint(state: Mapping[str, Any], task: Any, algorithm: Any) -> N
         task.load_rng_state(state["rng"])
 
 
-def truncate_metrics(path: Path, last_step: int) -> int:
+def truncate_metrics(
+    path: Path, last_step: int, *, keep: Callable[[dict[str, Any]], bool] | None = None
+) -> int:
     """Keep the lines of ``path`` (metrics.jsonl) up to step ``last_step`` (step and eval records
-    alike; a torn last line is dropped), atomically; returns the lines kept."""
+    alike; a torn last line is dropped), and those ``keep`` says to keep whatever their step,
+    atomically; returns the lines kept."""
     if not path.is_file():
         return 0
     kept: list[str] = []
@@ -233,7 +266,8 @@ def truncate_metrics(path: Path, last_step: int) -> int:
         except json.JSONDecodeError:
             continue
         step = record.get("step") if isinstance(record, dict) else None
-        if isinstance(step, int) and step > last_step:
+        kept_anyway = keep is not None and isinstance(record, dict) and keep(record)
+        if isinstance(step, int) and step > last_step and not kept_anyway:
             continue
         kept.append(line)
     tmp = path.with_suffix(".jsonl.tmp")

@@ -45,7 +45,7 @@ from concord.protos.control_plane import Decision, Message, Metrics, Plan, Statu
 from concord.protos.mqtt import BrokerAuth, Bus
 from concord.protos.signing import Signing, signing_for
 from concord.runtime.logs import open_log
-from concord.runtime.rundir import load_checkpoint
+from concord.runtime.rundir import checkpoint_steps, load_checkpoint
 
 _GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
 _PEERS_AFTER = 90.0  # seconds peers may outlive the orchestrator (60 s "stop" wait + teardown)
@@ -317,16 +317,23 @@ async def _follow(
 
 
 def run_processes(
-    cfg: RunConfig, run_dir: Path, *, progress: bool = True, broker: str | None = None
+    cfg: RunConfig,
+    run_dir: Path,
+    *,
+    progress: bool = True,
+    broker: str | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run orchestrator + n peers; returns the summary (and writes the run directory). A run
     that fails leaves ``error.json`` in ``run_dir`` (what failed and why, each child's exit
-    status and recorded error), so no run directory is left without a summary or a reason."""
+    status and recorded error), so no run directory is left without a summary or a reason.
+    ``resume``: continue the interrupted run in ``run_dir`` (`resume_step`)."""
     check_algorithm(cfg)  # a bad [hyper] table fails here, not in n peer processes
+    after = resume_step(cfg, run_dir) if resume else None
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "error.json").unlink(missing_ok=True)
     try:
-        return _run_processes(cfg, run_dir, progress=progress, broker=broker)
+        return _run_processes(cfg, run_dir, progress=progress, broker=broker, after=after)
     except ProcessesError as exc:
         record = {
             "role": "launcher",
@@ -341,8 +348,34 @@ def run_processes(
         raise
 
 
+def resume_step(cfg: RunConfig, run_dir: Path) -> int:
+    """The step an interrupted processes run continues after: the newest checkpoint step that
+    every peer (``checkpoint.pt`` or ``checkpoint.prev.pt``) and the orchestrator
+    (`concord.orchestrator.checkpoint`) hold. Raises `ProcessesError` saying what is missing."""
+    from concord.orchestrator.checkpoint import checkpoint_steps as control_steps
+
+    if (run_dir / "summary.json").is_file():
+        raise ProcessesError(f"{run_dir} holds a finished run (summary.json): nothing to resume")
+    if cfg.spec.adaptive_graph == "feedback":
+        raise ProcessesError(
+            "--resume does not continue ada-feedback runs in the processes engine yet (the "
+            "graph feedback's state is not checkpointed there); the vectorized engine does"
+        )
+    held = {"orchestrator": control_steps(run_dir)}
+    for i in range(cfg.peers):
+        held[f"peer-{i}"] = set(checkpoint_steps(run_dir / "peers" / f"peer-{i}"))
+    common = set.intersection(*held.values())
+    if not common:
+        listed = ", ".join(f"{who}: {sorted(steps) or 'none'}" for who, steps in held.items())
+        raise ProcessesError(
+            f"cannot resume {run_dir}: no checkpoint step held by every process ({listed}); "
+            "the run was interrupted before its first evaluation — start it again"
+        )
+    return max(common)
+
+
 def _run_processes(
-    cfg: RunConfig, run_dir: Path, *, progress: bool, broker: str | None
+    cfg: RunConfig, run_dir: Path, *, progress: bool, broker: str | None, after: int | None
 ) -> dict[str, Any]:
     started = time.perf_counter()
     for stale in STALE_FILES:  # an earlier run's (`concord sim` refuses a reused --out first)
@@ -363,7 +396,9 @@ def _run_processes(
     # the monitor's MQTT client logs to the run, not to the terminal
     sink = open_log(run_dir / "logs" / "launcher.jsonl", run=run_id, role="launcher")
     try:
-        url = _start(children, cfg, run_dir, run_id, config_path, broker)
+        if after is not None:
+            structlog.get_logger("concord.sim.processes").info("run.resume", after_step=after)
+        url = _start(children, cfg, run_dir, run_id, config_path, broker, after)
         monitor = Monitor(cfg.peers)
         # an external broker, or an embedded one with credentials: the monitor connects as the
         # read-only "monitor" identity; with a run PKI it verifies what it shows (never signs)
@@ -394,9 +429,11 @@ def _start(
     run_id: str,
     config_path: Path,
     broker: str | None,
+    after: int | None = None,
 ) -> str:
+    resume = [] if after is None else ["--resume-step", str(after)]
     orch_args = ["orchestrator", "--config", str(config_path), "--out", str(run_dir)]
-    orch_args += ["--run-id", run_id] + (["--broker", broker] if broker else [])
+    orch_args += ["--run-id", run_id] + (["--broker", broker] if broker else []) + resume
     orch = children.start("orchestrator", orch_args)
     info = run_dir / "orchestrator.json"
     end = time.monotonic() + 60
@@ -409,7 +446,7 @@ def _start(
     for i in range(cfg.peers):
         args = ["peer", "--config", str(config_path), "--id", str(i), "--broker", url]
         args += ["--run-id", run_id, "--listen", "127.0.0.1:0"]
-        args += ["--out", str(run_dir / "peers" / f"peer-{i}")]
+        args += ["--out", str(run_dir / "peers" / f"peer-{i}"), *resume]
         children.start(f"peer-{i}", args)
     return url
 
@@ -493,6 +530,11 @@ def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]
         "wall_seconds": time.perf_counter() - started,
         "run_dir": str(run_dir),
     }
+    resumed = sorted(
+        {s["resumed_from_step"] for s in summaries.values() if s.get("resumed_from_step")}
+    )
+    if resumed:  # `concord sim --resume`: every peer from the same step
+        summary["resumed_from_step"] = resumed[0]
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     from concord.runtime.plots import write_plots
 
