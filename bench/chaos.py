@@ -63,8 +63,9 @@ Cases (``--cases`` picks some; each is ok only if every check listed holds):
   budget (2 tensors) is held, the rest refused with RESOURCE_EXHAUSTED, and the peer still serves;
 * ``resume_vectorized``: the vectorized engine uninterrupted vs SIGKILLed at its first checkpoint
   and continued with ``concord sim --resume`` — ``resume_max_abs_diff`` of the final parameters;
-* ``resume_processes``: the same for the processes engine when ``concord sim --resume`` accepts it
-  (compared with the baseline's peer checkpoints); else ``resume_max_abs_diff_processes`` is null
+* ``resume_processes``: the processes engine, every process SIGKILLed once all hold a common
+  checkpoint step, continued with ``concord sim --resume`` — ``resume_max_abs_diff_processes``
+  against the baseline's peer checkpoints
   with the command's refusal as the reason;
 * ``fuzz``: ``bench/fuzz.py``'s `run_target` on every target, 2,000 (``--quick``) or 10,000
   cases each — ``fuzz_cases`` (total; per target in ``fuzz_cases_by_target``), ``fuzz_crashes``.
@@ -1253,34 +1254,48 @@ def case_resume_vectorized(ctx: Ctx, d: dict[str, Any]) -> bool:
     return diff <= 1e-6 and d["interrupted_at_step"] < d["total_steps"]
 
 
+def _resumable(run_dir: Path, sets: list[str]) -> int | None:
+    """The step ``concord sim --resume`` would continue after (None: none yet)."""
+    from concord.core.config import load_config
+    from concord.errors import ProcessesError
+    from concord.sim.processes import resume_step
+
+    try:
+        return resume_step(load_config(None, sets, environ={}), run_dir)
+    except (ProcessesError, OSError, ValueError):
+        return None
+
+
 def case_resume_processes(ctx: Ctx, d: dict[str, Any]) -> bool:
-    """Asks the command first (on a copy of a processes config): a refusal is the reason."""
-    probe = ctx.out / "resume_processes_probe"  # a probe, not a run: not checked as one
-    shutil.rmtree(probe, ignore_errors=True)
-    write_config(probe / "config.toml", base_sets(ctx))
-    p = subprocess.run(concord("sim", "--resume", str(probe), "--quiet", "--reference", "none"),
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       check=False)  # fmt: skip
-    text = (p.stdout + p.stderr).strip()
-    if p.returncode == 2 or "vectorized" in text:
-        reason = text.splitlines()[-1] if text else f"exit {p.returncode}"
-        ctx.metrics["resume_max_abs_diff_processes"] = None
-        ctx.metrics["resume_max_abs_diff_processes_reason"] = reason
-        raise Skip(f"`concord sim --resume` refuses a processes run: {reason}")
+    """SIGKILL every process of a run (orchestrator, peers, launcher: a machine that went down)
+    once all hold a common checkpoint step, ``concord sim --resume`` it, and compare the final
+    parameters with the fault-free baseline's, peer by peer."""
     if ctx.baseline is None:
         case_baseline(ctx, d.setdefault("baseline", {}))
     _ensure_baseline(ctx)
-    run = SimRun(ctx, "resume_processes", base_sets(ctx))
+    sets = base_sets(ctx)
+    run = SimRun(ctx, "resume_processes", sets)
     try:
-        run.until_steps(total_steps(ctx) // 2)
-        d["interrupted_at_step"] = run.steps()
-        os.killpg(run.proc.pid, signal.SIGKILL)
+        wait_for(lambda: _resumable(run.dir, sets) is not None or run.proc.poll() is not None,
+                 RUN_TIMEOUT, 0.1)  # fmt: skip
+        d["interrupted_at_step"] = steps(run.dir / "peers" / "peer-0" / "metrics.jsonl")
+        for pid in launched_by(run.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.proc.pid, signal.SIGKILL)
     finally:
         run.stop()
+    if (run.dir / "summary.json").is_file():
+        d["error"] = "the run finished before it could be interrupted"
+        return False
+    d["resumed_after_step"] = _resumable(run.dir, sets)
+    t0 = time.time()
     p = subprocess.run(concord("sim", "--resume", str(run.dir), "--quiet", "--reference", "none"),
                        cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT,
                        check=False)  # fmt: skip
     d["resume_exit_code"] = p.returncode
+    d["resume_s"] = round(time.time() - t0, 1)
     if p.returncode:
         d["error"] = f"--resume failed: {(p.stdout + p.stderr)[-600:]}"
         return False
