@@ -120,6 +120,14 @@ _set_option = click.option(
 _force_option = click.option(
     "--force", is_flag=True, help="replace the earlier run in --out (default: refuse to reuse it)"
 )
+# the launcher's (`concord sim --resume`): every process continues after the same step
+_resume_step_option = click.option(
+    "--resume-step",
+    type=click.IntRange(min=0),
+    default=None,
+    hidden=True,
+    help="continue the interrupted run in --out after this checkpoint step (concord sim --resume)",
+)
 
 
 def _broker_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -496,13 +504,7 @@ def _sweep_preset(
 @_set_option
 @_out_option("run directory (default: runs/peer-<id>)")
 @_force_option
-@click.option(
-    "--resume-step",
-    type=click.IntRange(min=0),
-    default=None,
-    hidden=True,
-    help="continue the interrupted run in --out after this checkpoint step (concord sim --resume)",
-)
+@_resume_step_option
 def peer(
     config: Path,
     peer_id: int,
@@ -573,13 +575,7 @@ def peer(
 @_set_option
 @_out_option("directory for the manifest, metrics and logs (default: runs/orchestrator)")
 @_force_option
-@click.option(
-    "--resume-step",
-    type=click.IntRange(min=0),
-    default=None,
-    hidden=True,
-    help="continue the interrupted run in --out after this checkpoint step (concord sim --resume)",
-)
+@_resume_step_option
 def orchestrator(
     config: Path,
     broker: str | None,

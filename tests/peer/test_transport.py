@@ -351,6 +351,15 @@ def test_stop_is_bounded_when_a_link_never_closes() -> None:
     _run(body)
 
 
+async def _stubborn(released: asyncio.Event) -> None:
+    """A task that ignores every cancellation until ``released`` (as a gRPC read can)."""
+    while not released.is_set():
+        try:
+            await released.wait()
+        except asyncio.CancelledError:
+            continue
+
+
 def test_stop_is_bounded_when_a_link_task_ignores_cancellation() -> None:
     """The hang seen in CI: a link's ack reader that swallows its cancellation (a gRPC read can).
     Awaiting it directly waited forever and swallowed `stop`'s own timeout; now the close gives
@@ -362,16 +371,8 @@ def test_stop_is_bounded_when_a_link_task_ignores_cancellation() -> None:
         await t0.start(t0.addresses[0])
         await t0.connect([1], timeout=0.2)
         released = asyncio.Event()
-
-        async def stubborn() -> None:
-            while not released.is_set():
-                try:
-                    await released.wait()
-                except asyncio.CancelledError:
-                    continue  # ignores every cancellation
-
         link = t0.links[1]
-        link.reader = asyncio.create_task(stubborn())
+        link.reader = asyncio.create_task(_stubborn(released))
         await asyncio.sleep(0)
         start = time.monotonic()
         try:
@@ -395,15 +396,7 @@ def test_a_link_close_leaves_a_task_that_ignores_cancellation_after_a_bounded_wa
         t0, _t1 = _pair(deadline=1.0)
         link = t0.links[1]
         released = asyncio.Event()
-
-        async def stubborn() -> None:
-            while not released.is_set():
-                try:
-                    await released.wait()
-                except asyncio.CancelledError:
-                    continue
-
-        link.reader = task = asyncio.create_task(stubborn())
+        link.reader = task = asyncio.create_task(_stubborn(released))
         await asyncio.sleep(0)
         start = time.monotonic()
         try:
