@@ -1,16 +1,25 @@
 """Per-step time of 4 Concord peer processes on a ring (D-SGD, ~1M-parameter MLP), against the
-same steps with no communication and against torch.distributed (gloo) all-reduce data-parallel
-training with 4 processes on the same model — all measured in one run, on this machine.
+same steps with no communication and against what a user would pick instead on torch.distributed
+(gloo) with 4 processes on the same model — all measured in one run, on this machine.
 
-* peers: ``concord peer`` × 4 on loopback gRPC (static config), time per step from each peer's
-  training wall time (after the start-up handshake), median over peers;
+* peers: ``concord peer`` × 4 on loopback gRPC (static config), fp32 wire and bf16 wire
+  (``compression.codec = "bf16"``); time per step from each peer's training wall time (after the
+  start-up handshake), median over peers; and where a step's communication time went, from the
+  peers' step records (`concord.peer.comm.Breakdown`: encode, wait — sending, the wire, the
+  neighbours — and mix), medians over steps and peers;
 * compute only: 4 processes running the identical local work (`concord.core.task.ClassificationTask`
   forward/backward + the local Nesterov step), no communication;
-* gloo: 4 processes, ``torch.nn.parallel.DistributedDataParallel`` over gloo, plain nn.Module MLP
-  of the same shape, same local batch, SGD with Nesterov momentum.
+* gloo DDP: ``torch.nn.parallel.DistributedDataParallel`` over gloo (default bucketing, its
+  overlap of all-reduce with backward), plain nn.Module MLP of the same shape, same local batch,
+  SGD with Nesterov momentum; and the same with PyTorch's ``fp16_compress_hook``;
+* gloo ring gossip: the same model and step, then one exchange with both ring neighbours
+  (``batch_isend_irecv`` of the flat parameters) and the average of the three — D-SGD written
+  directly on torch.distributed; its exchange alone is timed too.
 
-Every process uses 1 torch thread. Last line: a JSON object with the per-step milliseconds and
-``ratio_vs_compute_only`` and ``ratio_vs_gloo`` (peers ÷ baseline; targets ≤ 1.25 and ≤ 1.0).
+Every process uses 1 torch thread. Last line: a JSON object with the per-step milliseconds,
+``ratio_vs_gloo``, ``ratio_bf16_vs_gloo``, ``ratio_vs_compute_only``, ``ratio_vs_ddp_fp16_hook``
+and ``exchange_ratio_vs_gloo_gossip`` (Concord's exchange — encode + wait + mix per step — over
+gloo gossip's).
 
     python bench/step_overhead.py [--steps 200] [--peers 4]
 """
@@ -44,12 +53,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config_text(n: int, epochs: float, addresses: list[str]) -> str:
+def _config_text(n: int, epochs: float, addresses: list[str], codec: str = "none") -> str:
     addr = ", ".join(f'"{a}"' for a in addresses)
     return (
         f'name = "bench"\npeers = {n}\ntopology = "ring"\nalgorithm = "dsgd"\nepochs = {epochs}\n'
         f'threads = 1\n[dataset]\nsamples = {SAMPLES}\n[model]\nname = "mlp"\n'
         f'hidden = {HIDDEN}\n[control]\nmode = "none"\n[eval]\nevery = 1000.0\n'
+        f'[compression]\ncodec = "{codec}"\n'
         f"[network]\naddresses = [{addr}]\ndeadline = 30.0\n"
     )
 
@@ -59,10 +69,17 @@ def _epochs_for(steps: int, n: int) -> float:
     return steps / per_epoch
 
 
-def run_peers(n: int, steps: int, workdir: Path) -> float:
+BREAKDOWN = ("encode_ms", "wait_ms", "mix_ms")
+
+
+def run_peers(
+    n: int, steps: int, workdir: Path, codec: str = "none"
+) -> tuple[float, dict[str, float]]:
+    """Median seconds per step over the peers, and the median `Breakdown` fields (ms)."""
+    workdir.mkdir(parents=True, exist_ok=True)
     addresses = [f"127.0.0.1:{_free_port()}" for _ in range(n)]
     config = workdir / "run.toml"
-    config.write_text(_config_text(n, _epochs_for(steps, n), addresses))
+    config.write_text(_config_text(n, _epochs_for(steps, n), addresses, codec))
     procs = [
         subprocess.Popen(
             [
@@ -87,10 +104,17 @@ def run_peers(n: int, steps: int, workdir: Path) -> float:
         if p.wait(timeout=1800) != 0:
             raise RuntimeError("a peer failed")
     per_step = []
+    parts: dict[str, list[float]] = {k: [] for k in (*BREAKDOWN, "step_ms")}
     for i in range(n):
         s = json.loads((workdir / f"peer-{i}" / "summary.json").read_text())
         per_step.append(s["wall_seconds"] / s["steps"])
-    return statistics.median(per_step)
+        lines = (workdir / f"peer-{i}" / "metrics.jsonl").read_text().splitlines()
+        records = [r for r in map(json.loads, lines) if r.get("kind") == "step"]
+        for r in records[5:]:  # past the first steps (connections, allocator warm-up)
+            for k in parts:
+                parts[k].append(float(r.get(k, 0.0)))
+    breakdown = {k: round(statistics.median(v), 3) for k, v in parts.items() if v}
+    return statistics.median(per_step), breakdown
 
 
 def _compute_worker(rank: int, n: int, steps: int, epochs: float, out: Any) -> None:
@@ -115,20 +139,29 @@ def _compute_worker(rank: int, n: int, steps: int, epochs: float, out: Any) -> N
     out.put((time.perf_counter() - t0) / steps)
 
 
-def _gloo_worker(rank: int, n: int, steps: int, port: int, out: Any) -> None:
+def _mlp() -> Any:
+    from torch import nn
+
+    dims = [40, *HIDDEN, 10]
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(dims):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def _gloo_worker(rank: int, n: int, steps: int, port: int, hook: str, out: Any) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=n)
     torch.manual_seed(0)
-    dims = [40, *HIDDEN, 10]
-    layers: list[nn.Module] = []
-    for a, b in itertools.pairwise(dims):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers[:-1]))
+    model = nn.parallel.DistributedDataParallel(_mlp())
+    if hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(
         model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4
     )
@@ -152,7 +185,61 @@ def _gloo_worker(rank: int, n: int, steps: int, port: int, out: Any) -> None:
     dist.destroy_process_group()
 
 
-def _spawn_all(target: Any, n: int, extra: tuple[Any, ...]) -> float:
+def _gossip_worker(rank: int, n: int, steps: int, port: int, out: Any) -> None:
+    """D-SGD on the ring written directly on torch.distributed: local step, then the flat
+    parameters to both neighbours and back (`batch_isend_irecv`), average of the three."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=n)
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(
+        model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4
+    )
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(64, 16, 40, generator=gen)
+    y = torch.randint(0, 10, (64, 16), generator=gen)
+    loss_fn = nn.CrossEntropyLoss()
+    left, right = (rank - 1) % n, (rank + 1) % n
+    flat = parameters_to_vector(model.parameters()).detach()
+    got_l, got_r = torch.empty_like(flat), torch.empty_like(flat)
+    exchange: list[float] = []
+
+    def step(i: int) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x[i % 64]), y[i % 64]).backward()
+        opt.step()
+        with torch.no_grad():
+            flat.copy_(parameters_to_vector(model.parameters()))
+            t0 = time.perf_counter()
+            ops = [
+                dist.P2POp(dist.isend, flat, left),
+                dist.P2POp(dist.isend, flat, right),
+                dist.P2POp(dist.irecv, got_l, left),
+                dist.P2POp(dist.irecv, got_r, right),
+            ]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+            exchange.append(time.perf_counter() - t0)
+            vector_to_parameters((flat + got_l + got_r) / 3.0, model.parameters())
+
+    for i in range(5):
+        step(i)
+    dist.barrier()
+    exchange.clear()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    out.put(((time.perf_counter() - t0) / steps, statistics.median(exchange)))
+    dist.destroy_process_group()
+
+
+def _spawn_all(target: Any, n: int, extra: tuple[Any, ...]) -> Any:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=target, args=(i, n, *extra, out)) for i in range(n)]
@@ -161,6 +248,8 @@ def _spawn_all(target: Any, n: int, extra: tuple[Any, ...]) -> float:
     times = [out.get(timeout=1800) for _ in procs]
     for p in procs:
         p.join(timeout=60)
+    if isinstance(times[0], tuple):
+        return tuple(statistics.median(t[k] for t in times) for k in range(len(times[0])))
     return statistics.median(times)
 
 
@@ -171,15 +260,27 @@ def main() -> None:
     args = parser.parse_args()
     n, steps = args.peers, args.steps
     with tempfile.TemporaryDirectory() as d:
-        peers = run_peers(n, steps, Path(d))
+        peers, parts = run_peers(n, steps, Path(d) / "fp32")
+        bf16, parts_bf16 = run_peers(n, steps, Path(d) / "bf16", codec="bf16")
     compute = _spawn_all(_compute_worker, n, (steps, _epochs_for(steps, n)))
-    gloo = _spawn_all(_gloo_worker, n, (steps, _free_port()))
+    gloo = _spawn_all(_gloo_worker, n, (steps, _free_port(), "none"))
+    gloo_fp16 = _spawn_all(_gloo_worker, n, (steps, _free_port(), "fp16"))
+    gossip, gossip_exchange = _spawn_all(_gossip_worker, n, (steps, _free_port()))
+    exchange = sum(parts.get(k, 0.0) for k in BREAKDOWN) / 1e3
     print(
         f"{n} processes, ~1.09M-parameter MLP, local batch 16, 1 torch thread each, {steps} steps"
     )
     print(f"  Concord peers (ring, D-SGD, gRPC)  {peers * 1e3:8.2f} ms/step")
+    print("    per step (median ms): " + ", ".join(f"{k} {v}" for k, v in parts.items()))
+    print(f"  Concord peers, bf16 wire           {bf16 * 1e3:8.2f} ms/step")
+    print("    per step (median ms): " + ", ".join(f"{k} {v}" for k, v in parts_bf16.items()))
     print(f"  compute only (no communication)    {compute * 1e3:8.2f} ms/step")
     print(f"  torch.distributed gloo DDP         {gloo * 1e3:8.2f} ms/step")
+    print(f"  gloo DDP, fp16_compress_hook       {gloo_fp16 * 1e3:8.2f} ms/step")
+    print(
+        f"  gloo ring gossip (batch_isend_irecv) {gossip * 1e3:6.2f} ms/step, exchange "
+        f"{gossip_exchange * 1e3:.2f} ms"
+    )
     print(
         json.dumps(
             {
@@ -187,10 +288,20 @@ def main() -> None:
                 "processes": n,
                 "steps": steps,
                 "peers_ms": round(peers * 1e3, 3),
+                "peers_bf16_ms": round(bf16 * 1e3, 3),
+                "breakdown_ms": parts,
+                "breakdown_bf16_ms": parts_bf16,
                 "compute_only_ms": round(compute * 1e3, 3),
                 "gloo_ms": round(gloo * 1e3, 3),
+                "gloo_fp16_hook_ms": round(gloo_fp16 * 1e3, 3),
+                "gloo_gossip_ms": round(gossip * 1e3, 3),
+                "gloo_gossip_exchange_ms": round(gossip_exchange * 1e3, 3),
+                "concord_exchange_ms": round(exchange * 1e3, 3),
                 "ratio_vs_compute_only": round(peers / compute, 3),
                 "ratio_vs_gloo": round(peers / gloo, 3),
+                "ratio_bf16_vs_gloo": round(bf16 / gloo, 3),
+                "ratio_vs_ddp_fp16_hook": round(peers / gloo_fp16, 3),
+                "exchange_ratio_vs_gloo_gossip": round(exchange / gossip_exchange, 3),
             }
         )
     )

@@ -413,6 +413,8 @@ class PeerProcess:
         def one(step: int) -> dict[str, Any]:
             record, report = runner.step(step)
             record["step_ms"] = (time.perf_counter() - clock.started) * 1e3  # incl. control waits
+            if comm is not None:  # where the communication part went (`peer.comm.Breakdown`)
+                record.update(comm.take_breakdown())
             record["peer"] = i
             if jumps and jumps[-1][1] == step:
                 record["jumped_from"] = jumps[-1][0]

@@ -3,13 +3,21 @@
 The training thread calls these methods synchronously; each submits one coroutine to the peer's
 event loop (`asyncio.run_coroutine_threadsafe`) and waits for it. All tensor arithmetic (packing,
 the weighted sum, renormalisation) happens here, in the training thread, never on the loop.
+
+`Breakdown`: where a step's communication time goes, as the training thread sees it —
+``encode_ms`` (codec encode and building the frames), ``wait_ms`` (from handing the round to the
+loop until it ends: sending, the wire, waiting for the neighbours) and ``mix_ms`` (decoding and
+the weighted sum). The peer adds them to each step record (`take_breakdown`); the rest of the
+step is computation and control.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +37,18 @@ log = structlog.get_logger("concord.peer.comm")
 _SLACK = 5.0  # seconds a round may overrun its deadline before the training thread gives up
 
 
+@dataclass
+class Breakdown:
+    """Milliseconds of one step spent in each part of communication (module docstring)."""
+
+    encode_ms: float = 0.0
+    wait_ms: float = 0.0
+    mix_ms: float = 0.0
+
+    def as_record(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in asdict(self).items()}
+
+
 class PeerComm(Comm):
     def __init__(
         self, rank: int, world_size: int, transport: Transport, loop: asyncio.AbstractEventLoop
@@ -40,6 +60,12 @@ class PeerComm(Comm):
         self.counters = CommCounters()
         self.last_outcome: MixOutcome | None = None
         self.step_base = 0  # added to data-plane step numbers (a run's stages never share one)
+        self.breakdown = Breakdown()
+
+    def take_breakdown(self) -> dict[str, float]:
+        """This step's `Breakdown` as record fields; starts the next one."""
+        out, self.breakdown = self.breakdown.as_record(), Breakdown()
+        return out
 
     def begin_step(self, step: int) -> None:
         """Move the mailbox (owned by the loop) to this step: neighbours' frames are accepted up
@@ -67,6 +93,7 @@ class PeerComm(Comm):
         encoded: Encoded | None = None,
         push_weight: float | None = None,
     ) -> tuple[dict[int, Arrival], MixOutcome]:
+        t0 = time.perf_counter()
         step += self.step_base
         flat = values.detach().to(torch.float32).contiguous().view(-1)
         parts = encoded.parts if encoded is not None else {"values": flat}
@@ -90,6 +117,8 @@ class PeerComm(Comm):
             send_to=send_to,
             receive_from=receive_from,
         )
+        t1 = time.perf_counter()
+        self.breakdown.encode_ms += (t1 - t0) * 1e3
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             # `round_` ends at its deadline (sends and receives are bounded per tensor); this
@@ -108,6 +137,7 @@ class PeerComm(Comm):
             )
             arrived = {}
             outcome = MixOutcome(answered=[[]], missing=[list(receive_from)], rejected=[[]])
+        self.breakdown.wait_ms += (time.perf_counter() - t1) * 1e3
         wire = sum(t.numel() * t.element_size() for t in parts.values())
         self.counters.add_edges([(self.rank, j) for j in send_to], raw=flat.numel() * 4, wire=wire)
         self.last_outcome = outcome
@@ -129,9 +159,11 @@ class PeerComm(Comm):
         send_to = [j for j in range(self.n) if j != i and W[j, i] > 0]
         encoded = None
         sent = x
+        t0 = time.perf_counter()
         if codec is not None and codec.name != "none":
             encoded = codec.encode(x[0], key=codec_key(i, round))
             sent = codec.decode(encoded, key=codec_key(i, round)).unsqueeze(0).to(x.dtype)
+        self.breakdown.encode_ms += (time.perf_counter() - t0) * 1e3
         arrived, outcome = self._round(
             step=step,
             round=round,
@@ -142,6 +174,7 @@ class PeerComm(Comm):
             encoded=encoded,
             push_weight=own_weight,
         )
+        t0 = time.perf_counter()
         acc = sent[0] * float(W[i, i])  # a fresh tensor: the neighbours are added in place
         total = float(W[i, i])
         weight = None if own_weight is None else own_weight * float(W[i, i])
@@ -173,6 +206,7 @@ class PeerComm(Comm):
             acc.div_(total)
         self.counters.rounds += 1
         mixed = None if weight is None else torch.tensor([weight], dtype=torch.float64)
+        self.breakdown.mix_ms += (time.perf_counter() - t0) * 1e3
         return MixResult(x=acc.unsqueeze(0), outcome=outcome, sent=sent, push=mixed)
 
     def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:

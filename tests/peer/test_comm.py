@@ -191,3 +191,24 @@ def test_a_round_stuck_past_its_deadline_is_missing_neighbours_not_an_exception(
     assert result.outcome.missing == [[1, 2, 3]]
     assert result.outcome.answered == [[]]
     assert torch.allclose(result.x, x)  # renormalised over itself alone
+
+
+class SlowTransport(FakeTransport):
+    async def round_(self, **kw: Any) -> tuple[dict[int, Arrival], MixOutcome]:
+        await asyncio.sleep(0.05)
+        return await super().round_(**kw)
+
+
+def test_the_breakdown_puts_the_wait_for_neighbours_in_wait_ms_and_starts_over_each_step(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    x = {j: torch.full((D,), float(j + 1)) for j in range(4)}
+    comm = PeerComm(0, 4, SlowTransport({1: x[1], 3: x[3]}), loop)  # type: ignore[arg-type]
+    comm.mix(x[0].unsqueeze(0), _ring4(), step=0, round=0)
+    comm.mix(x[0].unsqueeze(0), _ring4(), step=0, round=1)
+    got = comm.take_breakdown()
+    assert set(got) == {"encode_ms", "wait_ms", "mix_ms"}
+    assert got["wait_ms"] >= 2 * 50 * 0.9  # two rounds of a 50 ms neighbour (timer slack)
+    assert 0 <= got["encode_ms"] < got["wait_ms"]
+    assert 0 < got["mix_ms"] < got["wait_ms"]
+    assert comm.take_breakdown() == {"encode_ms": 0.0, "wait_ms": 0.0, "mix_ms": 0.0}
