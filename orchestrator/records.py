@@ -31,7 +31,7 @@ from concord.core.graphs.adagraph import FeedbackDecision
 from concord.core.graphs.topology import describe, exponential_name, max_exponential_k
 from concord.orchestrator.admission import PeerInfo
 from concord.orchestrator.rounds import RoundRecord
-from concord.runtime.rundir import truncate_metrics
+from concord.runtime.records import truncate_metrics
 
 
 def _calibration(record: dict[str, Any]) -> bool:

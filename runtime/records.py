@@ -1,4 +1,6 @@
-"""Reading what a run left behind: its metrics records, its summary, a title for its plots.
+"""Reading what a run left behind: its metrics records, its summary, a title for its plots; and
+cutting a run's line files back to a step for a resumed run (`truncate_metrics`). No torch here:
+the orchestrator's side imports this.
 
 The files are written by `concord.runtime.rundir.RunWriter` (layout in docs/architecture.md).
 """
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +81,28 @@ def run_title(run_dir: str | Path) -> str:
     if info.get("peers") is not None:
         parts.append(f"n={info['peers']}")
     return " · ".join(parts) if parts else Path(run_dir).name
+
+
+def truncate_metrics(
+    path: Path, last_step: int, *, keep: Callable[[dict[str, Any]], bool] | None = None
+) -> int:
+    """Keep the lines of ``path`` (metrics.jsonl) up to step ``last_step`` (step and eval records
+    alike; a torn last line is dropped), and those ``keep`` says to keep whatever their step,
+    atomically; returns the lines kept."""
+    if not path.is_file():
+        return 0
+    kept: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        kept_anyway = keep is not None and isinstance(record, dict) and keep(record)
+        if isinstance(step, int) and step > last_step and not kept_anyway:
+            continue
+        kept.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
+    return len(kept)

@@ -25,7 +25,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,6 +36,7 @@ import torch
 from concord.core.comm import CommCounters
 from concord.core.config import RunConfig, to_toml
 from concord.runtime.logs import json_default, open_log
+from concord.runtime.records import truncate_metrics as truncate_metrics
 from concord.version import concord_version
 
 _FLUSH_EVERY = 200  # metrics lines buffered between writes
@@ -249,31 +250,6 @@ def restore_checkpoint(state: Mapping[str, Any], task: Any, algorithm: Any) -> N
     algorithm.load_state_dict({k: v.to(device) for k, v in state.get("algorithm", {}).items()})
     if "rng" in state:
         task.load_rng_state(state["rng"])
-
-
-def truncate_metrics(
-    path: Path, last_step: int, *, keep: Callable[[dict[str, Any]], bool] | None = None
-) -> int:
-    """Keep the lines of ``path`` (metrics.jsonl) up to step ``last_step`` (step and eval records
-    alike; a torn last line is dropped), and those ``keep`` says to keep whatever their step,
-    atomically; returns the lines kept."""
-    if not path.is_file():
-        return 0
-    kept: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        step = record.get("step") if isinstance(record, dict) else None
-        kept_anyway = keep is not None and isinstance(record, dict) and keep(record)
-        if isinstance(step, int) and step > last_step and not kept_anyway:
-            continue
-        kept.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    tmp.replace(path)
-    return len(kept)
 
 
 def counters_state(c: CommCounters) -> dict[str, Any]:
