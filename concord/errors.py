@@ -24,7 +24,8 @@ or ``TypeError`` from inside Concord is a defect to report.
     │   └── PayloadError           a control-plane message that does not match its schema
     ├── CertError                  missing or mismatching certificate material
     ├── OrchestratorError          the orchestrator cannot go on with the run
-    └── ProcessesError             the processes engine could not run
+    ├── ProcessesError             the processes engine could not run
+    └── RunDirBusyError            another live process writes that run directory
 
 This module imports nothing of Concord's: every layer may raise these.
 """
@@ -50,6 +51,7 @@ __all__ = [
     "ProcessesError",
     "ProtocolError",
     "RejectedError",
+    "RunDirBusyError",
     "TopologyError",
     "UnknownNameError",
     "UnknownTopologyError",
@@ -154,3 +156,7 @@ class OrchestratorError(ConcordError, RuntimeError):
 
 class ProcessesError(ConcordError, RuntimeError):
     """The processes engine could not run (a child failed to start, or the run was stopped)."""
+
+
+class RunDirBusyError(ConcordError, RuntimeError):
+    """Another live process writes this run directory (`concord.runtime.lock`)."""

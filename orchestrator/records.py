@@ -31,6 +31,7 @@ from concord.core.graphs.adagraph import FeedbackDecision
 from concord.core.graphs.topology import describe, exponential_name, max_exponential_k
 from concord.orchestrator.admission import PeerInfo
 from concord.orchestrator.rounds import RoundRecord
+from concord.runtime.lock import DirLock
 from concord.runtime.records import truncate_metrics
 
 
@@ -45,7 +46,7 @@ class RunRecords:
         """``resume_after``: a resumed run (`concord.orchestrator.checkpoint`) keeps the lines
         up to that step (schedules: all, they are versions) and appends."""
         self.out = out
-        out.mkdir(parents=True, exist_ok=True)
+        self._lock = DirLock(out, "orchestrator")  # before anything is written
         names = ["metrics", "control", "schedules"] + (["graphs"] if graphs else [])
         if resume_after is not None:
             for name in names:
@@ -86,6 +87,7 @@ class RunRecords:
         self._schedules.close()
         if self._graphs is not None:
             self._graphs.close()
+        self._lock.release()
 
 
 def manifest(

@@ -35,6 +35,7 @@ import torch
 
 from concord.core.comm import CommCounters
 from concord.core.config import RunConfig, to_toml
+from concord.runtime.lock import DirLock
 from concord.runtime.logs import json_default, open_log
 from concord.runtime.records import truncate_metrics as truncate_metrics
 from concord.version import concord_version
@@ -90,7 +91,9 @@ class RunWriter:
         self.dir = run_dir
         self.cfg = cfg
         self.flush_every = max(1, flush_every)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        # before anything is written: one writer per directory (`concord.runtime.lock`)
+        who = ", ".join(f"{k} {v}" for k, v in identity.items()) or "run"
+        self._lock = DirLock(run_dir, who)
         (self.dir / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
         metrics = self.dir / "metrics.jsonl"
         if resume_after is not None:
@@ -192,6 +195,7 @@ class RunWriter:
         self._metrics.close()
         self.log.info("run.closed")
         self._sink.close()
+        self._lock.release()
 
     def finish(self, summary: dict[str, Any], *, plots: bool = True) -> None:
         """Write summary.json and (``plots``) the run's PNGs
@@ -209,6 +213,7 @@ class RunWriter:
                 self.log.error("run.plots_failed", error=repr(exc))
         self.log.info("run.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
         self._sink.close()
+        self._lock.release()
 
 
 def checkpoint_steps(run_dir: Path) -> dict[int, Path]:

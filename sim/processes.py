@@ -44,6 +44,7 @@ from concord.orchestrator.broker import embedded_broker_secured
 from concord.protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
 from concord.protos.mqtt import BrokerAuth, Bus
 from concord.protos.signing import Signing, signing_for
+from concord.runtime.lock import holder
 from concord.runtime.logs import open_log
 from concord.runtime.rundir import checkpoint_steps, load_checkpoint
 
@@ -360,6 +361,14 @@ def resume_step(cfg: RunConfig, run_dir: Path) -> int:
         raise ProcessesError(
             "--resume does not continue ada-feedback runs in the processes engine yet (the "
             "graph feedback's state is not checkpointed there); the vectorized engine does"
+        )
+    dirs = [run_dir, *(run_dir / "peers" / f"peer-{i}" for i in range(cfg.peers))]
+    alive = {d.name: who for d in dirs if (who := holder(d)) is not None}
+    if alive:
+        raise ProcessesError(
+            f"cannot resume {run_dir}: processes of the interrupted run still write it ("
+            + "; ".join(f"{name}: {who}" for name, who in alive.items())
+            + "); stop them first"
         )
     held = {"orchestrator": control_steps(run_dir)}
     for i in range(cfg.peers):

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from concord.core.config import load_config
+from concord.runtime.lock import DirLock
 from concord.runtime.rundir import checkpoint_steps, load_checkpoint
 from concord.sim.engine import run as run_vectorized
 from concord.sim.processes import ProcessesError, resume_step
@@ -60,8 +61,8 @@ def _train_steps(path: Path) -> int:
 
 def _kill_all(launcher: subprocess.Popen[bytes], run_dir: Path) -> None:
     """SIGKILL the orchestrator and every peer, then the launcher: nobody gets to clean up."""
-    found = subprocess.run(
-        ["pgrep", "-f", f"--out {run_dir}"], capture_output=True, text=True, check=False
+    found = subprocess.run(  # "--": the pattern starts with a dash
+        ["pgrep", "-f", "--", f"--out {run_dir}"], capture_output=True, text=True, check=False
     )
     for pid in found.stdout.split():
         if int(pid) != launcher.pid:
@@ -123,8 +124,14 @@ def test_a_killed_processes_run_resumes_to_the_uninterrupted_result(
         resume_step(cfg, run_dir)
 
 
-def test_resume_names_what_is_missing(tmp_path: Path) -> None:
+def test_resume_names_what_is_missing_and_who_still_runs(tmp_path: Path) -> None:
     cfg = load_config(None, SMALL, environ={})
     (tmp_path / "peers" / "peer-0").mkdir(parents=True)
     with pytest.raises(ProcessesError, match=r"no checkpoint step held by every process"):
         resume_step(cfg, tmp_path)
+    alive = DirLock(tmp_path / "peers" / "peer-2", "peer 2")  # a process of the interrupted run
+    try:
+        with pytest.raises(ProcessesError, match=r"still write it \(peer-2: peer 2, pid \d+\)"):
+            resume_step(cfg, tmp_path)
+    finally:
+        alive.release()
