@@ -27,21 +27,37 @@ What a drop means for pending rounds and the schedule is the caller's business
 **Re-admission** — a peer restarted with the same command announces "ready" again during the
 ``train`` stage, possibly at a new address: `Admission.on_status` says so (``readmit``); the
 caller drops it if it was not dropped yet (its old incarnation is gone) and `Admission.readmit`
-takes it back from a step (``joins_at``) a little ahead of the live peers; until the live peers
-have reported that step it owes no statistics (`Admission.expected`). Only such a "ready" (a new
-incarnation) may change a peer's address once the run is set up.
+takes it back from a step (``joins_at``, `Admission.rejoin_step`): where the live peers will be
+`REJOIN_LEAD` seconds from now, judged by their step reports and pace (`Progress`), so that the
+peer has fetched a neighbour's parameters before its neighbours get there — until then they
+neither gossip with it nor wait for it, and their step boundaries, at which a Fetch is answered,
+keep coming. It owes statistics (`Admission.expected`) only once it reported a step at or past
+``joins_at`` itself — until it trains it cannot send any, and a round waiting for them would hold
+its neighbours inside a step, where nobody answers its Fetch — and the live peers reached that
+step too. Only such a "ready" (a new incarnation) may change a peer's address once the run is set
+up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 import structlog
 
 from concord.errors import OrchestratorError
+from concord.orchestrator.schedules import REPAIR_AHEAD
 from concord.protos.control_plane import Heartbeat, Message, Metrics, Stats, Status
 
 log = structlog.get_logger("concord.orchestrator.admission")
+
+PACE_WINDOW = 2.0  # seconds of a peer's step reports its pace is measured over
+# seconds from re-admitting a restarted peer to the step it joins at (at most half a step
+# deadline): its Hello and Fetch reached its neighbours 0.07-0.11 s after the schedule on the
+# loaded 2-core reference machine (bench/chaos.py restart); later, it costs a deadline
+REJOIN_LEAD = 0.5
 
 
 def address_problem(address: str) -> str | None:
@@ -52,6 +68,36 @@ def address_problem(address: str) -> str | None:
     if any(c.isspace() for c in host) or "/" in host:
         return "the host contains spaces or '/'"
     return None
+
+
+class Progress:
+    """A peer's step reports of the last `PACE_WINDOW` seconds (a heartbeat: the step in
+    progress; a step record: the step after it): where it was last seen and how fast it moves."""
+
+    def __init__(self) -> None:
+        self.reports: deque[tuple[float, int]] = deque()  # (monotonic time, step)
+
+    def add(self, now: float, step: int) -> None:
+        if self.reports and step < self.reports[-1][1]:
+            self.reports.clear()  # numbered anew: a new stage, or a new incarnation
+        self.reports.append((now, step))
+        while now - self.reports[0][0] > PACE_WINDOW:
+            self.reports.popleft()
+
+    def pace(self) -> float | None:
+        """Steps per second over the window; None with less than half of it reported."""
+        if not self.reports:
+            return None
+        (t0, s0), (t1, s1) = self.reports[0], self.reports[-1]
+        return (s1 - s0) / (t1 - t0) if t1 - t0 >= PACE_WINDOW / 2 else None
+
+    def ahead(self, now: float, lead: float, pace: float) -> float | None:
+        """The step it will be at ``lead`` seconds after ``now``, moving at ``pace``; a peer
+        silent for longer than the window (stalled) is not moved on past it."""
+        if not self.reports:
+            return None
+        t, step = self.reports[-1]
+        return step + pace * (min(now - t, PACE_WINDOW) + lead)
 
 
 @dataclass
@@ -66,7 +112,9 @@ class PeerInfo:
     gone: bool = False
     offline_at: float | None = None  # its Last-Will arrived (confirmed by silence, see sweep)
     joins_at: int | None = None  # re-admitted: the step it (re)joins at (`Admission.readmit`)
+    starts_at: int | None = None  # … and the first step it reported at or past that one
     readmissions: int = 0
+    progress: Progress = field(default_factory=Progress)
 
 
 @dataclass(frozen=True)
@@ -112,14 +160,15 @@ class Admission:
 
     def expected(self, stage: str) -> set[int]:
         """Live peers that still owe ``stage`` its work (whose statistics a round waits for); a
-        re-admitted peer only once the others have reported its joining step."""
+        re-admitted peer only once it reported a step at or past its joining step and the others
+        have reached the step it reported first (module docstring)."""
         live = self.live()
         joining = {i for i in live if self.peers[i].joins_at is not None}
         if joining:
             reached = self.known_step(live - joining)
             for i in list(joining):
-                joins_at = self.peers[i].joins_at
-                if joins_at is not None and reached >= joins_at:
+                starts_at = self.peers[i].starts_at
+                if starts_at is not None and reached >= starts_at:
                     self.peers[i].joins_at = None  # in step with the others now
                     joining.discard(i)
         return {i for i in live - joining if self.peers[i].stage_done != stage}
@@ -171,8 +220,15 @@ class Admission:
             info.offline_at = None  # alive after all
         if isinstance(message, Heartbeat):
             info.last_seen, info.step = now, message.step
+            info.progress.add(now, message.step)
         elif isinstance(message, Stats | Metrics):
             info.last_seen = now
+            if isinstance(message, Metrics) and message.event == "step":
+                info.progress.add(now, message.step + 1)
+        if isinstance(message, Heartbeat | Stats | Metrics):
+            joins_at = info.joins_at
+            if joins_at is not None and info.starts_at is None and message.step >= joins_at:
+                info.starts_at = message.step  # the re-admitted peer trains: it can report now
 
     def on_status(self, peer: int, status: Status, now: float, stage: str) -> StatusOutcome:
         """File a peer's ``status`` (``stage``: the run's current stage, "" before setup)."""
@@ -240,6 +296,7 @@ class Admission:
             return False
         info.gone, info.offline_at, info.last_seen = False, None, now
         info.joins_at, info.stage_done, info.step = joins_at, "", joins_at
+        info.starts_at = None
         info.readmissions += 1
         log.warning(
             "peer.readmitted",
@@ -250,11 +307,27 @@ class Admission:
         )
         return True
 
+    def rejoin_step(self, now: float, deadline: float) -> int:
+        """The step a peer re-admitted at ``now`` joins at: where the live peers will be
+        `REJOIN_LEAD` seconds (at most half the step ``deadline``, which bounds the joining
+        peer's wait for them in its first round) from now — the most advanced one's last report
+        moved on at their median pace — and at least `REPAIR_AHEAD` steps past the newest step
+        a live peer reported."""
+        live = [self.peers[i] for i in sorted(self.live())]
+        newest = max((p.step for p in live), default=0) + REPAIR_AHEAD
+        paces = [pace for p in live if (pace := p.progress.pace()) is not None]
+        if not paces:
+            return newest
+        lead, pace = min(REJOIN_LEAD, deadline / 2), max(0.0, statistics.median(paces))
+        ahead = [a for p in live if (a := p.progress.ahead(now, lead, pace)) is not None]
+        return max(newest, math.ceil(max(ahead, default=0.0)))
+
     def begin_stage(self, now: float) -> None:
         """A stage starts: every peer's silence is counted from now."""
         for info in self.peers.values():
             info.last_seen = now
             info.step = 0  # step numbers restart with every stage
+            info.progress = Progress()
 
     # -- liveness ------------------------------------------------------------------------------
 

@@ -87,7 +87,7 @@ from concord.orchestrator.graphs import GraphBook
 from concord.orchestrator.metrics import MetricsTable
 from concord.orchestrator.records import RunRecords, manifest, summary
 from concord.orchestrator.rounds import RoundBook
-from concord.orchestrator.schedules import REPAIR_AHEAD, Schedules, plan_message
+from concord.orchestrator.schedules import Schedules, plan_message
 from concord.protos.control_plane import (
     Decision,
     Heartbeat,
@@ -252,16 +252,15 @@ class Orchestrator:
     def _readmit(self, peer: int, now: float) -> None:
         """A peer restarted and announced "ready" again mid-training: drop its old incarnation
         (if that was not noticed yet) and take it back with the address it announced, in a new
-        schedule version effective `REPAIR_AHEAD` steps past the newest step a live peer
-        reported; it fetches its parameters from a neighbour and starts there
-        (`concord.peer.app`)."""
+        schedule version effective where the live peers will be shortly
+        (`Admission.rejoin_step`); it fetches its parameters from a neighbour, answered at that
+        step's boundary, and starts there (`concord.peer.app`)."""
         a = self.admission
         if not a.peers[peer].gone:
             a.drop(peer, "restarted (announced ready during training)")
             if self.book is not None:
                 self._publish_all(self.book.expire(self.expected(), now))
-        others = sorted(a.live())
-        joins_at = a.newest_step(others) + REPAIR_AHEAD
+        joins_at = a.rejoin_step(now, self.cfg.network.deadline)
         if not a.readmit(peer, joins_at, now):
             return
         reason = f"peer {peer} re-admitted at {a.peers[peer].address}"

@@ -544,9 +544,11 @@ class PeerProcess:
     ) -> int:
         """A restarted orchestrated peer, re-admitted at step ``join_at``: it adopts the
         parameters of the most advanced of ``peers`` that answers a Fetch and starts at
-        ``join_at`` or, if that neighbour is already past it, at its step + 1 (the round
-        counter to match, one round per step; `jump` corrects the rest). Without an answer it
-        starts at ``join_at`` from its initial parameters, and gossip pulls them in."""
+        ``join_at`` — with that neighbour's round counter when answered at the boundary of
+        ``join_at`` (`Transport.joins_at`) — or, if that neighbour is already past it, at its
+        step + 1 (the round counter to match, one round per step; `jump` corrects the rest).
+        Without an answer it starts at ``join_at`` from its initial parameters, and gossip
+        pulls them in."""
         timeout = 2 * self.cfg.network.deadline + 5.0
         future = asyncio.run_coroutine_threadsafe(transport.fetch_any(peers, timeout), comm.loop)
         got = future.result(timeout + 10.0)
@@ -557,7 +559,7 @@ class PeerProcess:
             self.log.warning("peer.rejoin", fetched=False, **self.rejoined)
             return start
         local = got.step - comm.step_base
-        start = min(max(join_at, local + 1), total - 1)
+        start = min(join_at if local <= join_at else local + 1, total - 1)
         with torch.no_grad():
             task.x[0].copy_(got.x.to(task.x.device, task.x.dtype))
         runner.rounds_total = got.round + (start - local)

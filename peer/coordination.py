@@ -304,6 +304,7 @@ class Membership:
         self.runner: StepRunner | None = None
         self.step_base = 0
         self.applied = 0  # version of the schedule in force
+        self.members: frozenset[int] = frozenset()  # … and its peers
         self.feedback = feedback  # ada-feedback: when decisions take effect
         self.densest = exponential_name(max_exponential_k(n))  # contains every exponential:K
 
@@ -316,7 +317,7 @@ class Membership:
         if self.runner is not None:
             self.runner.schedules.set_members(s.peers)
             self.runner.schedules.set_topologies(phase_topologies(s))
-        self.applied = s.version
+        self.applied, self.members = s.version, frozenset(s.peers)
 
     def before_step(self, step: int) -> Schedule | None:
         """Apply a newer schedule whose effective step has come; returns it if applied."""
@@ -371,7 +372,8 @@ class Membership:
 class OrchestratorHooks(StepHooks):
     """Around each step of an orchestrated stage: schedules in force before it, how its rounds
     were decided and its metrics (to the orchestrator) after it. ``addresses`` is told every
-    newer schedule as soon as it is seen (a re-admitted peer's new address: connect early)."""
+    newer schedule as soon as it is seen, before the schedules are applied (a re-admitted peer's
+    new address: connect early; its joining step: answer its Fetch there)."""
 
     def __init__(
         self,
@@ -546,11 +548,16 @@ class OrchestratedCoordination:
         """The step of ``stage`` a restarted peer starts at: the effective step of the schedule
         that re-admitted it (None: it runs the stage from the start with everyone). A peer
         whose first schedule is a later version joins a train stage in progress: at the start
-        every peer takes version 1 (the run starts when all are ready)."""
+        every peer takes version 1 (the run starts when all are ready). Its transport takes
+        frames of that step from now on: its neighbours answer its Fetch at that step's
+        boundary and send it their first tensors right after, likely before its first round."""
         s = self.client.schedule
         if stage.name != "train" or self.joined_version <= 1 or s is None:
             return None
-        return max(0, s.effective_step)
+        step = max(0, s.effective_step)
+        if self._transport is not None:
+            self._transport.mailbox.advance(stage.step_base + step)
+        return step
 
     def neighbours(self) -> list[int]:
         """The peers of the schedule held (a rejoining peer fetches from them)."""
@@ -558,10 +565,13 @@ class OrchestratedCoordination:
         return [] if s is None else [j for j in s.peers if j != self.peer_id]
 
     def _addresses(self, s: Schedule) -> None:
-        """The training thread saw a newer schedule: its addresses to the transport (loop)."""
+        """The training thread saw a newer schedule: its addresses to the transport (loop) and,
+        when it adds peers back, their joining step (`Transport.joins_at`, this thread's)."""
         t, loop = self._transport, self._loop
         if t is not None and loop is not None and len(s.addresses) == len(s.peers):
             loop.call_soon_threadsafe(t.set_addresses, dict(zip(s.peers, s.addresses, strict=True)))
+        if t is not None and set(s.peers) - self.membership.members:
+            t.joins_at(self.membership.step_base + s.effective_step)
 
     async def next_stage(self) -> Stage | None:
         """The next stage the orchestrator starts; None when a stop comes first."""

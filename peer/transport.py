@@ -39,8 +39,8 @@ Falling behind and rejoining: tensors refused as too far ahead are noted per nei
 (`saw_ahead`); when every neighbour heard from is that far ahead, `behind` tells the training
 thread where to jump (`concord.peer.app`). ``Fetch`` (`fetch`, `fetch_any`) asks a neighbour for
 its parameters; this peer answers Fetches with a copy its training thread takes at the next step
-boundary (`snapshot`, `fulfil`), checked on arrival like every tensor (`check_frame`,
-`FiniteScan`).
+boundary (`snapshot`, `fulfil`) — or, while a re-admitted peer's joining step is ahead, at that
+step's (`joins_at`) — checked on arrival like every tensor (`check_frame`, `FiniteScan`).
 
 Receive bounds (`server_options`, `concord.peer.servicer`, `concord.peer.mailbox`): gRPC refuses
 messages above twice the chunk size and more than `MAX_STREAMS` concurrent streams per
@@ -466,9 +466,12 @@ class Transport:
         self.health: health.aio.HealthServicer | None = None
         self.port = 0
         # Fetch (rejoin): served while the training thread runs (`training`), at its next step
-        # boundary (`fulfil`); `_wanted` are the answers waiting for it
+        # boundary (`fulfil`) or, while a re-admitted peer's joining step is ahead, at that one's
+        # (`_joins`, wire steps; the training thread's: `joins_at`); `_wanted` are the answers
+        # waiting for it
         self.training = False
         self._wanted: list[asyncio.Future[serde.Outgoing | None]] = []
+        self._joins: set[int] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def set_addresses(self, addresses: dict[int, str]) -> None:
@@ -728,9 +731,9 @@ class Transport:
     # -- Fetch: parameters for a neighbour that (re)joins ------------------------------------
 
     async def snapshot(self) -> serde.Outgoing | None:
-        """This peer's parameters, taken by the training thread at its next step boundary
-        (`fulfil`); None when it is not training, or no boundary comes within a round's worst
-        case (a deadline for the sends, one for the receives, and some slack)."""
+        """This peer's parameters, taken by the training thread at its next step boundary (or a
+        joining step's, `fulfil`); None when it is not training, or none comes within a round's
+        worst case (a deadline for the sends, one for the receives, and some slack)."""
         if not self.training:
             return None
         fut: asyncio.Future[serde.Outgoing | None] = asyncio.get_running_loop().create_future()
@@ -744,13 +747,25 @@ class Transport:
         """A Fetch waits for `fulfil` (read by the training thread at each step boundary)."""
         return bool(self._wanted)
 
+    def joins_at(self, step: int) -> None:
+        """The training thread: a re-admitted peer joins the gossip at wire step ``step`` (the
+        schedule that adds it back). Until then Fetches (its) are answered at that step's
+        boundary, not earlier: it starts right there, with its neighbours' round counter — the
+        rounds of the steps before it are not known in advance in a controlled step — and they,
+        not gossiping with it before that step, keep reaching step boundaries meanwhile."""
+        self._joins.add(step)
+
     def fulfil(self, x: torch.Tensor, step: int, round: int) -> None:
         """The training thread, between two steps: answer the waiting Fetches with a copy of
         ``x`` (the parameters before wire step ``step``; ``round``: the gossip-round counter) —
-        a copy, because training goes on while the answer is sent."""
+        a copy, because training goes on while the answer is sent — unless a joining step is
+        still ahead (`joins_at`)."""
         loop = self._loop
         if not self._wanted or loop is None:
             return
+        self._joins = {j for j in self._joins if j >= step}
+        if self._joins and step not in self._joins:
+            return  # answered at the boundary of the joining step (bounded by `snapshot`)
         flat = x.detach().to(torch.float32).reshape(-1).clone()
         out = self.frames(
             step=step,

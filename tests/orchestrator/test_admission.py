@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from concord.errors import OrchestratorError
-from concord.orchestrator.admission import Admission
+from concord.orchestrator.admission import PACE_WINDOW, REJOIN_LEAD, Admission
+from concord.orchestrator.schedules import REPAIR_AHEAD
 from concord.protos.control_plane import Heartbeat, Metrics, Stats, Status
 
 TIMEOUT = 3.0
@@ -131,6 +132,7 @@ def test_a_dropped_peer_announcing_ready_again_is_readmitted_from_a_later_step()
     assert a.peers[2].address == "127.0.0.1:7002"  # a new incarnation may move
     assert a.readmit(2, 22, 3.0)
     assert a.live() == {0, 1, 2}
+    a.heard(2, Heartbeat(peer=2, step=22, ts=2.0), 3.5)  # it trains: at its joining step
     assert a.expected("train") == {0, 1}  # the others have not reached step 22 yet
     for i in (0, 1):
         a.heard(i, Heartbeat(peer=i, step=22, ts=2.0), 4.0)
@@ -142,6 +144,70 @@ def test_a_dropped_peer_announcing_ready_again_is_readmitted_from_a_later_step()
     assert a.peers[2].address == "127.0.0.1:7002"
     # outside the train stage a "ready" is no restart
     assert not a.on_status(0, Status(peer=0, state="ready"), 6.0, "calibrate").readmit
+
+
+def test_a_readmitted_peer_is_awaited_only_once_it_reported_its_first_step() -> None:
+    """Until it trains it cannot report; a round waiting for it would hold its neighbours inside
+    a step, where nobody answers the Fetch it waits for (its neighbours' step boundary)."""
+    a = table()
+    for i in range(3):
+        ready(a, i)
+    a.begin_stage(0.0)
+    a.drop(2, "Last-Will")
+    assert a.readmit(2, 22, 1.0)
+    a.heard(2, Heartbeat(peer=2, step=0, ts=1.0), 1.5)  # fetching: its step clock is not set
+    a.heard(2, Stats(peer=2, step=21, round=1, theta=1.0, grad_norm=1.0), 1.6)  # not yet
+    for i in (0, 1):
+        a.heard(i, Heartbeat(peer=i, step=30, ts=2.0), 2.0)
+    assert a.expected("train") == {0, 1}  # the others are past step 22: still not awaited
+    a.heard(2, Metrics(peer=2, step=31), 2.5)  # it started past its joining step, at 31
+    assert a.peers[2].starts_at == 31
+    assert a.expected("train") == {0, 1}  # the others' rounds of step 30 are not its
+    for i in (0, 1):
+        a.heard(i, Heartbeat(peer=i, step=31, ts=3.0), 3.0)
+    assert a.expected("train") == {0, 1, 2}
+
+
+def _reporting(a: Admission, steps: dict[int, int], pace: float, until: float) -> None:
+    """Each peer of ``steps`` reports its step records (`Metrics`) at ``pace`` steps per second
+    from time 0 to ``until``, ending at the given step."""
+    for peer, last in steps.items():
+        n = round(pace * until)
+        for k in range(n + 1):
+            a.heard(peer, Metrics(peer=peer, step=last - n + k), k / pace)
+
+
+def test_a_readmitted_peer_joins_where_the_others_will_be_shortly() -> None:
+    a = table(4)
+    for i in range(4):
+        ready(a, i)
+    a.begin_stage(0.0)
+    a.drop(3, "Last-Will")
+    _reporting(a, {0: 99, 1: 97, 2: 98}, pace=16.0, until=3.0)  # 16 steps/s, at 100 (after 99)
+    # the most advanced peer's last report (at 100 at 3.0) moved on at 16 steps/s to REJOIN_LEAD
+    # seconds after now (3.25)
+    assert a.rejoin_step(3.25, deadline=2.0) == 100 + 16 * (0.25 + REJOIN_LEAD)
+    # a short step deadline bounds the wait of the joining peer in its first round: half of it
+    assert a.rejoin_step(3.25, deadline=0.5) == 100 + 16 * (0.25 + 0.25)
+    # heartbeats only (steps in progress, no pace known yet): REPAIR_AHEAD past the newest
+    b = table()
+    b.begin_stage(0.0)
+    b.heard(0, Heartbeat(peer=0, step=7, ts=1.0), 1.0)
+    assert b.rejoin_step(1.0, deadline=2.0) == 7 + REPAIR_AHEAD
+
+
+def test_the_joining_step_is_not_moved_by_one_peer_that_leapt_or_stalled() -> None:
+    a = table(4)
+    for i in range(4):
+        ready(a, i)
+    a.begin_stage(0.0)
+    a.drop(3, "Last-Will")
+    _reporting(a, {0: 99, 1: 99}, pace=8.0, until=3.0)
+    a.heard(2, Metrics(peer=2, step=10), 1.5)
+    a.heard(2, Metrics(peer=2, step=99), 3.0)  # it jumped: 89 steps in 1.5 s, not its pace
+    assert a.rejoin_step(3.0, deadline=2.0) == 100 + 8 * REJOIN_LEAD  # the median pace
+    # silent since 3.0: moved on at most `PACE_WINDOW` past its last report
+    assert a.rejoin_step(30.0, deadline=2.0) == 100 + 8 * (PACE_WINDOW + REJOIN_LEAD)
 
 
 def test_a_ready_left_over_from_an_earlier_run_is_refused_as_stale() -> None:

@@ -104,8 +104,8 @@ def test_a_restarted_peer_is_readmitted_in_a_new_schedule_at_its_new_address(
 ) -> None:
     """A peer's "ready" during training is a restart: its old incarnation is dropped (not
     noticed yet here) and one schedule version takes it back at the address it announced,
-    effective REPAIR_AHEAD steps past the newest step a live peer reported; its statistics are
-    not awaited until the others reach that step."""
+    effective REPAIR_AHEAD steps past the newest step a live peer reported (no pace known yet);
+    its statistics are not awaited until it reported that step and the others reached it."""
     cfg = load_config(None, ["peers=3", "epochs=2", "control.mode=none"], environ={})
 
     async def scenario() -> tuple[FakeBus, Orchestrator]:
@@ -122,6 +122,8 @@ def test_a_restarted_peer_is_readmitted_in_a_new_schedule_at_its_new_address(
         assert orch.expected() == {0, 1}  # peer 2 joins at step 9
         for i in (0, 1):
             await orch.on_message("heartbeat", i, Heartbeat(peer=i, step=9, ts=2.0))
+        assert orch.expected() == {0, 1}  # it has not reported its step 9 yet (fetching)
+        await orch.on_message("heartbeat", 2, Heartbeat(peer=2, step=9, ts=2.0))
         assert orch.expected() == {0, 1, 2}
         orch.records.close()
         return bus, orch

@@ -4,14 +4,27 @@ decision's schedule at its effective step, and the neighbour check of incoming f
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import threading
 from types import SimpleNamespace
 from typing import Any
+
+import structlog
+import torch
 
 from concord.core.config import RunConfig, load_config
 from concord.core.control.runplan import Schedules, make_lr_schedule, make_plan
 from concord.core.graphs.adagraph import feedback_config
-from concord.peer.coordination import Membership, phase_topologies
+from concord.peer.coordination import (
+    Membership,
+    OrchestratedCoordination,
+    OrchestratorHooks,
+    Stage,
+    phase_topologies,
+)
 from concord.peer.serde import TENSOR_ALLREDUCE
+from concord.peer.transport import Transport
 from concord.protos.control_plane import Schedule
 
 N = 8  # ring: 0's neighbours are {1, 7}; exponential:3 adds {2, 4, 6}
@@ -137,3 +150,131 @@ def test_a_later_schedule_may_add_back_a_dropped_peer_at_a_new_address_only() ->
     assert why == "it changes the addresses of peers [1]"  # a peer that stayed keeps its own
     assert "not newer" in (check(sched(2, [0, 1, 2, 3], {}), v2) or "")
     assert "not peers of this run" in (check(sched(3, [0, 1, 2, 4], {}), v2) or "")
+
+
+def _transports(n: int, deadline: float = 1.0) -> list[Transport]:
+    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(n)]
+    return [
+        Transport(
+            run_id="t",
+            peer_id=i,
+            world_size=n,
+            addresses=addresses,
+            fingerprint="f" * 64,
+            dim=8,
+            codec="none",
+            chunk_bytes=1 << 20,
+            max_tensor_bytes=1 << 20,
+            deadline=deadline,
+            is_neighbour=lambda *a: True,
+        )
+        for i in range(n)
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _wanted(t: Transport) -> None:
+    """Until a Fetch waits for ``t``'s training thread."""
+    for _ in range(500):
+        if t.wanted:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("no Fetch arrived")
+
+
+def _coordination(cfg: RunConfig, peer: int) -> OrchestratedCoordination:
+    """Not entered: no broker session (the schedules held are set by the test)."""
+    stop = threading.Event()
+    return OrchestratedCoordination(
+        cfg, peer, broker="mqtt://127.0.0.1:1", run_id="t", stop=stop, step=lambda: 0
+    )
+
+
+def _schedule(cfg: RunConfig, version: int, peers: list[int], effective: int) -> Schedule:
+    return Schedule(
+        version=version,
+        peers=peers,
+        topology=cfg.topology,
+        weights=cfg.weights,
+        kappa=cfg.kappa,
+        seed=cfg.seed,
+        phases=[{"index": 1, "topology": None}],
+        addresses=[f"127.0.0.1:{1000 + p}" for p in peers],
+        effective_step=effective,
+    )
+
+
+def test_a_neighbour_answers_a_readmitted_peers_fetch_at_the_boundary_of_its_joining_step() -> None:
+    """Answered earlier, the joining peer would start at its joining step with a round counter
+    guessed for the steps in between (a controlled step runs several rounds)."""
+    cfg = load_config(None, ["peers=4", "epochs=2", "control.mode=none"], environ={})
+
+    async def body() -> None:
+        t0, _, _, t3 = transports = _transports(4)
+        await asyncio.gather(t0.start(t0.addresses[0]), t3.start(t3.addresses[3]))
+        coord = _coordination(cfg, 0)
+        coord._transport, coord._loop = t0, asyncio.get_running_loop()
+        m = coord.membership
+        m.step_base = 100  # wire steps of the train stage (after a calibrate stage)
+        m.apply(_schedule(cfg, 2, [0, 1, 2], 5))  # peer 3 was dropped
+        hooks = OrchestratorHooks(
+            SimpleNamespace(),  # type: ignore[arg-type]  # not used before a step
+            m,
+            structlog.get_logger(),
+            train=True,
+            addresses=coord._addresses,
+        )
+        t0.training = True
+        try:
+            coord.client.schedule = _schedule(cfg, 3, [0, 1, 2, 3], 8)  # back at step 8
+            await asyncio.to_thread(hooks.before, 6)  # seen at a boundary before step 8
+            fetch = asyncio.create_task(t3.fetch(0, timeout=10.0))
+            await _wanted(t0)
+            x = torch.arange(8, dtype=torch.float32)
+            await asyncio.to_thread(t0.fulfil, x, 107, 40)  # before step 7: not yet
+            await asyncio.sleep(0.2)
+            assert not fetch.done()
+            await asyncio.to_thread(t0.fulfil, x, 108, 43)  # the boundary of its step
+            got = await fetch
+            assert got is not None
+            assert (got.step, got.round) == (108, 43)
+            # a newer schedule that adds nobody back holds nothing: the next boundary answers
+            m.apply(coord.client.schedule)
+            coord.client.schedule = _schedule(cfg, 4, [0, 1, 3], 12)  # peer 2 left
+            await asyncio.to_thread(hooks.before, 10)
+            fetch = asyncio.create_task(t3.fetch(0, timeout=10.0))
+            await _wanted(t0)
+            await asyncio.to_thread(t0.fulfil, x, 110, 45)
+            got = await fetch
+            assert got is not None
+            assert got.step == 110
+        finally:
+            await asyncio.gather(*(t.stop(1.0) for t in transports))
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_readmitted_peer_takes_frames_of_its_joining_step_before_its_first_round() -> None:
+    """Its neighbours send it their tensors of that step as soon as they answered its Fetch,
+    before its own first round moves its mailbox on: they would be refused as too far ahead."""
+    cfg = load_config(None, ["peers=4", "epochs=2", "control.mode=none"], environ={})
+
+    async def body() -> None:
+        (t3,) = _transports(1)
+        coord = _coordination(cfg, 3)
+        coord._transport = t3
+        coord.client.schedule = _schedule(cfg, 3, [0, 1, 2, 3], 8)
+        train = Stage("train", None, 100)
+        assert coord.rejoin_at(train) is None  # a peer that started with everyone
+        assert t3.mailbox.step == 0
+        coord.joined_version = 3
+        assert coord.rejoin_at(Stage("calibrate", 5, 0)) is None
+        assert coord.rejoin_at(train) == 8
+        assert t3.mailbox.step == 108
+
+    asyncio.run(body())
