@@ -41,11 +41,13 @@ from concord.core.task import ClassificationTask, load_task_data, make_partition
 from concord.errors import ConfigError
 from concord.errors import ProcessesError as ProcessesError
 from concord.orchestrator.broker import embedded_broker_secured
+from concord.orchestrator.metrics import eval_record, step_record
 from concord.protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
 from concord.protos.mqtt import BrokerAuth, Bus
 from concord.protos.signing import Signing, signing_for
 from concord.runtime.lock import holder
 from concord.runtime.logs import open_log
+from concord.runtime.records import truncate_metrics
 from concord.runtime.rundir import checkpoint_steps, load_checkpoint
 
 _GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
@@ -383,6 +385,46 @@ def resume_step(cfg: RunConfig, run_dir: Path) -> int:
     return max(common)
 
 
+def refill_run_metrics(cfg: RunConfig, run_dir: Path, after: int) -> int:
+    """Before a resume: the run's ``metrics.jsonl`` up to step ``after``. The orchestrator
+    writes a step's record once every peer reported it (or `MetricsTable.lag` steps later), so
+    the records of the last steps before an interruption may be missing there while every
+    peer's own file holds them (a checkpoint flushes them first). They are rebuilt from the
+    peers' records, with the orchestrator's arithmetic. Returns the records added."""
+    path = run_dir / "metrics.jsonl"
+    truncate_metrics(path, after)
+    written = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
+    last = {
+        kind: max((r["step"] for r in written if r.get("kind") == kind), default=-1)
+        for kind in ("step", "eval")
+    }
+    per: dict[str, dict[int, dict[int, dict[str, float]]]] = {"step": {}, "eval": {}}
+    for i in range(cfg.peers):
+        peer_metrics = run_dir / "peers" / f"peer-{i}" / "metrics.jsonl"
+        if not peer_metrics.is_file():
+            continue
+        for line in peer_metrics.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line
+            kind, step = r.get("kind"), r.get("step")
+            if kind not in per or not isinstance(step, int) or r.get("stage", "train") != "train":
+                continue
+            if last[kind] < step <= after:
+                values = {
+                    k: float(v)
+                    for k, v in r.items()
+                    if isinstance(v, int | float) and not isinstance(v, bool)
+                }
+                per[kind].setdefault(step, {})[i] = values
+    rows = [step_record(s, per["step"][s]) for s in sorted(per["step"])]
+    rows += [eval_record(s, per["eval"][s]) for s in sorted(per["eval"])]
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return len(rows)
+
+
 def _run_processes(
     cfg: RunConfig, run_dir: Path, *, progress: bool, broker: str | None, after: int | None
 ) -> dict[str, Any]:
@@ -406,7 +448,9 @@ def _run_processes(
     sink = open_log(run_dir / "logs" / "launcher.jsonl", run=run_id, role="launcher")
     try:
         if after is not None:
-            structlog.get_logger("concord.sim.processes").info("run.resume", after_step=after)
+            added = refill_run_metrics(cfg, run_dir, after)
+            log = structlog.get_logger("concord.sim.processes")
+            log.info("run.resume", after_step=after, records_rebuilt=added)
         url = _start(children, cfg, run_dir, run_id, config_path, broker, after)
         monitor = Monitor(cfg.peers)
         # an external broker, or an embedded one with credentials: the monitor connects as the

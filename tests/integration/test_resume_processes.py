@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from concord.core.config import load_config
-from concord.runtime.lock import DirLock
+from concord.runtime.lock import DirLock, holder
 from concord.runtime.rundir import checkpoint_steps, load_checkpoint
 from concord.sim.engine import run as run_vectorized
 from concord.sim.processes import ProcessesError, resume_step
@@ -59,16 +59,39 @@ def _train_steps(path: Path) -> int:
         return 0  # not there yet, or a line being written
 
 
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie holds no files
+    except FileNotFoundError:
+        return True
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def _kill_all(launcher: subprocess.Popen[bytes], run_dir: Path) -> None:
     """SIGKILL the orchestrator and every peer, then the launcher: nobody gets to clean up."""
-    found = subprocess.run(  # "--": the pattern starts with a dash
-        ["pgrep", "-f", "--", f"--out {run_dir}"], capture_output=True, text=True, check=False
-    )
-    for pid in found.stdout.split():
-        if int(pid) != launcher.pid:
-            os.kill(int(pid), signal.SIGKILL)
+    pids = _children(launcher.pid)
+    assert len(pids) >= 5, f"expected the orchestrator and 4 peers, found {pids}"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
     launcher.kill()
     launcher.wait(30)
+    end = time.monotonic() + 30
+    dirs = [run_dir, *(run_dir / "peers" / f"peer-{i}" for i in range(4))]
+    while any(holder(d) for d in dirs) and time.monotonic() < end:
+        time.sleep(0.01)  # their exit (and the kernel's release of their locks) takes a moment
+    assert not [holder(d) for d in dirs if holder(d)], [_gone(p) for p in pids]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
