@@ -61,7 +61,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -101,6 +100,7 @@ from concord.protos.control_plane import (
 )
 from concord.protos.mqtt import BrokerAuth, Bus
 from concord.protos.signing import signing_for
+from concord.runtime.lifecycle import dump_tasks
 from concord.runtime.logs import open_log
 
 log = structlog.get_logger("concord.orchestrator.app")
@@ -615,16 +615,6 @@ class Orchestrator:
         log.info("orchestrator.signal", signal=sig.name)
         self.stop_requested = True
         self.changed.set()
-
-
-def dump_tasks() -> None:
-    """``kill -USR1 <pid>``: every asyncio task of this process and where it waits, on stderr
-    (for a process that looks stuck)."""
-    tasks = asyncio.all_tasks()
-    print(f"--- {len(tasks)} asyncio tasks (SIGUSR1) ---", file=sys.stderr)
-    for task in tasks:
-        task.print_stack(limit=12, file=sys.stderr)
-    sys.stderr.flush()
 
 
 def run_orchestrator(

@@ -32,6 +32,7 @@ jumps to their step (``jump`` in `PeerProcess.train`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -53,13 +54,14 @@ from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError as PeerConfigError
 from concord.peer.certs import CertError
 from concord.peer.comm import PeerComm
-from concord.peer.coordination import OrchestratedCoordination, StaticCoordination
+from concord.peer.coordination import STOP_WAIT, OrchestratedCoordination, StaticCoordination
 from concord.peer.memory import tune_malloc
 from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 from concord.peer.tls import load_credentials
 from concord.peer.transport import Transport
 from concord.peer.validate import STEP_WINDOW
 from concord.runtime.driver import StepHooks, drive
+from concord.runtime.lifecycle import dump_tasks, task_stacks
 from concord.runtime.rundir import (
     RunWriter,
     checkpoint_steps,
@@ -70,6 +72,10 @@ from concord.runtime.rundir import (
 )
 
 Coordination = StaticCoordination | OrchestratedCoordination
+# seconds from the end of training to the exit: the wait for the run's "stop", the transport's
+# bounded stop, and slack — below the launcher's 90 s for peers outliving the orchestrator
+TEARDOWN_LIMIT = STOP_WAIT + 25.0
+_TEARDOWN_AFTER_SIGNAL = 5.0  # … and after a SIGTERM once training is over
 
 
 __all__ = ["CertError", "PeerConfigError", "PeerProcess", "run_peer"]
@@ -164,6 +170,8 @@ class PeerProcess:
         self.out = out
         self.stop = threading.Event()
         self.left_tasks = False  # the transport's stop left a task behind: exit hard
+        self._signalled = asyncio.Event()  # a SIGTERM/SIGINT arrived
+        self._teardown: asyncio.Task[None] | None = None  # `_arm_teardown`'s deadline
         self.step = 0
         # a static peer restarted on its own run directory continues from its checkpoint
         self.resume: dict[str, Any] | None = None
@@ -221,6 +229,7 @@ class PeerProcess:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
+        loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
         return await asyncio.to_thread(
             ClassificationTask, self.cfg, [self.peer_id], device=self._device()
         )
@@ -315,6 +324,8 @@ class PeerProcess:
             rounds_not_waited=transport.counters.not_waited,
             **coord.counters(),
         )
+        if self._teardown is not None:
+            self._teardown.cancel()  # in time: the summary below is the one
         self.log.info("peer.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
         self.writer.finish(summary, plots=False)
         self.left_tasks = transport.stop_timed_out
@@ -357,6 +368,8 @@ class PeerProcess:
                 join_at=late,
                 fetch_from=coord.neighbours(),
             )
+            if stage.final or self.stop.is_set():  # training is over: the exit has a deadline
+                self._arm_teardown(result, coord.exit_code)
             result.update(await coord.stage_done(stage))
             if stage.final or self.stop.is_set():
                 return result, coord.exit_code  # 0 unless the coordination gave up
@@ -365,6 +378,29 @@ class PeerProcess:
     def _request_stop(self, sig: signal.Signals) -> None:
         self.log.info("peer.signal", signal=sig.name)
         self.stop.set()
+        self._signalled.set()
+
+    def _arm_teardown(self, summary: dict[str, Any], code: int) -> None:
+        """Training is over: whatever the teardown waits for, this process ends within
+        `TEARDOWN_LIMIT` seconds (`_TEARDOWN_AFTER_SIGNAL` after a SIGTERM) — a finished peer
+        once hung there until the launcher killed it, its summary unwritten. Past the limit it
+        logs where every task waits, writes its summary (``teardown_stuck``) and exits."""
+
+        async def deadline() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._signalled.wait(), TEARDOWN_LIMIT)
+            if self._signalled.is_set():
+                await asyncio.sleep(_TEARDOWN_AFTER_SIGNAL)
+            try:
+                self.log.error("peer.teardown_stuck", tasks=task_stacks())
+                self.writer.finish({**summary, "teardown_stuck": True}, plots=False)
+            finally:  # whatever failed above, the process ends
+                sys.stdout.flush()
+                sys.stderr.flush()
+                logging.shutdown()
+                os._exit(code)
+
+        self._teardown = asyncio.create_task(deadline(), name="teardown-deadline")
 
     def train(
         self,

@@ -90,7 +90,7 @@ __all__ = [
     "phase_topologies",
 ]
 
-_STOP_WAIT = 60.0  # seconds a finished peer keeps serving until the run's "stop"
+STOP_WAIT = 60.0  # seconds a finished peer keeps serving until the run's "stop"
 # seconds an "offline" orchestrator may take to come back after this peer (re)connected: its
 # reconnect backoff is at most 5 s (`concord.protos.mqtt.Bus`)
 _RECONNECT_SETTLE = 6.0
@@ -655,7 +655,7 @@ class OrchestratedCoordination:
                     or (ctl.control is not None and ctl.control.action == "stop")
                     or ctl.gone_for(_RECONNECT_SETTLE)
                 ),
-                _STOP_WAIT,
+                STOP_WAIT,
             )
         if not summary.get("completed"):
             await ctl.status("failed", reason="stopped before the end of training")
