@@ -1,4 +1,5 @@
-"""Benchmark: replica-batched training vs a Python loop over n separate models.
+"""Benchmark: replica-batched training vs a Python loop over n separate models, and the vectorized
+engine's step at scale.
 
 Workload (both sides, per training step and per replica): forward + backward of Greydanus' MNIST-1D
 CNN (``cnn1d``, input shape (40,), 10 classes) on a local batch of 16, then an SGD step with
@@ -14,8 +15,19 @@ reports how far apart their parameters end up (float rounding only). Each repeti
 sides back to back (interleaved, so load changes on a shared machine hit both); the table reports
 the median of the repetitions (min–max in the JSON). Throughput = n × 16 / seconds per step.
 
-Usage: ``python bench/vectorized.py [--threads T] [--repeats R] [--sizes 4 16 64] [--json-only]``.
-The last line of output is always a JSON object with ``speedup_n<k>`` keys.
+**Engine at scale** (``--engine-n``, default 1024; 0 skips it): the step ``concord sim --engine
+vectorized --set peers=N --set model.name=mlp --set epochs=40`` runs — `Trainer.train_step` of
+`concord.sim.engine`, the defaults otherwise (mnist1d, ring, D-SGD, adaptive consensus control,
+so 1–2 gossip rounds a step): the whole step with its exact Ξ. After warm-up steps, it reports
+wall seconds per step (total / steps), user and system CPU seconds per step
+(``resource.getrusage`` deltas; the system time is mostly the kernel handing out fresh pages)
+and minor page faults per step. Run it on an idle machine: other load shows up in the wall time.
+
+Usage: ``python bench/vectorized.py [--quick] [--threads T] [--repeats R] [--sizes 4 16 64]
+[--engine-n N] [--engine-steps S] [--json-only]``. ``--quick``: 3 repetitions of 0.2 s and 4 timed
+engine steps (about a minute at n = 1024 on 2 cores). The last line of output is always a JSON
+object with ``speedup_n<k>`` keys and, with the engine row, ``n<N>_s_per_step`` and
+``n<N>_sys_over_user``.
 """
 
 from __future__ import annotations
@@ -23,15 +35,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's universal alias)
 from torch import Tensor, nn
 
+from concord.core.config import load_config
 from concord.core.models import FlatParams, ReplicaModel, build_model, loss_and_grad
+from concord.sim.engine import Trainer
 
 INPUT_SHAPE = (40,)
 NUM_CLASSES = 10
@@ -157,6 +173,44 @@ def bench_size(n: int, repeats: int, target_seconds: float) -> dict[str, float]:
     }
 
 
+def engine_config(n: int) -> list[str]:
+    """``--set`` overrides of the engine row: the issue's ``concord sim`` command."""
+    return [f"peers={n}", "model.name=mlp", "epochs=40", "eval.every=40", "engine=vectorized"]
+
+
+def bench_engine(n: int, warmup: int, steps: int) -> dict[str, Any]:
+    """``steps`` steps of the real vectorized engine after ``warmup`` ones (buffers allocated,
+    allocator warm), timed as a whole; per-step wall/user/system seconds and minor faults."""
+    trainer = Trainer(load_config(None, engine_config(n), environ={}))
+    if warmup + steps > trainer.total_steps:
+        raise ValueError(f"{warmup} + {steps} steps: the run has {trainer.total_steps}")
+    for step in range(warmup):
+        trainer.train_step(step)
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    rounds, walls = 0, []
+    for step in range(warmup, warmup + steps):
+        t0 = time.perf_counter()
+        rounds += trainer.train_step(step)["rounds"]
+        walls.append(time.perf_counter() - t0)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    return {
+        "n": n,
+        "parameters": int(trainer.task.x.shape[1]),
+        "steps": steps,
+        "rounds_per_step": rounds / steps,
+        "s_per_step": wall / steps,
+        "s_per_step_min": min(walls),
+        "s_per_step_max": max(walls),
+        "user_s_per_step": user / steps,
+        "sys_s_per_step": system / steps,
+        "sys_over_user": system / user if user > 0 else math.inf,
+        "minflt_per_step": (after.ru_minflt - before.ru_minflt) / steps,
+        "maxrss_mb": after.ru_maxrss / 1024,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -168,12 +222,26 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 16, 64], help="values of n")
     parser.add_argument("--seconds", type=float, default=0.4, help="target seconds per repetition")
     parser.add_argument("--json-only", action="store_true", help="print only the JSON line")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 repetitions of 0.2 s, 4 timed engine steps"
+    )
+    parser.add_argument(
+        "--engine-n", type=int, default=1024, help="peers of the engine row (0: no engine row)"
+    )
+    parser.add_argument(
+        "--engine-steps", type=int, default=None, help="timed engine steps (default 8; quick 4)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.seconds = min(args.repeats, 3), min(args.seconds, 0.2)
+    engine_steps = args.engine_steps or (4 if args.quick else 8)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
 
     results = {n: bench_size(n, args.repeats, args.seconds) for n in args.sizes}
+    # after the loop comparison: the engine tunes glibc malloc for the whole process
+    engine = bench_engine(args.engine_n, 2, engine_steps) if args.engine_n > 0 else None
 
     if not args.json_only:
         print(
@@ -193,6 +261,17 @@ def main() -> None:
                 f"{n:>4} | {r['vectorized']:>21,.0f} | {r['loop']:>15,.0f} | {r['speedup']:>6.2f}x "
                 f"| {r['param_gap_after_one_step']:.1e}"
             )
+        if engine is not None:
+            print(
+                f"\nengine step, mlp ({engine['parameters']:,} parameters), n = {engine['n']}, "
+                f"{engine['steps']} steps after 2 warm-up ({engine['rounds_per_step']:.2f} gossip "
+                f"rounds/step): {engine['s_per_step']:.3f} s/step "
+                f"(min {engine['s_per_step_min']:.3f}, max {engine['s_per_step_max']:.3f}); "
+                f"user {engine['user_s_per_step']:.3f} s, sys {engine['sys_s_per_step']:.3f} s "
+                f"(sys/user {engine['sys_over_user']:.1%}), "
+                f"{engine['minflt_per_step']:,.0f} minor faults per step; "
+                f"max RSS {engine['maxrss_mb']:,.0f} MB"
+            )
     summary: dict[str, object] = {
         "benchmark": "vectorized-vs-loop",
         "model": "cnn1d",
@@ -209,6 +288,15 @@ def main() -> None:
             "loop": [round(r["loop_min"], 1), round(r["loop_max"], 1)],
         }
         summary[f"param_gap_n{n}"] = r["param_gap_after_one_step"]
+    if engine is not None:
+        n = engine["n"]
+        summary[f"n{n}_s_per_step"] = round(engine["s_per_step"], 4)
+        summary[f"n{n}_user_s_per_step"] = round(engine["user_s_per_step"], 4)
+        summary[f"n{n}_sys_s_per_step"] = round(engine["sys_s_per_step"], 4)
+        summary[f"n{n}_sys_over_user"] = round(engine["sys_over_user"], 4)
+        summary[f"n{n}_minflt_per_step"] = round(engine["minflt_per_step"])
+        summary[f"n{n}_rounds_per_step"] = engine["rounds_per_step"]
+        summary[f"n{n}_maxrss_mb"] = round(engine["maxrss_mb"])
     print(json.dumps(summary))
 
 

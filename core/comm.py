@@ -146,6 +146,11 @@ class Comm(ABC):
         Edges whose message did not arrive are absent from the result.
         """
 
+    def release(self, result: MixResult) -> None:  # noqa: B027 - optional hook
+        """The caller is done with ``result`` (of `mix`): it will read neither ``result.x`` nor
+        any view of it again, so a backend may reuse that memory for a later round (the
+        vectorized engine does: its [n, d] results are hundreds of MB at large n)."""
+
     def begin_step(self, step: int) -> None:  # noqa: B027 - optional hook
         """The local replicas enter training step ``step`` (called by `concord.core.loop.StepRunner`
         before every step, whether or not it communicates; a network backend uses it to accept

@@ -34,7 +34,8 @@ from concord.core.models import FlatParams, build_model, evaluate, loss_and_grad
 @dataclass
 class StepLoss:
     loss: torch.Tensor  # [k] mean training loss of each replica's batch
-    grad: torch.Tensor  # [k, d]
+    # [k, d], the task's gradient buffer: overwritten by the next `loss_and_grad`
+    grad: torch.Tensor
     correct: torch.Tensor  # [k] correctly classified samples in the batch
 
 
@@ -104,6 +105,10 @@ class ClassificationTask:
             cfg.model.name, k, input_shape=shape, num_classes=classes, seed=cfg.seed, **opts
         ).to(device)
         self.flat = FlatParams(self.model)
+        # gradients of every step land in this one buffer: a fresh [k, d] tensor per step is
+        # hundreds of MB at large k, which glibc maps and unmaps (page faults) step after step
+        self._grad = torch.empty_like(self.flat.data)
+        self._saved: torch.Tensor | None = None  # x while a gradient is taken elsewhere
         # a one-replica twin that holds the averaged model for evaluation
         self.avg_model = build_model(
             cfg.model.name, 1, input_shape=shape, num_classes=classes, seed=cfg.seed, **opts
@@ -147,20 +152,23 @@ class ClassificationTask:
         return partition_stats(self.data.y_train.numpy(), self.parts, self.data.num_classes)
 
     def loss_and_grad(self, step: int, point: torch.Tensor | None = None) -> StepLoss:
-        """Stochastic gradients of every local replica at ``point`` (default: ``self.x``)."""
+        """Stochastic gradients of every local replica at ``point`` (default: ``self.x``); the
+        returned ``grad`` is valid until the next call."""
         if point is not None and point.data_ptr() != self.x.data_ptr():
-            saved = self.x.clone()
+            if self._saved is None:
+                self._saved = torch.empty_like(self.x)
+            self._saved.copy_(self.x)
             self.x.copy_(point)
             try:
                 return self.loss_and_grad(step)
             finally:
-                self.x.copy_(saved)
+                self.x.copy_(self._saved)
         idx = self.sampler.batch_indices(step).to(self.device)  # [k, B]
         xb = self.x_train[idx]
         yb = self.y_train[idx]
         if self.cfg.dataset.augment:
             xb = self._augment(xb, step)
-        loss, grad, correct = loss_and_grad(self.model, self.flat, xb, yb)
+        loss, grad, correct = loss_and_grad(self.model, self.flat, xb, yb, out=self._grad)
         return StepLoss(loss=loss.detach(), grad=grad, correct=correct)
 
     def _augment(self, xb: torch.Tensor, step: int) -> torch.Tensor:

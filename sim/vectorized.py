@@ -12,6 +12,7 @@ them, so `summary.json` reports comparable traffic for both engines:
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,9 @@ class VectorizedComm(Comm):
         self.device = torch.device(device)
         self.counters = CommCounters()
         self._cache: dict[int, tuple[np.ndarray, torch.Tensor, list[Edge]]] = {}
+        # results of `mix` handed back by `release`, reused as later rounds' outputs
+        self._spare: list[torch.Tensor] = []
+        self._lent: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
     @property
     def world_size(self) -> int:
@@ -83,13 +87,36 @@ class VectorizedComm(Comm):
             keys = [codec_key(r, round) for r in range(self.n)]
             sent = codec.roundtrip(x, keys=keys).to(x.dtype)
             wire = codec.wire_bytes(d)
-        out = op @ sent
+        out = self._output(x, sent)
+        # addmm with beta = 0 ignores out's old contents; mm(out=) with a sparse operand would
+        # compute into a fresh zeroed [n, d] tensor and copy that over
+        torch.addmm(out, op, sent, beta=0, out=out)
         self.counters.add_edges(edges, raw=raw, wire=wire)
         self.counters.rounds += 1
         mixed = None
         if push is not None:  # every message arrives here: Σ_j W[i, j] w_j in float64
             mixed = torch.from_numpy(np.asarray(W, dtype=np.float64) @ push.cpu().numpy())
         return MixResult(x=out, outcome=MixOutcome(), sent=sent, push=mixed)
+
+    def _output(self, x: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
+        """The [n, d] result tensor of a round: a released one that fits and holds neither
+        input, else a new one."""
+        inputs = {x.untyped_storage().data_ptr(), sent.untyped_storage().data_ptr()}
+        for i, t in enumerate(self._spare):
+            fits = (t.shape, t.dtype, t.device) == (x.shape, x.dtype, x.device)
+            if fits and t.untyped_storage().data_ptr() not in inputs:
+                out = self._spare.pop(i)
+                break
+        else:
+            out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        self._lent[id(out)] = out
+        return out
+
+    def release(self, result: MixResult) -> None:
+        t = result.x
+        if self._lent.get(id(t)) is t:  # one of this Comm's results, not a caller's tensor
+            del self._lent[id(t)]
+            self._spare = [t, *self._spare[:1]]  # two at most
 
     def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
         if self.n > 1 and x.shape[1] > 1:  # scalar reductions (statistics) are not traffic

@@ -37,6 +37,7 @@ from concord.core.comm import Comm, MixOutcome, MixResult
 from concord.core.compress import Codec, codec_key
 from concord.core.control.consensus import local_theta
 from concord.core.control.plan import Phase
+from concord.core.models import cache_blocks
 from concord.core.registry import Registry
 
 
@@ -92,6 +93,33 @@ class StepReport:
     outcomes: list[MixOutcome] = field(default_factory=list)
 
 
+def assign_mixed(x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+    """``x ← mixed``; returns θ_i = ‖mixed_i − x_i‖² of the rows before ([k] float64), the
+    arithmetic of `local_theta`: both rows in float64, subtracted, squared, summed per row.
+
+    Block by block of rows, in two cache-sized float64 buffers: `local_theta` on [k, d] makes
+    four [k, d] float64 temporaries (GBs at large k, fresh pages every round), and calling it
+    per block would allocate and free small ones hundreds of times per round, which glibc may
+    hand back to the kernel each time. The bits are those of `local_theta` — θ_i is a sum
+    within row i — as long as no block is a lone row (torch splits a single row's sum between
+    threads, which reorders it)."""
+    if x.dim() != 2 or x.shape[0] < 2 or x.shape != mixed.shape or x.device.type != "cpu":
+        theta_local = local_theta(x, mixed)
+        x.copy_(mixed)
+        return theta_local
+    k, d = x.shape
+    blocks = cache_blocks(k, d * 8, min_size=2)
+    shape = (max(e - s for s, e in blocks), d)
+    after = torch.empty(shape, dtype=torch.float64, device=x.device)
+    before = torch.empty(shape, dtype=torch.float64, device=x.device)
+    theta_local = torch.empty(k, dtype=torch.float64, device=x.device)
+    for s, e in blocks:
+        a, b = after[: e - s].copy_(mixed[s:e]), before[: e - s].copy_(x[s:e])
+        torch.sum(a.sub_(b).square_(), dim=1, out=theta_local[s:e])
+        x[s:e].copy_(mixed[s:e])
+    return theta_local
+
+
 def gossip_rounds(
     x: torch.Tensor, ctx: StepContext, report: StepReport | None = None
 ) -> StepReport:
@@ -103,8 +131,8 @@ def gossip_rounds(
         mixed = result.x
         if ctx.codec is not None:  # keep the own remainder x_i − Q(x_i) (module docstring)
             mixed = mixed + (x - sent_rows(result, x, ctx.codec, ctx.comm, index))
-        theta_local = local_theta(x, mixed)
-        x.copy_(mixed)
+        theta_local = assign_mixed(x, mixed)
+        ctx.comm.release(result)  # read no more: the backend may reuse it next round
         report.rounds += 1
         report.theta_local = theta_local
         report.statistics.append(theta_local)

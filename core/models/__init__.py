@@ -14,18 +14,20 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from concord.core.models.flat import FlatParams, evaluate, loss_and_grad
+from concord.core.models.flat import BLOCK_BYTES, FlatParams, cache_blocks, evaluate, loss_and_grad
 from concord.core.models.generic import GenericReplicaModel, build_generic
 from concord.core.models.layers import ReplicaModel
 from concord.core.models.zoo import MODEL_NAMES, MODELS
 
 __all__ = [
+    "BLOCK_BYTES",
     "MODELS",
     "MODEL_NAMES",
     "FlatParams",
     "GenericReplicaModel",
     "ReplicaModel",
     "build_model",
+    "cache_blocks",
     "evaluate",
     "loss_and_grad",
 ]

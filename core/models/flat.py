@@ -23,7 +23,30 @@ from torch import Tensor
 
 from concord.core.models.layers import ReplicaModel
 
-__all__ = ["FlatParams", "evaluate", "loss_and_grad"]
+__all__ = ["BLOCK_BYTES", "FlatParams", "cache_blocks", "evaluate", "loss_and_grad"]
+
+BLOCK_BYTES = 4 << 20
+"""Working-set size of `cache_blocks`: a few MiB, well inside L2 + L3 (measured at n = 1024,
+d = 78 858 on a 2-core EPYC: 2–8 MiB blocks are equally fast, 1 and 16 MiB slower)."""
+
+
+def cache_blocks(
+    total: int, unit_bytes: int, *, target: int = BLOCK_BYTES, min_size: int = 1
+) -> list[tuple[int, int]]:
+    """Consecutive ``[start, end)`` ranges covering ``range(total)``, each about ``target``
+    bytes of ``unit_bytes``-byte units (rows or columns of a [k, d] tensor) and at least
+    ``min_size`` units (the last range absorbs a shorter remainder; fewer than ``min_size``
+    only when ``total`` is).
+
+    Elementwise chains over a [k, d] tensor run block by block so that one block's operands
+    stay in cache from one operation to the next: one pass over memory instead of one per
+    operation. Each element sees the same operations, so the bits are those of the unblocked
+    chain."""
+    size = max(min_size, 1, target // max(1, unit_bytes))
+    bounds = list(range(0, total, size))
+    if len(bounds) > 1 and total - bounds[-1] < min_size:
+        bounds.pop()
+    return list(zip(bounds, [*bounds[1:], total][: len(bounds)], strict=True))
 
 
 class FlatParams:
@@ -96,22 +119,35 @@ class FlatParams:
         """``[k, d]`` float32; every parameter of the model is a view into it (write in place)."""
         return self._data
 
-    def grad(self, loss: Tensor) -> Tensor:
-        """Gradient of ``loss.sum()`` w.r.t. all parameters, as a fresh ``[k, d]`` tensor.
+    def grad(self, loss: Tensor, *, out: Tensor | None = None) -> Tensor:
+        """Gradient of ``loss.sum()`` w.r.t. all parameters as ``[k, d]``: written into ``out``
+        (a float32 ``[k, d]`` buffer the caller reuses across steps) and returned, or a fresh
+        tensor when ``out`` is None.
 
         With ``loss [k]`` holding replica i's loss in entry i, row i is replica i's gradient:
         replica i's loss depends on no other replica's parameters. Unused or frozen parameters
         get zeros.
         """
+        device = self._data.device
+        if out is None:
+            out = torch.empty_like(self._data)
+        elif (out.shape, out.dtype, out.device) != (self._data.shape, self._data.dtype, device):
+            raise ValueError(
+                f"gradient buffer has shape {tuple(out.shape)}, dtype {out.dtype} on {out.device}; "
+                f"expected [k={self.k}, d={self.d}] float32 on {device}"
+            )
         trainable = [p for p in self._params if p.requires_grad]
         found = iter(torch.autograd.grad(loss.sum(), trainable, allow_unused=True))
-        parts = []
-        for p, shape in zip(self._params, self.shapes, strict=True):
+        for p, shape, o in zip(self._params, self.shapes, self.offsets, strict=True):
             g = next(found) if p.requires_grad else None
+            # one copy per parameter straight into its slice (autograd's weight gradients are
+            # transposed views: a reshape would copy them once more, a cat a third time)
+            dest = out[:, o : o + math.prod(shape)].view(self.k, *shape)
             if g is None:  # frozen or unused parameter
-                g = torch.zeros(self.k, math.prod(shape), device=self._data.device)
-            parts.append(g.reshape(self.k, -1))
-        return torch.cat(parts, dim=1)
+                dest.zero_()
+            else:
+                dest.copy_(g)
+        return out
 
     def fingerprint(self) -> str:
         """sha256 hex of the architecture description, parameter and floating-buffer names,
@@ -145,14 +181,15 @@ class FlatParams:
 
 
 def loss_and_grad(
-    model: ReplicaModel, flat: FlatParams, x: Tensor, y: Tensor
+    model: ReplicaModel, flat: FlatParams, x: Tensor, y: Tensor, *, out: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One train-mode forward/backward of all replicas.
 
     ``x [k, B, *input_shape]``, ``y [k, B]`` int64 labels (replica i's batch is ``x[i], y[i]``).
     Returns ``loss [k]`` (mean cross-entropy per replica, detached), ``grad [k, d]`` (gradient of
-    each replica's mean loss w.r.t. its own parameters, in ``flat`` layout) and ``correct [k]``
-    (int64 count of correct top-1 predictions). BatchNorm running statistics are updated.
+    each replica's mean loss w.r.t. its own parameters, in ``flat`` layout; written into ``out``
+    if given, see `FlatParams.grad`) and ``correct [k]`` (int64 count of correct top-1
+    predictions). BatchNorm running statistics are updated.
     """
     k = model.k
     if y.dim() != 2 or y.shape[0] != k or y.shape[1] != x.shape[1]:
@@ -161,7 +198,7 @@ def loss_and_grad(
     logits = model(x)
     per_sample = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
     loss = per_sample.view(k, -1).mean(dim=1)
-    grad = flat.grad(loss)
+    grad = flat.grad(loss, out=out)
     correct = (logits.detach().argmax(dim=-1) == y).sum(dim=1)
     return loss.detach(), grad, correct
 
