@@ -149,6 +149,20 @@ def _mlp() -> Any:
     return nn.Sequential(*layers[:-1])
 
 
+def _workload(model: Any, rank: int) -> tuple[Any, Any, Any, Any]:
+    """The baselines' optimizer (Concord's defaults) and this rank's 64 fixed batches."""
+    import torch
+    from torch import nn
+
+    opt = torch.optim.SGD(
+        model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4
+    )
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(64, 16, 40, generator=gen)
+    y = torch.randint(0, 10, (64, 16), generator=gen)
+    return opt, x, y, nn.CrossEntropyLoss()
+
+
 def _gloo_worker(rank: int, n: int, steps: int, port: int, hook: str, out: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -162,13 +176,7 @@ def _gloo_worker(rank: int, n: int, steps: int, port: int, hook: str, out: Any) 
     model = nn.parallel.DistributedDataParallel(_mlp())
     if hook == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    opt = torch.optim.SGD(
-        model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4
-    )
-    gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(64, 16, 40, generator=gen)
-    y = torch.randint(0, 10, (64, 16), generator=gen)
-    loss_fn = nn.CrossEntropyLoss()
+    opt, x, y, loss_fn = _workload(model, rank)
 
     def step(i: int) -> None:
         opt.zero_grad(set_to_none=True)
@@ -190,7 +198,6 @@ def _gossip_worker(rank: int, n: int, steps: int, port: int, out: Any) -> None:
     parameters to both neighbours and back (`batch_isend_irecv`), average of the three."""
     import torch
     import torch.distributed as dist
-    from torch import nn
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     torch.set_num_threads(1)
@@ -198,13 +205,7 @@ def _gossip_worker(rank: int, n: int, steps: int, port: int, out: Any) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=n)
     torch.manual_seed(0)
     model = _mlp()
-    opt = torch.optim.SGD(
-        model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4
-    )
-    gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(64, 16, 40, generator=gen)
-    y = torch.randint(0, 10, (64, 16), generator=gen)
-    loss_fn = nn.CrossEntropyLoss()
+    opt, x, y, loss_fn = _workload(model, rank)
     left, right = (rank - 1) % n, (rank + 1) % n
     flat = parameters_to_vector(model.parameters()).detach()
     got_l, got_r = torch.empty_like(flat), torch.empty_like(flat)
