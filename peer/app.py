@@ -637,10 +637,8 @@ def resumable(
     """The checkpoint a static peer restarted on ``out`` continues from: one with run state of
     this peer and config, of a run that did not complete (None: start afresh). ``step``: the
     one of that step (``checkpoint.pt`` or ``checkpoint.prev.pt``), for a resumed run."""
-    path = out / "checkpoint.pt"
-    if step is not None:
-        path = checkpoint_steps(out).get(step, out / "no-such-checkpoint")
-    if not path.is_file():
+    path = out / "checkpoint.pt" if step is None else checkpoint_steps(out).get(step)
+    if path is None or not path.is_file():
         return None
     summary = out / "summary.json"
     if summary.is_file() and json.loads(summary.read_text()).get("completed"):
