@@ -20,11 +20,12 @@ A static peer started again with the same ``--config`` and ``--out`` after it wa
 stopped) continues from its last checkpoint (parameters, algorithm and RNG state, the gossip-round
 counter and byte counters): metrics lines after the checkpoint's step are dropped — unless its
 neighbours are more than ``network.rejoin_fetch_after`` steps further (or it has no checkpoint):
-then it adopts a neighbour's parameters (``Fetch``) and goes on from that neighbour's step + 1
-(`PeerProcess._rejoin`). Its neighbours skip it after ``network.skip_after`` missed rounds and
-take it back when it says Hello again (`concord.peer.transport`). An orchestrated peer restarted
-with the same command is re-admitted by the orchestrator at a later schedule version; it fetches
-a neighbour's parameters and starts at that version's effective step (`PeerProcess._join_late`).
+then it adopts a neighbour's parameters and momentum (``Fetch``) and goes on from that
+neighbour's step + 1 (`PeerProcess._rejoin`). Its neighbours skip it after
+``network.skip_after`` missed rounds and take it back when it says Hello again
+(`concord.peer.transport`). An orchestrated peer restarted with the same command is re-admitted
+by the orchestrator at a later schedule version; it fetches a neighbour's parameters and
+momentum and starts at that version's effective step (`PeerProcess._join_late`).
 A peer that finds itself more than its step window behind all its neighbours (it was stalled)
 jumps to their step (``jump`` in `PeerProcess.train`).
 """
@@ -58,7 +59,7 @@ from concord.peer.coordination import STOP_WAIT, OrchestratedCoordination, Stati
 from concord.peer.memory import tune_malloc
 from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 from concord.peer.tls import load_credentials
-from concord.peer.transport import Transport
+from concord.peer.transport import Fetched, Transport
 from concord.peer.validate import STEP_WINDOW
 from concord.runtime.driver import StepHooks, drive
 from concord.runtime.lifecycle import dump_tasks, task_stacks
@@ -348,6 +349,7 @@ class PeerProcess:
             control, graphs = coord.round_hooks(stage, comm, loop)
             runner = StepRunner(cfg, task, comm, control=control, graphs=graphs)
             transport.step_window = STEP_WINDOW + runner.algorithm.silent_steps
+            transport.fetch_state = runner.algorithm.portable_state
             coord.begin(stage, runner)
             if not connected:
                 missing = await transport.connect(
@@ -541,9 +543,9 @@ class PeerProcess:
         most advanced answer is more than ``network.rejoin_fetch_after`` steps ahead of its
         checkpoint (or it has none), it adopts those parameters and continues at that
         neighbour's step + 1 — with the round counter to match (one round per step), so its
-        frames carry the keys its neighbours expect and land inside their step window. The
-        algorithm's state (momentum, trackers) is kept: the checkpoint's own, or the fresh one;
-        it is this peer's, decays within a few steps, and a neighbour's would not fit its data.
+        frames carry the keys its neighbours expect and land inside their step window. With the
+        parameters it takes the neighbour's portable algorithm state (the momentum: `_adopt`);
+        the rest (trackers, error feedback) stays its own, the checkpoint's or the fresh one.
         Returns the step to start at. Only a restarted peer fetches: at a fresh start the
         neighbours' first round waits for this peer, whose Fetch would wait for their step
         boundary."""
@@ -561,8 +563,7 @@ class PeerProcess:
         if behind <= cfg.network.rejoin_fetch_after or to >= total:
             self.log.info("peer.rejoin", fetched=False, step=start, neighbour_step=got.step)
             return start
-        with torch.no_grad():
-            task.x[0].copy_(got.x.to(task.x.device, task.x.dtype))
+        self._adopt(runner, task, got)
         runner.rounds_total = got.round + 1
         self.rejoined = {"from_peer": got.sender, "at_step": to, "checkpoint_step": start}
         self.log.warning("peer.rejoin", fetched=True, **self.rejoined)
@@ -596,12 +597,25 @@ class PeerProcess:
             return start
         local = got.step - comm.step_base
         start = min(join_at if local <= join_at else local + 1, total - 1)
-        with torch.no_grad():
-            task.x[0].copy_(got.x.to(task.x.device, task.x.dtype))
+        self._adopt(runner, task, got)
         runner.rounds_total = got.round + (start - local)
         self.rejoined = {"from_peer": got.sender, "at_step": start, "readmitted_at": join_at}
         self.log.warning("peer.rejoin", fetched=True, **self.rejoined)
         return start
+
+    def _adopt(self, runner: StepRunner, task: ClassificationTask, got: Fetched) -> None:
+        """Take over a Fetch answer: the neighbour's parameters and the algorithm state it sent
+        (`Algorithm.portable_state`, e.g. the momentum, as hivemind's ``load_state_from_peers``
+        takes the optimizer's); the rest of the state stays this peer's."""
+        with torch.no_grad():
+            task.x[0].copy_(got.x.to(task.x.device, task.x.dtype))
+        if not got.state:
+            return
+        state = runner.algorithm.state_dict()
+        for name, v in got.state.items():
+            state[name] = v.to(task.x.device, task.x.dtype).reshape(1, -1)
+        runner.algorithm.load_state_dict(state)
+        self.log.info("peer.rejoin_state", from_peer=got.sender, parts=sorted(got.state))
 
     def run_state(self, runner: StepRunner, step: int) -> dict[str, Any]:
         """The peer's state beyond tensors after ``step`` (a checkpoint's ``run``)."""
@@ -687,7 +701,13 @@ class _Serve(StepHooks):
     def before(self, step: int) -> None:
         t, comm = self.transport, self.comm
         if t is not None and comm is not None and t.wanted:
-            t.fulfil(self.task.x[0], comm.step_base + step, self.runner.rounds_total)
+            algorithm = self.runner.algorithm
+            state = {
+                k: v[0]
+                for k, v in algorithm.state_dict().items()
+                if k in algorithm.portable_state and v.dim() == 2
+            }
+            t.fulfil(self.task.x[0], comm.step_base + step, self.runner.rounds_total, state)
 
     def close(self) -> None:
         if self.transport is not None and self.comm is not None:

@@ -55,7 +55,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import grpc
@@ -178,12 +178,14 @@ class Fanout:
 @dataclasses.dataclass(frozen=True)
 class Fetched:
     """A neighbour's parameters (a Fetch answer): taken before it ran ``step``, when its
-    gossip-round counter was ``round``."""
+    gossip-round counter was ``round``; with the part of its algorithm's state that a joining
+    replica may take over (`concord.core.algorithms.base.Algorithm.portable_state`)."""
 
     sender: int
     step: int
     round: int
     x: torch.Tensor  # float32 [dim], this peer's own copy
+    state: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # each [dim]
 
 
 class Prebuilt:
@@ -417,10 +419,13 @@ class Transport:
         stream_idle_timeout: float = 60.0,
         tensor_ids: frozenset[int] = TENSOR_IDS,
         skip_after: int = 3,
+        fetch_state: frozenset[str] = frozenset(),
     ) -> None:
         """``wire``: how this peer sends ("raw": ExchangeRaw; "protobuf": Exchange); it receives
         both. ``max_abs_value`` / ``stream_idle_timeout`` / ``skip_after``: ``network.*``;
-        ``tensor_ids``: the tensor ids the run's algorithm sends (others are refused). With
+        ``tensor_ids``: the tensor ids the run's algorithm sends (others are refused);
+        ``fetch_state``: the algorithm state a Fetch answer may carry besides the parameters
+        (`concord.core.algorithms.base.Algorithm.portable_state`). With
         ``server_credentials`` (mTLS) a client certificate must name the peer id its Hello and
         frames claim."""
         if skip_after < 1:
@@ -449,6 +454,7 @@ class Transport:
         self.max_abs_value = max_abs_value
         self.idle_timeout = stream_idle_timeout
         self.tensor_ids = frozenset(tensor_ids)
+        self.fetch_state = frozenset(fetch_state)
         self.require_identity = server_credentials is not None
         codecs = frozenset({"none", codec})
         self.budget = BUDGET_TENSORS * max(1, tensor_bytes(dim, codecs, ratio, levels))
@@ -755,24 +761,37 @@ class Transport:
         not gossiping with it before that step, keep reaching step boundaries meanwhile."""
         self._joins.add(step)
 
-    def fulfil(self, x: torch.Tensor, step: int, round: int) -> None:
+    def fulfil(
+        self,
+        x: torch.Tensor,
+        step: int,
+        round: int,
+        state: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
         """The training thread, between two steps: answer the waiting Fetches with a copy of
-        ``x`` (the parameters before wire step ``step``; ``round``: the gossip-round counter) —
-        a copy, because training goes on while the answer is sent — unless a joining step is
-        still ahead (`joins_at`)."""
+        ``x`` (the parameters before wire step ``step``; ``round``: the gossip-round counter)
+        and of ``state`` (the algorithm's portable state, ``dim`` elements each, e.g. the
+        momentum) — copies, because training goes on while the answer is sent — unless a
+        joining step is still ahead (`joins_at`). The state is left out (logged) when it would
+        take the answer past ``max_tensor_bytes``: the parameters alone still let a peer join."""
         loop = self._loop
         if not self._wanted or loop is None:
             return
         self._joins = {j for j in self._joins if j >= step}
         if self._joins and step not in self._joins:
             return  # answered at the boundary of the joining step (bounded by `snapshot`)
-        flat = x.detach().to(torch.float32).reshape(-1).clone()
+        parts = {"values": x.detach().to(torch.float32).reshape(-1).clone()}
+        extra = {k: v for k, v in sorted((state or {}).items()) if v.numel() == self.dim}
+        if 4 * self.dim * (1 + len(extra)) <= self.max_tensor_bytes:
+            parts |= {k: v.detach().to(torch.float32).reshape(-1).clone() for k, v in extra.items()}
+        elif extra:
+            log.warning("fetch.state_left_out", peer=self.peer_id, parts=sorted(extra))
         out = self.frames(
             step=step,
             round=round,
             tensor_id=serde.TENSOR_FETCH,
             codec="none",
-            parts={"values": flat},
+            parts=parts,
         )
         loop.call_soon_threadsafe(self._answer, out)
 
@@ -826,6 +845,7 @@ class Transport:
                     codecs=frozenset({"none"}),
                     tensor_ids=frozenset({serde.TENSOR_FETCH}),
                     is_neighbour=lambda *_: True,
+                    fetch_state=self.fetch_state,
                 )
             check_frame(info, len(body), view, expected_sender=j)
             if head is None:
@@ -849,10 +869,12 @@ class Transport:
                 scan.advance(received)
         if head is None or received != head.byte_length or next_index != head.chunk_count:
             raise RejectedError("invalid", "an incomplete Fetch answer")
-        values = serde.tensors_from_payload(buf, head.parts or ()).get("values")
+        tensors = serde.tensors_from_payload(buf, head.parts or ())
+        values = tensors.pop("values", None)
         if values is None or values.numel() != self.dim or values.dtype != torch.float32:
             raise RejectedError("invalid", "a Fetch answer without the float32 parameters")
-        return Fetched(j, head.step, head.round, values.clone())
+        state = {k: v.clone() for k, v in tensors.items()}  # `check_parts`: portable, [dim]
+        return Fetched(j, head.step, head.round, values.clone(), state)
 
     async def fetch_any(self, peers: Sequence[int], timeout: float) -> Fetched | None:
         """The most advanced answer of ``peers`` (asked concurrently), or None."""

@@ -20,6 +20,7 @@ from concord.peer.serde import (
     PROTOCOL_VERSION,
     TENSOR_ALLREDUCE,
     TENSOR_EDGE,
+    TENSOR_FETCH,
     TENSOR_MIX,
     FrameInfo,
     Hello,
@@ -62,6 +63,9 @@ class ReceiverView:
     levels: int = 16  # compression.levels (qsgd parts: int8 levels up to 127, int16 above)
     tensor_ids: frozenset[int] = TENSOR_IDS  # the ids this run's algorithm sends at all
     max_abs_value: float | None = None  # network.max_abs_value: bound on floating values
+    # a Fetch answer's optional parts besides "values": the algorithm's portable state
+    # (`concord.core.algorithms.base.Algorithm.portable_state`), each a float32 ``dim``-vector
+    fetch_state: frozenset[str] = frozenset()
 
 
 def check_hello(h: Hello, view: ReceiverView) -> None:
@@ -150,7 +154,18 @@ def check_parts(f: FrameInfo, view: ReceiverView) -> None:
     if end != f.byte_length:
         raise RejectedError("invalid", f"parts cover {end} bytes, tensor has {f.byte_length}")
     got = {p.name: (p.dtype, p.numel) for p in f.parts}
-    want = make_codec(f.codec or "none", ratio=view.ratio, levels=view.levels).part_specs(view.dim)
+    if f.tensor_id == TENSOR_FETCH:
+        extra = [p.name for p in f.parts[1:]]
+        if f.parts[0].name != "values" or not set(extra) <= view.fetch_state:
+            raise RejectedError(
+                "invalid",
+                f"a Fetch answer's parts are 'values' then some of {sorted(view.fetch_state)}; "
+                f"got {[p.name for p in f.parts]}",
+            )
+        want = dict.fromkeys(("values", *extra), (torch.float32, view.dim))
+    else:
+        codec = make_codec(f.codec or "none", ratio=view.ratio, levels=view.levels)
+        want = codec.part_specs(view.dim)
     if got != want or len(got) != len(f.parts):
         raise RejectedError(
             "invalid", f"codec {f.codec!r} of a {view.dim}-vector expects parts {want}; got {got}"

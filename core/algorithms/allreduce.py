@@ -20,6 +20,7 @@ from concord.core.algorithms.optim import LocalSGD
 @register_algorithm
 class AllReduce(Algorithm):
     spec = CATALOG["allreduce"]
+    portable_state = frozenset({"momentum"})
 
     def __init__(self, optimizer: LocalSGD) -> None:
         self.optimizer = optimizer

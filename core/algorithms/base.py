@@ -158,6 +158,11 @@ class Algorithm(ABC):
     spec: ClassVar[AlgorithmSpec]
     name: ClassVar[str]
     uses_gossip: ClassVar[bool] = True  # False: phases/topologies/control do not apply
+    # `state_dict` entries ([k, d], a row per replica) that a replica joining late may take
+    # over from a neighbour along with its parameters (a peer's Fetch): momentum-like state,
+    # an estimate of the shared descent direction. Not trackers, error feedback or copies of
+    # neighbours, whose invariants are the replica's own.
+    portable_state: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

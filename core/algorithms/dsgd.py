@@ -31,6 +31,7 @@ from concord.core.algorithms.optim import LocalSGD
 @register_algorithm
 class DSGD(Algorithm):
     spec = CATALOG["dsgd"]
+    portable_state = frozenset({"momentum"})
 
     def __init__(self, optimizer: LocalSGD) -> None:
         self.optimizer = optimizer

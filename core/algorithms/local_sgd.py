@@ -50,6 +50,7 @@ AVERAGES = ("exact", "gossip")
 @register_algorithm
 class LocalSGDAlgorithm(Algorithm):
     spec = CATALOG["local-sgd"]
+    portable_state = frozenset({"momentum"})
 
     def __init__(
         self, optimizer: LocalSGD, *, local_steps: int = 4, average: str = "exact"

@@ -55,6 +55,7 @@ MOMENTUM_ATOL = 1e-12  # optim.momentum and hyper.beta are "equal" up to float p
 @register_algorithm
 class QGM(Algorithm):
     spec = CATALOG["qgm"]
+    portable_state = frozenset({"qgm_buffer"})
 
     def __init__(self, optimizer: LocalSGD, *, beta: float = 0.9) -> None:
         if isinstance(beta, bool) or not isinstance(beta, int | float):

@@ -163,6 +163,8 @@ def test_a_killed_static_peer_restarted_fetches_its_neighbours_parameters_and_re
     assert rejoined["from_peer"] in (0, 2)
     assert rejoined["at_step"] > rejoined["checkpoint_step"] + 10
     assert rejoined["checkpoint_step"] >= 40  # it did resume from its checkpoint first
+    (adopted,) = _log_events(tmp_path / "peer-3" / "log.jsonl", "peer.rejoin_state")
+    assert (adopted["from_peer"], adopted["parts"]) == (rejoined["from_peer"], ["momentum"])
     steps3 = _records(metrics3)
     first = next(r for r in steps3 if r["step"] >= rejoined["at_step"])
     assert first["step"] == rejoined["at_step"]  # no step in between ran
@@ -270,6 +272,11 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
     assert summary3["completed"]
     assert summary3["rejoined"]["from_peer"] in (0, 2)
     assert summary3["rejoined"]["readmitted_at"] == readmitted["effective_step"]
+    (adopted,) = _log_events(tmp_path / "peer-3" / "log.jsonl", "peer.rejoin_state")
+    assert (adopted["from_peer"], adopted["parts"]) == (
+        summary3["rejoined"]["from_peer"],
+        ["momentum"],
+    )
     steps3 = [r["step"] for r in _records(metrics3)]
     before = [t for t in steps3 if t < readmitted["effective_step"]]
     assert len(before) >= 40  # its records from before the kill are kept …

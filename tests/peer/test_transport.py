@@ -15,7 +15,7 @@ import torch
 from concord.core.comm import MixOutcome
 from concord.peer import serde
 from concord.peer.mailbox import Arrival
-from concord.peer.transport import Fanout, Transport, Wire
+from concord.peer.transport import Fanout, Fetched, Transport, Wire
 
 DIM = 300_000  # 1.2 MB of float32: two chunks of ≤ 1 MiB
 
@@ -442,6 +442,46 @@ def test_fetch_answers_at_the_next_step_boundary_with_a_copy_of_the_parameters()
             assert await t1.fetch_any([0], timeout=0.5) is None  # no boundary in time
             t0.stop_serving()
             assert await t1.fetch(0, timeout=5.0) is None
+        finally:
+            await asyncio.gather(t0.stop(1.0), t1.stop(1.0))
+
+    _run(body)
+
+
+def test_a_fetch_answer_carries_the_portable_state_and_only_what_the_caller_takes() -> None:
+    async def body() -> None:
+        t0, t1 = _pair(deadline=1.0)
+        t1.fetch_state = frozenset({"momentum"})
+        for t in (t0, t1):
+            await t.start(t.addresses[t.peer_id])
+        t0.training = True
+
+        async def ask(state: dict[str, torch.Tensor]) -> Fetched | None:
+            fetch = asyncio.create_task(t1.fetch(0, timeout=10.0))
+            for _ in range(200):
+                if t0.wanted:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(t0.fulfil, x, 7, 9, state)
+            m.add_(1.0)  # training goes on: the answer holds a copy of the state too
+            return await fetch
+
+        try:
+            x = torch.arange(DIM, dtype=torch.float32)
+            m = torch.full((DIM,), 0.5)
+            got = await ask({"momentum": m, "short": torch.zeros(3)})  # not [dim]: not sent
+            assert got is not None
+            assert torch.equal(got.x, x)
+            assert list(got.state) == ["momentum"]
+            assert torch.equal(got.state["momentum"], torch.full((DIM,), 0.5))
+            assert await ask({}) is not None  # no state yet (before the first step): values
+            # a part the caller's algorithm does not declare portable: the answer is refused
+            with structlog.testing.capture_logs() as logs:
+                got = await ask({"momentum": m, "tracker": torch.ones(DIM)})
+            assert got is None
+            (why,) = [e["why"] for e in logs if e["event"] == "fetch.none"]
+            assert "'values' then some of ['momentum']" in why
+            assert "tracker" in why
         finally:
             await asyncio.gather(t0.stop(1.0), t1.stop(1.0))
 
