@@ -1,0 +1,349 @@
+"""Past this machine, on paper: an α–β cost model of one training step, ring all-reduce against
+gossip, fitted to constants measured here, extrapolated to n = 8 … 1024 peers and 1–100 Gbit/s.
+
+Measured in this run (spawned processes on loopback, one torch thread each):
+
+* ``allreduce``: torch.distributed gloo ``all_reduce`` of M bytes among 2 and 4 ranks;
+* ``gloo_p2p``: gloo ``batch_isend_irecv`` of M bytes between two ranks (both ways);
+* ``concord``: one tensor of M bytes through Concord's gRPC data plane (`bench._grpc`: the real
+  `Transport`, from packing to the receiver's Ack);
+* ``compute``: forward + backward + SGD step of `bench/step_overhead.py`'s workload (its
+  1.09M-parameter MLP and batches, its baselines' optimizer) on one thread.
+
+Each mechanism's time is fitted by least squares to ``T(M) = a + b·M`` over ``--sizes``
+(median of ``--repeats`` per size). On loopback there is no link: ``b`` is the *software* cost
+per byte (copies, framing, reductions), ``a`` the per-message latency. For all-reduce, the ring
+algorithm's ``T = 2(n−1)·α + 2(n−1)/n·M·β`` is fitted to the 2- and 4-rank series together.
+
+The model of one step on n peers (every peer on its own machine and full-duplex NIC of rate R
+bytes/s, a non-blocking switch; parameters of M bytes; C the step's compute):
+
+* ring all-reduce:    T_ar  = 2(n−1)·α_ar + 2(n−1)/n · M · (β_ar + 1/R)
+* gossip on the ring: T_rg  = α_g + 2·M·(β_g + 1/R)     (two neighbours, one NIC: 2M out, 2M in)
+* one-peer exponential graph: T_ex = α_g + M·(β_g + 1/R)      (one peer per round)
+
+with ``--wire bf16`` halving M for gossip (the bf16 wire; the cast cost is in β_g's fit only if
+measured that way — not here, so bf16 figures are optimistic by the cast, ~3 ms per 64 MiB). Per
+step: C + T without overlap, max(C, T) with it (DDP overlaps its bucketed all-reduce with
+backward; Concord's ``overlap = true`` overlaps the gossip with forward and backward), which is
+what is printed. Software and wire costs add (not pipelined): a conservative choice for both.
+
+Not in the model: gossip needs more steps than all-reduce for the same accuracy (a consensus
+distance to pay for: `bench/time_to_accuracy.py` measures it), stragglers (all-reduce waits for
+the slowest of n, gossip for the slowest neighbour), and switch oversubscription.
+
+Output: a table per link rate of predicted ms/step and the crossover n (smallest n from which
+gossip is faster), a CSV (``--csv``), and as the last line a JSON object with the fitted
+constants, the crossovers and the sizes measured.
+
+    python bench/cost_model.py [--sizes 1,4,16] [--repeats 5] [--csv FILE] [--model-mb 4.36]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MiB = 1 << 20
+PEERS = (8, 16, 32, 64, 128, 256, 512, 1024)
+GBITS = (1.0, 10.0, 25.0, 100.0)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """``T = alpha + beta · bytes`` (seconds, seconds per byte) and how well it fits."""
+
+    alpha: float
+    beta: float
+    r2: float
+
+
+def fit_line(sizes: Sequence[float], times: Sequence[float]) -> Fit:
+    """Least squares of ``times = alpha + beta · sizes`` (at least two distinct sizes); alpha
+    is clamped at 0 (a negative latency is an artefact of noise, not a prediction)."""
+    if len(sizes) != len(times) or len(set(sizes)) < 2:
+        raise ValueError("fit_line needs matching series with at least two distinct sizes")
+    mx, my = statistics.fmean(sizes), statistics.fmean(times)
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    beta = sum((x - mx) * (y - my) for x, y in zip(sizes, times, strict=True)) / sxx
+    alpha = max(0.0, my - beta * mx)
+    ss_tot = sum((y - my) ** 2 for y in times) or 1e-30
+    ss_res = sum((y - alpha - beta * x) ** 2 for x, y in zip(sizes, times, strict=True))
+    return Fit(alpha, beta, 1.0 - ss_res / ss_tot)
+
+
+def fit_ring_allreduce(series: dict[int, list[tuple[float, float]]]) -> Fit:
+    """α, β of ``T = 2(n−1)·α + 2(n−1)/n·M·β`` from (M, T) series per rank count n: a line
+    through the origin-free design (2(n−1), 2(n−1)/n·M) solved by the 2×2 normal equations."""
+    rows = [(2.0 * (n - 1), 2.0 * (n - 1) / n * m, t) for n, pts in series.items() for m, t in pts]
+    if len(rows) < 2:
+        raise ValueError("fit_ring_allreduce needs at least two points")
+    s11 = sum(a * a for a, _, _ in rows)
+    s12 = sum(a * b for a, b, _ in rows)
+    s22 = sum(b * b for _, b, _ in rows)
+    t1 = sum(a * t for a, _, t in rows)
+    t2 = sum(b * t for _, b, t in rows)
+    det = s11 * s22 - s12 * s12
+    if det == 0:
+        raise ValueError("degenerate all-reduce series (one rank count and one size?)")
+    alpha = max(0.0, (t1 * s22 - t2 * s12) / det)
+    beta = (s11 * t2 - s12 * t1) / det
+    ts = [t for _, _, t in rows]
+    mt = statistics.fmean(ts)
+    ss_tot = sum((t - mt) ** 2 for t in ts) or 1e-30
+    ss_res = sum((t - alpha * a - beta * b) ** 2 for a, b, t in rows)
+    return Fit(alpha, beta, 1.0 - ss_res / ss_tot)
+
+
+@dataclass(frozen=True)
+class Model:
+    allreduce: Fit
+    gossip: Fit
+    compute_s: float
+    model_bytes: float
+
+    def allreduce_s(self, n: int, rate: float) -> float:
+        a, b = self.allreduce.alpha, self.allreduce.beta
+        return 2 * (n - 1) * a + 2 * (n - 1) / n * self.model_bytes * (b + 1.0 / rate)
+
+    def gossip_s(self, rate: float, degree: int, wire_scale: float = 1.0) -> float:
+        m = self.model_bytes * wire_scale
+        return self.gossip.alpha + degree * m * (self.gossip.beta + 1.0 / rate)
+
+    def step_s(self, comm_s: float, overlap: bool) -> float:
+        return max(self.compute_s, comm_s) if overlap else self.compute_s + comm_s
+
+
+def predictions(model: Model, overlap: bool = True) -> list[dict[str, Any]]:
+    """One row per (link Gbit/s, n): ms per step of each contender."""
+
+    def row(gbit: float, n: int) -> dict[str, Any]:
+        rate = gbit * 1e9 / 8
+
+        def ms(comm_s: float) -> float:
+            return 1e3 * model.step_s(comm_s, overlap)
+
+        return {
+            "gbit_s": gbit,
+            "n": n,
+            "allreduce_ms": ms(model.allreduce_s(n, rate)),
+            "ring_ms": ms(model.gossip_s(rate, 2)),
+            "ring_bf16_ms": ms(model.gossip_s(rate, 2, 0.5)),
+            "exp_ms": ms(model.gossip_s(rate, 1)),
+            "exp_bf16_ms": ms(model.gossip_s(rate, 1, 0.5)),
+        }
+
+    return [row(g, n) for g in GBITS for n in PEERS]
+
+
+def crossover(model: Model, gbit: float, contender: str) -> int | None:
+    """The smallest n (a power of two from 2 to 2^20) from which ``contender``'s step is
+    faster than ring all-reduce's; None if never (gossip's cost does not grow with n, all-reduce's
+    latency term does, so beyond some n it always is unless α_ar = 0)."""
+    rate = gbit * 1e9 / 8
+    degree, scale = {"ring": (2, 1.0), "exp": (1, 1.0), "exp_bf16": (1, 0.5)}[contender]
+    g = model.step_s(model.gossip_s(rate, degree, scale), overlap=True)
+    for k in range(1, 21):
+        n = 1 << k
+        if g < model.step_s(model.allreduce_s(n, rate), overlap=True):
+            return n
+    return None
+
+
+# -- measurements --------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _time(op: Any, repeats: int, barrier: Any) -> float:
+    """Median seconds of ``op()`` over ``repeats``, after two discarded, a barrier before each."""
+    times = []
+    for k in range(repeats + 2):
+        barrier()
+        t0 = time.perf_counter()
+        op()
+        if k >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _compute_s(steps: int) -> tuple[float, int]:
+    """Median seconds of one step of `bench/step_overhead.py`'s workload, and its parameters."""
+    import torch
+
+    from bench.step_overhead import _mlp, _workload
+
+    torch.manual_seed(0)
+    model = _mlp()
+    opt, x, y, loss_fn = _workload(model, 0)
+    k = 0
+
+    def step() -> None:
+        nonlocal k
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x[k % 64]), y[k % 64]).backward()
+        opt.step()
+        k += 1
+
+    return _time(step, steps, lambda: None), sum(p.numel() for p in model.parameters())
+
+
+def _gloo_worker(rank: int, port: int, sizes: list[int], repeats: int, out: Any) -> None:
+    """One of four gloo ranks: all-reduce among all four and among ranks 0–1, and a
+    ``batch_isend_irecv`` exchange between ranks 0 and 1; rank 0 also times the compute step
+    first (alone: the others wait for it in ``init_process_group``)."""
+    import torch
+    import torch.distributed as dist
+
+    from concord.peer.memory import tune_malloc
+
+    tune_malloc()
+    torch.set_num_threads(1)
+    compute = _compute_s(50) if rank == 0 else None
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    pair = dist.new_group([0, 1])
+    result: dict[str, dict[int, float]] = {"allreduce4": {}, "allreduce2": {}, "p2p": {}}
+    other = 1 - rank  # ranks 0 and 1 exchange
+    for size in sizes:
+        x = torch.ones(size // 4)
+        got = torch.empty_like(x)
+        result["allreduce4"][size] = _time(lambda x=x: dist.all_reduce(x), repeats, dist.barrier)
+        if rank < 2:
+
+            def exchange(x: torch.Tensor = x, got: torch.Tensor = got) -> None:
+                ops = [dist.P2POp(dist.isend, x, other), dist.P2POp(dist.irecv, got, other)]
+                for req in dist.batch_isend_irecv(ops):
+                    req.wait()
+
+            def sync() -> None:
+                dist.barrier(group=pair)
+
+            result["allreduce2"][size] = _time(
+                lambda x=x: dist.all_reduce(x, group=pair), repeats, sync
+            )
+            result["p2p"][size] = _time(exchange, repeats, sync)
+        dist.barrier()
+    if rank == 0:
+        out.put((compute, result))
+    dist.destroy_process_group()
+
+
+def gloo_measure(
+    sizes: list[int], repeats: int
+) -> tuple[tuple[float, int], dict[str, dict[int, float]]]:
+    """(compute seconds per step, parameters), and rank 0's median seconds per size of each
+    gloo series (``allreduce4``, ``allreduce2``, ``p2p``)."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_gloo_worker, args=(r, port, sizes, repeats, out)) for r in range(4)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        compute, result = out.get(timeout=900)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    return compute, result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sizes", default="1,4,16", help="MiB, comma-separated (≥ 2 sizes)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model-mb", type=float, default=None, help="M (default: the MLP's)")
+    parser.add_argument("--csv", type=Path, default=None, help="write the predictions here")
+    args = parser.parse_args(argv)
+    sizes = [int(float(s) * MiB) for s in args.sizes.split(",") if s.strip()]
+    if len(set(sizes)) < 2 or min(sizes) <= 0:
+        parser.error(f"--sizes needs at least two distinct positive sizes; got {args.sizes!r}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be ≥ 1; got {args.repeats}")
+    from bench._grpc import grpc_exchange
+
+    t0 = time.perf_counter()
+    (compute_s, params), gloo = gloo_measure(sizes, args.repeats)
+    print(f"compute: {1e3 * compute_s:.2f} ms/step ({params} parameters, one thread)")
+    ar = {4: gloo["allreduce4"], 2: gloo["allreduce2"]}
+    p2p = gloo["p2p"]
+    concord = {s: statistics.median(grpc_exchange(s, args.repeats)) for s in sizes}
+    for s in sizes:
+        print(
+            f"{s / MiB:6.1f} MiB: gloo all-reduce n=2 {1e3 * ar[2][s]:7.2f} ms, n=4 "
+            f"{1e3 * ar[4][s]:7.2f} ms; gloo p2p {1e3 * p2p[s]:7.2f} ms; Concord gRPC "
+            f"{1e3 * concord[s]:7.2f} ms"
+        )
+    fit_ar = fit_ring_allreduce({n: [(s, ar[n][s]) for s in sizes] for n in ar})
+    fit_p2p = fit_line(sizes, [p2p[s] for s in sizes])
+    fit_g = fit_line(sizes, [concord[s] for s in sizes])
+    for name, f in (("ring all-reduce", fit_ar), ("gloo p2p", fit_p2p), ("Concord", fit_g)):
+        print(
+            f"fit {name}: alpha {1e6 * f.alpha:.1f} µs, beta {1e9 * f.beta:.3f} ns/B "
+            f"({1e-9 / f.beta if f.beta > 0 else float('inf'):.2f} GB/s), R² {f.r2:.4f}"
+        )
+    model_bytes = args.model_mb * 1e6 if args.model_mb else 4.0 * params
+    model = Model(fit_ar, fit_g, compute_s, model_bytes)
+    rows = predictions(model)
+    print(f"\npredicted ms/step (M = {model_bytes / 1e6:.2f} MB, overlap on for all):")
+    print(f"{'Gbit/s':>7} {'n':>5} {'allreduce':>10} {'ring':>8} {'ring bf16':>10} {'exp':>8}")
+    for r in rows:
+        print(
+            f"{r['gbit_s']:7g} {r['n']:5d} {r['allreduce_ms']:10.2f} {r['ring_ms']:8.2f} "
+            f"{r['ring_bf16_ms']:10.2f} {r['exp_ms']:8.2f}"
+        )
+    if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        with args.csv.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    cross = {
+        f"{c}@{g:g}gbit": crossover(model, g, c) for c in ("ring", "exp", "exp_bf16") for g in GBITS
+    }
+    print("crossover n (gossip faster from):", cross)
+    print(
+        json.dumps(
+            {
+                "compute_ms": round(1e3 * compute_s, 3),
+                "model_mb": round(model_bytes / 1e6, 3),
+                "sizes_mib": [s / MiB for s in sizes],
+                "allreduce_alpha_us": round(1e6 * fit_ar.alpha, 2),
+                "allreduce_beta_ns_per_byte": round(1e9 * fit_ar.beta, 4),
+                "allreduce_r2": round(fit_ar.r2, 4),
+                "gloo_p2p_alpha_us": round(1e6 * fit_p2p.alpha, 2),
+                "gloo_p2p_beta_ns_per_byte": round(1e9 * fit_p2p.beta, 4),
+                "concord_alpha_us": round(1e6 * fit_g.alpha, 2),
+                "concord_beta_ns_per_byte": round(1e9 * fit_g.beta, 4),
+                "concord_r2": round(fit_g.r2, 4),
+                "crossover_n": cross,
+                "wall_s": round(time.perf_counter() - t0, 1),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
