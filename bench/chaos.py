@@ -1214,10 +1214,14 @@ def case_mailbox_flood(ctx: Ctx, d: dict[str, Any]) -> bool:
             fits = await tb._send(ch, tb._messages(0, step=1, round=1))
             d["serves_after"] = isinstance(fits, list) and fits[0].status == pb.ACK_OK
             tensor = tb.DIM * 4
+            # every refusal is the server's "overload" (its counter), whatever grpcio's client
+            # reports when it loses the status to its own write race (`tb._refused_with`)
+            exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
             return (
                 d["accepted"] <= 2
                 and d["held_bytes"] <= 2 * tensor
-                and all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
+                and all(tb._refused_with(e, exhausted) for e in refused)
+                and d["rejected"] == {"overload": len(refused)}
                 and 0 in arrived
                 and bool(d["serves_after"])
             )
