@@ -7,7 +7,9 @@ orchestrator never import torch.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -478,7 +480,14 @@ def _sweep_preset(
     type=click.Path(dir_okay=False, path_type=Path),
     help="the run's TOML config",
 )
-@click.option("--id", "peer_id", required=True, type=click.IntRange(min=0), help="this peer's id")
+@click.option(
+    "--id",
+    "peer_id",
+    default=None,
+    type=click.IntRange(min=0),
+    help="this peer's id (default: from the launcher: CONCORD_PEER_ID, RANK, SLURM_PROCID, "
+    "JOB_COMPLETION_INDEX or a StatefulSet hostname's ordinal)",
+)
 @click.option(
     "--listen",
     default=None,
@@ -507,7 +516,7 @@ def _sweep_preset(
 @_resume_step_option
 def peer(
     config: Path,
-    peer_id: int,
+    peer_id: int | None,
     listen: str | None,
     advertise: str | None,
     broker: str | None,
@@ -519,9 +528,15 @@ def peer(
 ) -> None:
     """Run one peer: its replica, a gRPC server, and links to its graph neighbours."""
     from concord.peer.app import CertError, PeerConfigError, run_peer
+    from concord.peer.launcher import LauncherError, resolve_identity
 
     _check_advertise(advertise)
     cfg = _run_config(config, overrides, broker=broker)
+    try:
+        identity = resolve_identity(peer_id, os.environ, socket.gethostname(), cfg.peers)
+    except LauncherError as exc:
+        _fail(str(exc))
+    peer_id = identity.peer_id
     if cfg.orchestrator.broker is not None and run_id is None and not cfg.name:
         _fail(
             "a peer that follows an orchestrator needs the run's id: set 'name' in the config "
@@ -552,6 +567,7 @@ def peer(
             advertise=advertise,
             run_id=run_id,
             resume_step=resume_step,
+            identity=identity,
         )
     except (ConfigError, PeerConfigError, CertError) as exc:
         _fail(str(exc))

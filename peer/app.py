@@ -56,6 +56,7 @@ from concord.errors import PeerConfigError as PeerConfigError
 from concord.peer.certs import CertError
 from concord.peer.comm import PeerComm
 from concord.peer.coordination import STOP_WAIT, OrchestratedCoordination, StaticCoordination
+from concord.peer.launcher import Identity
 from concord.peer.memory import tune_malloc
 from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 from concord.peer.tls import load_credentials
@@ -156,9 +157,12 @@ class PeerProcess:
         advertise: str | None = None,
         run_id: str | None = None,
         resume_step: int | None = None,
+        identity: Identity | None = None,
     ) -> None:
         self.cfg = cfg
         self.peer_id = peer_id
+        # where the id (and GPU index) came from: --id or the launcher (`concord.peer.launcher`)
+        self.identity = identity or Identity(peer_id, "--id")
         self.broker = broker or cfg.orchestrator.broker
         self.run_id = run_id or cfg.name or ("concord" if self.broker else "static")
         if self.broker is None:
@@ -197,12 +201,21 @@ class PeerProcess:
             out, cfg, run=self.run_id, flush_every=1, resume_after=after, peer=peer_id
         )
         self.log = structlog.get_logger(__name__)
+        if self.identity.source != "--id" or self.identity.local_source is not None:
+            self.log.info(
+                "peer.identity",
+                source=self.identity.source,
+                local_index=self.identity.local_index,
+                local_source=self.identity.local_source,
+            )
 
     def _device(self) -> torch.device:
         gpus = torch.cuda.device_count() if self.cfg.device in ("auto", "cuda") else 0
         if self.cfg.device.startswith("cuda:"):
             return torch.device(self.cfg.device)
-        return torch.device(f"cuda:{self.peer_id % gpus}") if gpus else torch.device("cpu")
+        local = self.identity.local_index  # LOCAL_RANK / SLURM_LOCALID, when a launcher set it
+        index = self.peer_id if local is None else local
+        return torch.device(f"cuda:{index % gpus}") if gpus else torch.device("cpu")
 
     def neighbours_ever(self, runner: StepRunner) -> list[int]:
         n, i = self.cfg.peers, self.peer_id
@@ -747,6 +760,7 @@ def run_peer(
     advertise: str | None = None,
     run_id: str | None = None,
     resume_step: int | None = None,
+    identity: Identity | None = None,
 ) -> int:
     from concord.runtime.lifecycle import die_with_parent
 
@@ -760,6 +774,7 @@ def run_peer(
         advertise=advertise,
         run_id=run_id,
         resume_step=resume_step,
+        identity=identity,
     )
     with asyncio.Runner() as runner:
         code = runner.run(process.main())

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
@@ -35,13 +36,27 @@ def write_config(path: Path, peers: int, extra: str = "", *, deadline: float = 5
 class Peers:
     """n peer processes (spawned with subprocess, never forked from a torch process)."""
 
-    def __init__(self, config: Path, out: Path, ids: list[int]) -> None:
+    def __init__(
+        self,
+        config: Path,
+        out: Path,
+        ids: list[int],
+        *,
+        launcher: Mapping[int, dict[str, str]] | None = None,
+    ) -> None:
+        """``launcher``: per id, the environment a launcher would set (RANK, …) in place of
+        ``--id``."""
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.out = out
         self._logs: list[IO[bytes]] = []
         for i in ids:
             log = open(out / f"peer-{i}.stderr", "wb")  # noqa: SIM115 - closed in kill_all()
             self._logs.append(log)
+            by_launcher = launcher is not None and i in launcher
+            ident = [] if by_launcher else ["--id", str(i)]
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            if launcher is not None and by_launcher:
+                env.update(launcher[i])
             self.procs[i] = subprocess.Popen(
                 [
                     sys.executable,
@@ -50,14 +65,13 @@ class Peers:
                     "peer",
                     "--config",
                     str(config),
-                    "--id",
-                    str(i),
+                    *ident,
                     "--out",
                     str(out / f"peer-{i}"),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=env,
             )
 
     def wait(self, timeout: float = 120) -> dict[int, int]:
