@@ -1,12 +1,15 @@
 """The docker compose files in ``compose/`` agree with each other, the run config and the CLI.
 
+They are the output of ``concord compose`` for 4 peers (tests/compose/test_compose_gen.py checks
+that, and runs the checks below on larger generated stacks).
+
 There is no Docker engine in CI, so the files are checked statically: every YAML file parses;
 each stack (``compose.yaml`` alone and with each overlay ``compose.*.yaml``, merged the way
 compose merges them) is checked for images and builds, the Dockerfile and its build context, peer
-ids against ``compose/run.toml``, service names behind ``--advertise`` and ``--broker``, the
-Mosquitto config, the mTLS material (made with the commands of ``compose/README.md`` into a
+ids against ``compose/run.toml``, service names behind ``--advertise`` and the broker URL, the
+Mosquitto config, the mTLS material (made with the commands of ``compose/certs.sh`` into a
 temporary directory and checked like a peer checks it) and, with the real click CLI, every
-``concord`` command line.
+``concord`` command line. Settings the overlays add are ``CONCORD_*`` environment variables.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"  # the project directory: relative paths in every file resolve here
 BASE = "compose.yaml"
 OVERLAYS = sorted(p.name for p in COMPOSE.glob("compose.*.yaml"))
-STACKS = [(BASE,), *((BASE, overlay) for overlay in OVERLAYS)]
+STACKS = [(BASE,), *((BASE, overlay) for overlay in OVERLAYS), (BASE, *OVERLAYS)]
 YAML_FILES = sorted(p for p in COMPOSE.rglob("*") if p.suffix in (".yaml", ".yml"))
 RUN_TOML = COMPOSE / "run.toml"
 DOCKERFILE = COMPOSE / "Dockerfile"
 MOSQUITTO_CONF = COMPOSE / "mosquitto" / "mosquitto.conf"
-TLS_PREFIX = "network.tls."
+TLS_PREFIX = "CONCORD_NETWORK__TLS__"
+BROKER_ENV = "CONCORD_ORCHESTRATOR__BROKER"
+# the entrypoint of compose.shape.yaml: cap the link with tc, then `concord <command>`
+SHAPE_ENTRYPOINT_END = 'exec concord "$@"'
 
 TOP_LEVEL_KEYS = {"name", "services", "volumes", "networks", "configs", "secrets", "include"}
 # the service keys a typo would most likely imitate (the compose spec has more; add when used)
@@ -91,7 +97,7 @@ class Mount:
     read_only: bool
 
 
-def _mount(volume: str | Mapping[str, Any]) -> Mount:
+def _mount(volume: str | Mapping[str, Any], root: Path = COMPOSE) -> Mount:
     """A volume entry, short (``src:target[:ro]``) or long syntax; host paths resolved."""
     source: str | None
     if isinstance(volume, str):
@@ -104,19 +110,23 @@ def _mount(volume: str | Mapping[str, Any]) -> Mount:
         source, target = volume.get("source"), volume["target"]
         read_only = bool(volume.get("read_only", False))
     if source is not None and source.startswith((".", "/", "~")):
-        source = str((COMPOSE / Path(source).expanduser()).resolve())
+        source = str((root / Path(source).expanduser()).resolve())
     return Mount(source, target, read_only)
 
 
-def _merge(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    """Compose's merge for the keys used here: `volumes` by target, mappings key by key, every
-    other key (`command`, `entrypoint`, `image` …) replaced."""
+def _merge(
+    base: dict[str, Any], overlay: Mapping[str, Any], root: Path = COMPOSE
+) -> dict[str, Any]:
+    """Compose's merge for the keys used here: `volumes` by target, `cap_add` as a set,
+    mappings key by key, every other key (`command`, `entrypoint`, `image` …) replaced."""
     out = dict(base)
     for key, value in overlay.items():
         if key == "volumes" and key in out:
-            by_target = {_mount(v).target: v for v in out[key]}
-            by_target.update({_mount(v).target: v for v in value})
+            by_target = {_mount(v, root).target: v for v in out[key]}
+            by_target.update({_mount(v, root).target: v for v in value})
             out[key] = list(by_target.values())
+        elif key == "cap_add" and key in out:
+            out[key] = sorted({*out[key], *value})
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = {**out[key], **value}
         else:
@@ -129,16 +139,28 @@ class Stack:
     files: tuple[str, ...]
     services: dict[str, dict[str, Any]]
     volumes: dict[str, Any]
+    root: Path = COMPOSE
 
     def concord(self) -> Iterator[tuple[str, list[str]]]:
         """(service, argv after `concord`) of every service running the Concord image."""
         for name, service in self.services.items():
             if "build" in service:
-                assert "entrypoint" not in service, f"{name}: keep the image's ENTRYPOINT"
+                entrypoint = service.get("entrypoint")
+                assert entrypoint is None or entrypoint[-2].endswith(SHAPE_ENTRYPOINT_END), (
+                    f"{name}: keep the image's ENTRYPOINT (or end with {SHAPE_ENTRYPOINT_END})"
+                )
                 command = service.get("command")
                 assert isinstance(command, list), f"{name}: command must be a list (exec form)"
                 assert all(isinstance(a, str) for a in command), f"{name}: {command}"
                 yield name, command
+
+    def env(self, name: str) -> dict[str, str]:
+        environment = self.services[name].get("environment", {})
+        assert isinstance(environment, dict), f"{name}: environment as a mapping"
+        return {k: str(v) for k, v in environment.items()}
+
+    def mounts(self, name: str) -> dict[str, Mount]:
+        return {m.target: m for m in (_mount(v, self.root) for v in self.services[name]["volumes"])}
 
     def mosquitto(self) -> str:
         names = [n for n, s in self.services.items() if s.get("image", "").startswith("eclipse-")]
@@ -146,15 +168,15 @@ class Stack:
         return names[0]
 
 
-def _stack(files: tuple[str, ...]) -> Stack:
+def _stack(files: tuple[str, ...], root: Path = COMPOSE) -> Stack:
     services: dict[str, dict[str, Any]] = {}
     volumes: dict[str, Any] = {}
     for file in files:
-        data = _interpolate(_load(COMPOSE / file), file)
+        data = _interpolate(_load(root / file), file)
         for name, service in data["services"].items():
-            services[name] = _merge(services.get(name, {}), service)
+            services[name] = _merge(services.get(name, {}), service, root)
         volumes.update(data.get("volumes") or {})
-    return Stack(files, services, volumes)
+    return Stack(files, services, volumes, root)
 
 
 def _options(argv: list[str]) -> dict[str, list[str]]:
@@ -240,7 +262,8 @@ def test_build_context_is_the_repository_root(files: tuple[str, ...]) -> None:
         context = (COMPOSE / build["context"]).resolve()
         assert context == ROOT, f"{name}: build context {context} is not the repository root"
         assert (context / build["dockerfile"]).resolve() == DOCKERFILE, name
-        assert stack.services[name].get("image") == "concord:local", f"{name}: one shared image"
+        image = stack.services[name].get("image")
+        assert image in ("concord:local", "concord:cuda"), f"{name}: image {image}"
 
 
 @pytest.mark.parametrize("files", STACKS, ids=_stack_id)
@@ -257,7 +280,11 @@ def test_mounts_are_declared_volumes_or_repository_files(files: tuple[str, ...])
             path = Path(mount.source)
             assert path.is_relative_to(ROOT), f"{name}: mounts {path}, outside the repository"
             # made before the run (compose/certs by `concord certs`) and kept out of git
-            generated = path.is_relative_to(COMPOSE) and f"{path.relative_to(COMPOSE)}/" in ignored
+            generated = path.is_relative_to(COMPOSE) and any(
+                f"{parent.relative_to(COMPOSE)}/" in ignored
+                for parent in path.parents
+                if parent.is_relative_to(COMPOSE) and parent != COMPOSE
+            )
             assert path.exists() or generated, f"{name}: mounts {path}, which does not exist"
 
 
@@ -276,13 +303,22 @@ def test_dockerfile_installs_cpu_torch_first_and_runs_concord_unprivileged() -> 
     steps = _dockerfile()
     assert steps[0] == ("FROM", "python:3.11-slim")
     runs = [args for ins, args in steps if ins == "RUN"]
-    torch = next(i for i, r in enumerate(runs) if "torch" in r)
-    assert (
-        "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-        in (runs[torch])
+    torch = next(i for i, r in enumerate(runs) if "pip install torch" in r)
+    assert 'pip install torch==2.13.0 --index-url "${TORCH_INDEX}"' in runs[torch]
+    assert ("ARG", "TORCH_INDEX=https://download.pytorch.org/whl/cpu") in steps, "CPU by default"
+    bootstrap = (ROOT / "scripts" / "bootstrap").read_text(encoding="utf-8")
+    assert "${CONCORD_TORCH:-torch==2.13.0}" in bootstrap, "the same pin as scripts/bootstrap"
+    deps = next(i for i, r in enumerate(runs) if "['project']['dependencies']" in r)
+    project = next(i for i, r in enumerate(runs) if re.search(r"pip install .*\s\.(\s|$)", r))
+    assert torch < deps < project, "torch, then the dependencies, then the project"
+    assert "--no-deps" in runs[project], "the source layer installs no dependencies"
+    copies = [i for i, (ins, _) in enumerate(steps) if ins == "COPY"]
+    deps_step = next(i for i, (ins, a) in enumerate(steps) if ins == "RUN" and a == runs[deps])
+    assert [steps[i][1] for i in copies if i < deps_step] == ["pyproject.toml README.md ./"], (
+        "only pyproject.toml (and the readme it names) before the dependencies: a source "
+        "change must not invalidate their layer"
     )
-    project = next(i for i, r in enumerate(runs) if re.search(r"pip install \.(\s|$)", r))
-    assert torch < project, "torch must be installed before the project (or pip pulls CUDA)"
+    assert all("--mount=type=cache,target=/root/.cache/pip" in r for r in runs if "pip " in r)
     users = [args for ins, args in steps if ins == "USER"]
     assert users, "the image must not run as root"
     assert users[-1] not in ("root", "0"), "the image must not run as root"
@@ -383,14 +419,17 @@ def test_every_concord_container_uses_the_mosquitto_service(files: tuple[str, ..
     stack = _stack(files)
     broker = stack.mosquitto()
     service = stack.services[broker]
-    mounts = {m.target: m for m in map(_mount, service["volumes"])}
-    conf = mounts.get("/mosquitto/config/mosquitto.conf")
+    conf = stack.mounts(broker).get("/mosquitto/config/mosquitto.conf")
     assert conf is not None, f"{broker}: mosquitto.conf is not mounted"
-    assert conf.source == str(MOSQUITTO_CONF), conf
+    auth = "compose.auth.yaml" in files
+    name = "mosquitto.auth.conf" if auth else "mosquitto.conf"
+    assert conf.source == str(MOSQUITTO_CONF.with_name(name)), conf
     assert conf.read_only, conf
+    expected = ("mqtts", broker, 8883) if auth else ("mqtt", broker, 1883)
     for name, argv in stack.concord():
-        url = urlsplit(_one(_options(argv), "--broker", name))
-        assert (url.scheme, url.hostname, url.port) == ("mqtt", broker, 1883), f"{name}: {url}"
+        assert "--broker" not in argv, f"{name}: the broker comes from {BROKER_ENV}"
+        url = urlsplit(stack.env(name)[BROKER_ENV])
+        assert (url.scheme, url.hostname, url.port) == expected, f"{name}: {url}"
         depends_on = stack.services[name].get("depends_on", {})
         assert broker in depends_on, f"{name}: does not depend on {broker}"
         if isinstance(depends_on, dict) and depends_on[broker].get("condition") == (
@@ -408,49 +447,48 @@ def _certs_commands(text: str) -> list[list[str]]:
     ]
 
 
-TLS_STACKS = [(BASE, "compose.tls.yaml")]
+TLS_STACKS = [f for f in STACKS if "compose.tls.yaml" in f]
 
 
 def test_only_the_tls_overlay_enables_tls() -> None:
-    tls = [f for f in STACKS if any(TLS_PREFIX in a for _, v in _stack(f).concord() for a in v)]
+    tls = [
+        f
+        for f in STACKS
+        if any(k.startswith(TLS_PREFIX) for n, _ in _stack(f).concord() for k in _stack(f).env(n))
+    ]
     assert tls == TLS_STACKS
     assert "certs/" in (COMPOSE / ".gitignore").read_text(encoding="utf-8").split(), (
         "compose/certs holds private keys: it must be git-ignored"
     )
 
 
-@pytest.mark.parametrize("files", TLS_STACKS, ids=_stack_id)
-def test_tls_overlay_commands_are_the_base_ones_plus_tls(files: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlays_repeat_no_command(overlay: str) -> None:
+    """Overlays add settings as environment variables: a command repeated per overlay drifts."""
+    for name, service in _load(COMPOSE / overlay)["services"].items():
+        assert "command" not in (service if isinstance(service, dict) else {}), (
+            f"{overlay}: {name} repeats its command"
+        )
     base = dict(_stack((BASE,)).concord())
-    for name, argv in _stack(files).concord():
-        rest, i = [], 0
-        while i < len(argv):
-            if argv[i] == "--set" and argv[i + 1].startswith(TLS_PREFIX):
-                i += 2
-            else:
-                rest.append(argv[i])
-                i += 1
-        assert rest == base[name], f"{name}: the overlay's command drifted from compose.yaml"
+    assert dict(_stack((BASE, overlay)).concord()) == base
 
 
 @pytest.mark.parametrize("files", TLS_STACKS, ids=_stack_id)
-def test_tls_material_from_the_readme_commands_works_for_every_peer(
+def test_tls_material_from_certs_sh_works_for_every_peer(
     files: tuple[str, ...], tmp_path: Path
 ) -> None:
-    """Run the README's `concord certs` commands into tmp_path, then check each peer's files as
+    """Run certs.sh's `concord certs` commands into tmp_path, then check each peer's files as
     the peer does (chain, key pair, usage) and that its certificate names its advertised host."""
     from cryptography import x509
 
     from concord.lab.cli import main
     from concord.peer.tls import expand, load_material
 
-    readme = _certs_commands((COMPOSE / "README.md").read_text(encoding="utf-8"))
-    overlay = _certs_commands((COMPOSE / files[-1]).read_text(encoding="utf-8"))
-    assert readme, "compose/README.md shows no `concord certs` commands"
-    assert readme == overlay, "README and overlay comment list different commands"
+    script = _certs_commands((COMPOSE / "certs.sh").read_text(encoding="utf-8"))
+    assert script, "compose/certs.sh has no `concord certs` commands"
     cfg = load_config(RUN_TOML, environ={})
-    for args in readme:
-        assert args[args.index("--dir") + 1] == "compose/certs"
+    for args in script:
+        assert args[args.index("--dir") + 1] == "certs", "certs.sh runs in its own folder"
         if "--run-id" in args:
             assert args[args.index("--run-id") + 1] == cfg.name
         args[args.index("--dir") + 1] = str(tmp_path)
@@ -460,18 +498,17 @@ def test_tls_material_from_the_readme_commands_works_for_every_peer(
     stack = _stack(files)
     for name, opts in _peers(stack).items():
         peer_id = int(_one(opts, "--id", name))
-        overrides = [s for s in opts.get("--set", []) if s.startswith(TLS_PREFIX)]
-        tls = load_config(RUN_TOML, overrides, environ={}).network.tls
+        tls = load_config(RUN_TOML, environ=stack.env(name)).network.tls
         assert tls is not None, name
-        mounts = {m.target: m for m in map(_mount, stack.services[name]["volumes"])}
+        mounts = stack.mounts(name)
         paths = []
         for template in (tls.ca, tls.cert, tls.key):
-            path = PurePosixPath(expand(template, peer_id).as_posix())
-            target = next((t for t in mounts if path.is_relative_to(t)), None)
-            assert target is not None, f"{name}: {path} is on no mount"
-            assert mounts[target].source == str(COMPOSE / "certs"), mounts[target]
-            assert mounts[target].read_only, mounts[target]
-            paths.append(tmp_path / path.relative_to(target))
+            path = expand(template, peer_id).as_posix()
+            assert path in mounts, f"{name}: {path} is not mounted (one file per mount)"
+            source = Path(mounts[path].source or "")
+            assert source.parent == COMPOSE / "certs", mounts[path]
+            assert mounts[path].read_only, mounts[path]
+            paths.append(tmp_path / source.name)
         load_material(*paths)
         cert = x509.load_pem_x509_certificate(paths[1].read_bytes())
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -507,21 +544,25 @@ def test_every_concord_container_of_a_tls_stack_signs_and_verifies(
 ) -> None:
     """With network.tls the control plane is signed: a container without the settings would
     refuse (or send) unsigned messages, so every Concord service carries the same ones, and the
-    orchestrator's signing material from the README's commands loads from its mount."""
+    orchestrator's signing material from certs.sh's commands loads from its mount."""
     from concord.lab.cli import main
     from concord.protos.signing import signing_for
 
     stack = _stack(files)
     settings = {
-        name: sorted(a for a in argv if a.startswith(TLS_PREFIX)) for name, argv in stack.concord()
+        name: {k: v for k, v in stack.env(name).items() if k.startswith(TLS_PREFIX)}
+        for name, _ in stack.concord()
     }
-    assert len(set(map(tuple, settings.values()))) == 1, settings
+    assert len({tuple(sorted(v.items())) for v in settings.values()}) == 1, settings
     assert "orchestrator" in settings
-    for args in _certs_commands((COMPOSE / "README.md").read_text(encoding="utf-8")):
+    for args in _certs_commands((COMPOSE / "certs.sh").read_text(encoding="utf-8")):
         args[args.index("--dir") + 1] = str(tmp_path)
         assert CliRunner().invoke(main, args).exit_code == 0, args
-    overrides = [s.replace("/certs/", f"{tmp_path}/") for s in settings["orchestrator"]]
-    cfg = load_config(RUN_TOML, overrides, environ={})
+    mounts = stack.mounts("orchestrator")
+    for own in ("/certs/ca.crt", "/certs/orchestrator.crt", "/certs/orchestrator.key"):
+        assert own in mounts, f"orchestrator: {own} is not mounted"
+    env = {k: v.replace("/certs/", f"{tmp_path}/") for k, v in settings["orchestrator"].items()}
+    cfg = load_config(RUN_TOML, environ=env)
     signing = signing_for(cfg, "orchestrator", cfg.name or "run")
     assert signing.signer is not None
     assert signing.verifier is not None
