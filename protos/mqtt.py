@@ -420,10 +420,7 @@ class Bus:
                     self._client = client_
                     for kind in self.kinds:
                         await client_.subscribe(self.topics.wildcard(kind), qos=TOPICS[kind].qos)
-                    for topic, body in list(self._retained.items()):
-                        spec = TOPICS[self.topics.parse(topic)[0]]
-                        payload = self._seal(topic, body)
-                        await client_.publish(topic, payload, qos=spec.qos, retain=True)
+                    await self._republish(client_)
                     self.connects += 1
                     self.connected_at = time.monotonic()
                     self.connected.set()
@@ -507,6 +504,21 @@ class Bus:
         receivers have seen the old bytes (a replay), and the sender's Last-Will may have been
         published since, which the re-publication must supersede, as it does unsigned."""
         return body if self.signer is None else self.signer.seal(topic, body)
+
+    async def _republish(self, client_: aiomqtt.Client) -> None:
+        """Re-publish every retained message on a new connection (the broker may have lost
+        them: a restart without persistence). A message `publish` retains meanwhile — it was
+        not sent: not connected yet — is caught by the next pass; the last pass finds nothing
+        new and the caller sets ``connected`` with no await in between, so from then on
+        `publish` sends itself. (Before, a peer's "done" retained during this loop was never
+        sent: the orchestrator waited for it until the peer left.)"""
+        sent: dict[str, bytes] = {}
+        while fresh := [(t, b) for t, b in self._retained.items() if sent.get(t) != b]:
+            for topic, body in fresh:
+                spec = TOPICS[self.topics.parse(topic)[0]]
+                payload = self._seal(topic, body)
+                await client_.publish(topic, payload, qos=spec.qos, retain=True)
+                sent[topic] = body
 
     async def publish(self, kind: str, message: Message, peer: int | None = None) -> bool:
         """Send one message with its topic's QoS/retain; False (and logged) if not connected."""
