@@ -2,11 +2,15 @@
 same steps with no communication and against what a user would pick instead on torch.distributed
 (gloo) with 4 processes on the same model — all measured in one run, on this machine.
 
-* peers: ``concord peer`` × 4 on loopback gRPC (static config), fp32 wire and bf16 wire
-  (``compression.codec = "bf16"``); time per step from each peer's training wall time (after the
-  start-up handshake), median over peers; and where a step's communication time went, from the
-  peers' step records (`concord.peer.comm.Breakdown`: encode, wait — sending, the wire, the
-  neighbours — and mix), medians over steps and peers;
+* peers: ``concord peer`` × 4 on loopback gRPC (static config) with ``overlap = true`` (each
+  step's gossip of x_t runs on the peer's event loop while its gradient is computed,
+  docs/algorithms.md#overlap), fp32 wire and bf16 wire (``compression.codec = "bf16"``), and fp32
+  without overlap ("local step, then gossip": the exchange after the computation); time per step
+  from each peer's training wall time (after the start-up handshake), median over peers; and
+  where a step's communication time went, from the peers' step records
+  (`concord.peer.comm.Breakdown`: encode, wait — blocked on the round: sending, the wire, the
+  neighbours — mix, and overlap — the round in flight while the gradient was computed), medians
+  over steps and peers;
 * compute only: 4 processes running the identical local work (`concord.core.task.ClassificationTask`
   forward/backward + the local Nesterov step), no communication;
 * gloo DDP: ``torch.nn.parallel.DistributedDataParallel`` over gloo (default bucketing, its
@@ -17,9 +21,11 @@ same steps with no communication and against what a user would pick instead on t
   directly on torch.distributed; its exchange alone is timed too.
 
 Every process uses 1 torch thread. Last line: a JSON object with the per-step milliseconds,
-``ratio_vs_gloo``, ``ratio_bf16_vs_gloo``, ``ratio_vs_compute_only``, ``ratio_vs_ddp_fp16_hook``
-and ``exchange_ratio_vs_gloo_gossip`` (Concord's exchange — encode + wait + mix per step — over
-gloo gossip's).
+``ratio_vs_gloo``, ``ratio_bf16_vs_gloo``, ``ratio_vs_compute_only`` and
+``ratio_vs_ddp_fp16_hook`` (Concord with overlap), ``ratio_no_overlap_vs_gloo`` (without), and
+``exchange_ratio_vs_gloo_gossip``: Concord's exchange alone — encode + wait + mix per step of the
+run without overlap, where nothing hides it — over gloo gossip's. ``exposed_comm_ms`` is what
+communication still costs the training thread with overlap on (encode + wait + mix).
 
     python bench/step_overhead.py [--steps 200] [--peers 4]
 """
@@ -53,10 +59,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config_text(n: int, epochs: float, addresses: list[str], codec: str = "none") -> str:
+def _config_text(
+    n: int, epochs: float, addresses: list[str], codec: str = "none", overlap: bool = False
+) -> str:
     addr = ", ".join(f'"{a}"' for a in addresses)
     return (
         f'name = "bench"\npeers = {n}\ntopology = "ring"\nalgorithm = "dsgd"\nepochs = {epochs}\n'
+        f"overlap = {str(overlap).lower()}\n"
         f'threads = 1\n[dataset]\nsamples = {SAMPLES}\n[model]\nname = "mlp"\n'
         f'hidden = {HIDDEN}\n[control]\nmode = "none"\n[eval]\nevery = 1000.0\n'
         f'[compression]\ncodec = "{codec}"\n'
@@ -69,17 +78,17 @@ def _epochs_for(steps: int, n: int) -> float:
     return steps / per_epoch
 
 
-BREAKDOWN = ("encode_ms", "wait_ms", "mix_ms")
+BREAKDOWN = ("encode_ms", "wait_ms", "mix_ms")  # communication the training thread pays
 
 
 def run_peers(
-    n: int, steps: int, workdir: Path, codec: str = "none"
+    n: int, steps: int, workdir: Path, codec: str = "none", *, overlap: bool = True
 ) -> tuple[float, dict[str, float]]:
     """Median seconds per step over the peers, and the median `Breakdown` fields (ms)."""
     workdir.mkdir(parents=True, exist_ok=True)
     addresses = [f"127.0.0.1:{_free_port()}" for _ in range(n)]
     config = workdir / "run.toml"
-    config.write_text(_config_text(n, _epochs_for(steps, n), addresses, codec))
+    config.write_text(_config_text(n, _epochs_for(steps, n), addresses, codec, overlap))
     procs = [
         subprocess.Popen(
             [
@@ -104,7 +113,7 @@ def run_peers(
         if p.wait(timeout=1800) != 0:
             raise RuntimeError("a peer failed")
     per_step = []
-    parts: dict[str, list[float]] = {k: [] for k in (*BREAKDOWN, "step_ms")}
+    parts: dict[str, list[float]] = {k: [] for k in (*BREAKDOWN, "overlap_ms", "step_ms")}
     for i in range(n):
         s = json.loads((workdir / f"peer-{i}" / "summary.json").read_text())
         per_step.append(s["wall_seconds"] / s["steps"])
@@ -263,18 +272,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         peers, parts = run_peers(n, steps, Path(d) / "fp32")
         bf16, parts_bf16 = run_peers(n, steps, Path(d) / "bf16", codec="bf16")
+        serial, parts_serial = run_peers(n, steps, Path(d) / "serial", overlap=False)
     compute = _spawn_all(_compute_worker, n, (steps, _epochs_for(steps, n)))
     gloo = _spawn_all(_gloo_worker, n, (steps, _free_port(), "none"))
     gloo_fp16 = _spawn_all(_gloo_worker, n, (steps, _free_port(), "fp16"))
     gossip, gossip_exchange = _spawn_all(_gossip_worker, n, (steps, _free_port()))
-    exchange = sum(parts.get(k, 0.0) for k in BREAKDOWN) / 1e3
+    exchange = sum(parts_serial.get(k, 0.0) for k in BREAKDOWN) / 1e3  # nothing hides it
+    exposed = sum(parts.get(k, 0.0) for k in BREAKDOWN) / 1e3
     print(
         f"{n} processes, ~1.09M-parameter MLP, local batch 16, 1 torch thread each, {steps} steps"
     )
-    print(f"  Concord peers (ring, D-SGD, gRPC)  {peers * 1e3:8.2f} ms/step")
+    print(f"  Concord peers (ring, D-SGD, gRPC, overlap)  {peers * 1e3:8.2f} ms/step")
     print("    per step (median ms): " + ", ".join(f"{k} {v}" for k, v in parts.items()))
-    print(f"  Concord peers, bf16 wire           {bf16 * 1e3:8.2f} ms/step")
+    print(f"  Concord peers, bf16 wire, overlap           {bf16 * 1e3:8.2f} ms/step")
     print("    per step (median ms): " + ", ".join(f"{k} {v}" for k, v in parts_bf16.items()))
+    print(f"  Concord peers, no overlap                   {serial * 1e3:8.2f} ms/step")
+    print("    per step (median ms): " + ", ".join(f"{k} {v}" for k, v in parts_serial.items()))
     print(f"  compute only (no communication)    {compute * 1e3:8.2f} ms/step")
     print(f"  torch.distributed gloo DDP         {gloo * 1e3:8.2f} ms/step")
     print(f"  gloo DDP, fp16_compress_hook       {gloo_fp16 * 1e3:8.2f} ms/step")
@@ -288,18 +301,23 @@ def main() -> None:
                 "benchmark": "step_overhead",
                 "processes": n,
                 "steps": steps,
+                "overlap": True,
                 "peers_ms": round(peers * 1e3, 3),
                 "peers_bf16_ms": round(bf16 * 1e3, 3),
+                "peers_no_overlap_ms": round(serial * 1e3, 3),
                 "breakdown_ms": parts,
                 "breakdown_bf16_ms": parts_bf16,
+                "breakdown_no_overlap_ms": parts_serial,
                 "compute_only_ms": round(compute * 1e3, 3),
                 "gloo_ms": round(gloo * 1e3, 3),
                 "gloo_fp16_hook_ms": round(gloo_fp16 * 1e3, 3),
                 "gloo_gossip_ms": round(gossip * 1e3, 3),
                 "gloo_gossip_exchange_ms": round(gossip_exchange * 1e3, 3),
                 "concord_exchange_ms": round(exchange * 1e3, 3),
+                "exposed_comm_ms": round(exposed * 1e3, 3),
                 "ratio_vs_compute_only": round(peers / compute, 3),
                 "ratio_vs_gloo": round(peers / gloo, 3),
+                "ratio_no_overlap_vs_gloo": round(serial / gloo, 3),
                 "ratio_bf16_vs_gloo": round(bf16 / gloo, 3),
                 "ratio_vs_ddp_fp16_hook": round(peers / gloo_fp16, 3),
                 "exchange_ratio_vs_gloo_gossip": round(exchange / gossip_exchange, 3),

@@ -13,6 +13,15 @@ tensors stay in the dtype/device they come in.
 
 A gossip round never raises because a neighbour is slow, dead or sends garbage: it returns a
 `MixOutcome` saying who answered and what weight was renormalised, and the mix uses what arrived.
+
+Overlap (start → handle → wait): `Comm.start_mix` and `Comm.start_allreduce_mean` start the same
+exchange as `mix` / `allreduce_mean` and return a `Pending` handle at once; ``handle.wait()``
+returns what the blocking call would have. In a peer the exchange runs on the event loop while the
+training thread computes (`concord.peer.comm.PeerComm`); in the vectorized engine the handle is
+complete when it is returned (the default here: the blocking call, run at start). Between start and
+wait the caller must leave ``x`` unchanged (a peer sends it without copying it) and start no other
+exchange. Algorithms use it to gossip x_t while the gradient at x_t is computed
+(docs/algorithms.md#overlap).
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -30,6 +39,7 @@ if TYPE_CHECKING:
 
 Edge = tuple[int, int]
 """A directed edge (src, dst) between global replica ids."""
+T = TypeVar("T")
 
 
 @dataclass
@@ -87,6 +97,32 @@ class MixResult:
     push: torch.Tensor | None = None
 
 
+class Pending(ABC, Generic[T]):
+    """An exchange started by `Comm.start_mix` or `Comm.start_allreduce_mean` (module
+    docstring): in flight until `wait` returns its result."""
+
+    @abstractmethod
+    def done(self) -> bool:
+        """Whether the exchange has ended (`wait` would not block); never blocks."""
+
+    @abstractmethod
+    def wait(self) -> T:
+        """Block until the exchange has ended; its result. A second call returns the same."""
+
+
+class Completed(Pending[T]):
+    """A handle whose exchange ended before it was returned (the in-memory engine)."""
+
+    def __init__(self, value: T) -> None:
+        self._value = value
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> T:
+        return self._value
+
+
 class Comm(ABC):
     """Abstract transport seen by `core` algorithms."""
 
@@ -129,6 +165,25 @@ class Comm(ABC):
     @abstractmethod
     def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
         """Exact average over all n replicas, returned for every local row ([k, d])."""
+
+    def start_mix(
+        self,
+        x: torch.Tensor,
+        W: np.ndarray,
+        *,
+        codec: Codec | None = None,
+        step: int = 0,
+        round: int = 0,
+        push: torch.Tensor | None = None,
+    ) -> Pending[MixResult]:
+        """`mix` without blocking (module docstring): the handle's `Pending.wait` returns its
+        `MixResult`. Leave ``x`` unchanged until then. Default: `mix` now, a completed handle."""
+        return Completed(self.mix(x, W, codec=codec, step=step, round=round, push=push))
+
+    def start_allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> Pending[torch.Tensor]:
+        """`allreduce_mean` without blocking (module docstring); leave ``x`` unchanged until
+        `Pending.wait`. Default: `allreduce_mean` now, a completed handle."""
+        return Completed(self.allreduce_mean(x, step=step))
 
     @abstractmethod
     def exchange(

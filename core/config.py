@@ -23,7 +23,13 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from concord.core.algorithms.catalog import CAST_CODECS, CATALOG, AlgorithmSpec, spec_of
+from concord.core.algorithms.catalog import (
+    CAST_CODECS,
+    CATALOG,
+    AlgorithmSpec,
+    overlap_algorithms,
+    spec_of,
+)
 from concord.core.graphs.graph import TopologyError
 from concord.core.graphs.topology import (
     DIRECTED_TOPOLOGIES,
@@ -230,6 +236,18 @@ class TLSConfig(_Section):
         return self
 
 
+class StragglerConfig(_Section):
+    """One slow peer, for experiments: after each training step peer ``peer`` sleeps
+    (``factor`` − 1) × the CPU time its training thread spent on that step, as if its processor
+    were ``factor`` times slower (`concord.peer.pace`). Real peers only: the vectorized
+    engine steps every replica in lockstep in one process and ignores it."""
+
+    peer: int = Field(ge=0, description="the slow peer's id (0 … peers − 1)")
+    factor: float = Field(
+        ge=1.0, le=100.0, description="its computation takes this many times as long (1: no-op)"
+    )
+
+
 class NetworkConfig(_Section):
     """The data plane of real peers (ignored by the vectorized engine)."""
 
@@ -265,6 +283,10 @@ class NetworkConfig(_Section):
         description="seconds a received stream may stay silent before the receiver closes it",
     )
     tls: TLSConfig | None = None
+    straggler: StragglerConfig | None = Field(
+        default=None,
+        description="slow one peer's computation down by a factor, e.g. {peer = 3, factor = 2.0}",
+    )
 
     @field_validator("addresses")
     @classmethod
@@ -423,6 +445,13 @@ class RunConfig(_Section):
         default_factory=dict,
         description="the algorithm's own hyperparameters (checked by the algorithm, by name)",
     )
+    overlap: bool = Field(
+        default=False,
+        description="overlap communication with computation: each step gossips x_t while its "
+        "gradient is computed, x_{t+1} = W x_t − η·u(∇f(x_t)) (combine-then-adapt, Lian et al. "
+        "2017; docs/algorithms.md#overlap). Admitted by "
+        + ", ".join(f"`{n}`" for n in overlap_algorithms()),
+    )
     plan: str | list[Literal["exact", "gossip"]] = "gossip"
     phase_topologies: list[str | None] | None = None
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
@@ -550,6 +579,13 @@ class RunConfig(_Section):
             varying = [t for t in used if t in TIME_VARYING]
             if varying:
                 problems.append(_time_varying_problem(varying[0], spec))
+        if self.overlap and not spec.overlap:
+            problems.append(
+                f"overlap: algorithm {self.algorithm!r} does not admit overlap — what {spec.title} "
+                "sends at step t is computed from that step's gradient, so its exchange cannot "
+                "start before the gradient; overlap = true applies to "
+                f"{', '.join(map(repr, overlap_algorithms()))}"
+            )
         problems.extend(_relay_and_push_problems(self))
         problems.extend(_exponential_problems(self))
         if spec.adaptive_graph is not None:
@@ -560,6 +596,12 @@ class RunConfig(_Section):
         if addresses is not None and len(addresses) != self.peers:
             problems.append(
                 f"network.addresses lists {len(addresses)} addresses for {self.peers} peers"
+            )
+        straggler = self.network.straggler
+        if straggler is not None and straggler.peer >= self.peers:
+            problems.append(
+                f"network.straggler.peer = {straggler.peer} names no peer: ids are "
+                f"0 … {self.peers - 1}"
             )
         if problems:
             raise ValueError("; ".join(problems))

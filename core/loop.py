@@ -13,6 +13,10 @@ differs between engines comes in from outside:
   publishes them to the orchestrator. The topology overrides themselves are applied by the engine
   (`concord.core.control.runplan.Schedules.set_topologies`) before a step; the record names the
   graph used.
+
+With ``overlap = true`` (docs/algorithms.md#overlap) a step starts its exchange before computing
+the gradient: `Algorithm.start` hands x^t to the `Comm` (a peer's round then runs on its event loop
+while this thread computes forward and backward), and `Algorithm.step` finishes it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from concord.core.algorithms import (
     LocalSGD,
     RoundControl,
     SGDConfig,
-    SingleRound,
     StepContext,
     StepReport,
     make_algorithm,
@@ -141,6 +144,9 @@ class StepRunner:
             **algorithm_hyperparameters(cfg, self.codec),
         )
         self.algorithm.setup(task.x, comm)
+        if cfg.overlap and not cfg.spec.overlap:  # validation refuses it; unvalidated configs
+            raise ValueError(f"algorithm {cfg.algorithm!r} does not admit overlap")
+        self.overlap = cfg.overlap
         self.rounds_total = 0
 
     @property
@@ -158,12 +164,6 @@ class StepRunner:
         self.comm.begin_step(step)
         lr = self.schedule.lr(step)
         phase = self.plan.phase_at(step)
-        out = task.loss_and_grad(step, self.algorithm.grad_point(x))
-        grad_norms = out.grad.norm(dim=1)
-        hook = self.control if phase.controlled and phase.mode == "gossip" else None
-        round_control: RoundControl = SingleRound()
-        if hook is not None:
-            round_control = hook.begin(step, phase, grad_norms)
         sched = self.schedules.get(phase) if phase.mode == "gossip" else None
         ctx = StepContext(
             step=step,
@@ -171,10 +171,16 @@ class StepRunner:
             phase=phase,
             comm=self.comm,
             matrix=sched.matrix if sched is not None else _no_matrix,
-            control=round_control,
             round_offset=self.rounds_total,
             codec=self.gossip_codec,
         )
+        if self.overlap:  # the exchange of x^t runs while its gradient is computed
+            self.algorithm.start(x, ctx)
+        out = task.loss_and_grad(step, self.algorithm.grad_point(x))
+        grad_norms = out.grad.norm(dim=1)
+        hook = self.control if phase.controlled and phase.mode == "gossip" else None
+        if hook is not None:
+            ctx.control = hook.begin(step, phase, grad_norms)
         report = self.algorithm.step(x, out.grad, ctx)
         self.rounds_total += report.rounds
         target = hook.end(step) if hook is not None else None

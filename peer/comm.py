@@ -1,14 +1,21 @@
 """`PeerComm`: the `concord.core.comm.Comm` interface of one peer, backed by the gRPC transport.
 
-The training thread calls these methods synchronously; each submits one coroutine to the peer's
-event loop (`asyncio.run_coroutine_threadsafe`) and waits for it. All tensor arithmetic (packing,
-the weighted sum, renormalisation) happens here, in the training thread, never on the loop.
+The training thread calls these methods; each submits one coroutine to the peer's event loop
+(`asyncio.run_coroutine_threadsafe`). `mix`, `allreduce_mean` and `exchange` wait for it; the
+non-blocking `start_mix` and `start_allreduce_mean` return a `RoundHandle` at once, and the round
+runs on the loop — sending, the wire, collecting the neighbours' tensors — while the training
+thread goes on (computing the step's gradient: docs/algorithms.md#overlap) until it calls
+``wait``. All tensor arithmetic (packing, the weighted sum, renormalisation) happens here, in the
+training thread, never on the loop: encoding when the round starts, decoding and mixing in
+``wait``.
 
 `Breakdown`: where a step's communication time goes, as the training thread sees it —
-``encode_ms`` (codec encode and building the frames), ``wait_ms`` (from handing the round to the
-loop until it ends: sending, the wire, waiting for the neighbours) and ``mix_ms`` (decoding and
-the weighted sum). The peer adds them to each step record (`take_breakdown`); the rest of the
-step is computation and control.
+``encode_ms`` (codec encode and building the frames), ``wait_ms`` (blocked on the round: from
+handing it to the loop, or from ``wait`` for a started round, until it ends: sending, the wire,
+waiting for the neighbours), ``mix_ms`` (decoding and the weighted sum) and ``overlap_ms`` (a
+started round in flight while the training thread did other work, from start to ``wait``). The
+peer adds them to each step record (`take_breakdown`); the rest of the step is computation and
+control.
 """
 
 from __future__ import annotations
@@ -16,15 +23,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import structlog
 import torch
 
-from concord.core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult
+from concord.core.comm import Comm, CommCounters, Edge, MixOutcome, MixResult, Pending
 from concord.core.compress import CodecError, Encoded, codec_key
 from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 
@@ -35,6 +42,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("concord.peer.comm")
 _SLACK = 5.0  # seconds a round may overrun its deadline before the training thread gives up
+T = TypeVar("T")
+Received = tuple[dict[int, "Arrival"], MixOutcome]
 
 
 @dataclass
@@ -44,6 +53,7 @@ class Breakdown:
     encode_ms: float = 0.0
     wait_ms: float = 0.0
     mix_ms: float = 0.0
+    overlap_ms: float = 0.0
 
     def as_record(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in asdict(self).items()}
@@ -81,7 +91,7 @@ class PeerComm(Comm):
     def ranks(self) -> Sequence[int]:
         return (self.rank,)
 
-    def _round(
+    def _start(
         self,
         *,
         step: int,
@@ -92,7 +102,10 @@ class PeerComm(Comm):
         receive_from: list[int],
         encoded: Encoded | None = None,
         push_weight: float | None = None,
-    ) -> tuple[dict[int, Arrival], MixOutcome]:
+    ) -> _Round:
+        """Build the frames (training thread) and hand the round to the loop; returns at once.
+        ``values`` (when not ``encoded``) is sent without a copy: leave it unchanged until the
+        round has been finished (`_finish`)."""
         t0 = time.perf_counter()
         step += self.step_base
         flat = values.detach().to(torch.float32).contiguous().view(-1)
@@ -117,31 +130,69 @@ class PeerComm(Comm):
             send_to=send_to,
             receive_from=receive_from,
         )
+        started = time.perf_counter()
+        self.breakdown.encode_ms += (started - t0) * 1e3
+        wire = sum(t.numel() * t.element_size() for t in parts.values())
+        return _Round(
+            future=asyncio.run_coroutine_threadsafe(coro, self.loop),
+            started=started,
+            step=step,
+            round=round,
+            tensor_id=tensor_id,
+            edges=[(self.rank, j) for j in send_to],
+            receive_from=receive_from,
+            raw=flat.numel() * 4,
+            wire=wire,
+        )
+
+    def _finish(self, r: _Round, *, overlapped: bool) -> Received:
+        """Wait for a started round (training thread); what arrived and the outcome.
+        ``overlapped``: the caller did other work since `_start` (`Breakdown.overlap_ms`)."""
         t1 = time.perf_counter()
-        self.breakdown.encode_ms += (t1 - t0) * 1e3
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        if overlapped:
+            self.breakdown.overlap_ms += (t1 - r.started) * 1e3
         try:
             # `round_` ends at its deadline (sends and receives are bounded per tensor); this
             # is the backstop: a round stuck beyond it is recorded as missing every neighbour,
             # never an exception out of the training step
-            arrived, outcome = future.result(timeout=2 * self.transport.deadline + _SLACK)
+            arrived, outcome = r.future.result(timeout=2 * self.transport.deadline + _SLACK)
         except concurrent.futures.TimeoutError:
-            future.cancel()
+            r.future.cancel()
             log.warning(
                 "round.overrun",
                 peer=self.rank,
-                step=step,
-                round=round,
-                tensor_id=tensor_id,
+                step=r.step,
+                round=r.round,
+                tensor_id=r.tensor_id,
                 waited=2 * self.transport.deadline + _SLACK,
             )
             arrived = {}
-            outcome = MixOutcome(answered=[[]], missing=[list(receive_from)], rejected=[[]])
-        self.breakdown.wait_ms += (time.perf_counter() - t1) * 1e3
-        wire = sum(t.numel() * t.element_size() for t in parts.values())
-        self.counters.add_edges([(self.rank, j) for j in send_to], raw=flat.numel() * 4, wire=wire)
+            outcome = MixOutcome(answered=[[]], missing=[list(r.receive_from)], rejected=[[]])
+        self.breakdown.wait_ms += (time.perf_counter() - (t1 if overlapped else r.started)) * 1e3
+        self.counters.add_edges(r.edges, raw=r.raw, wire=r.wire)
         self.last_outcome = outcome
         return arrived, outcome
+
+    def _round(
+        self,
+        *,
+        step: int,
+        round: int,
+        tensor_id: int,
+        values: torch.Tensor,
+        send_to: list[int],
+        receive_from: list[int],
+    ) -> Received:
+        """One blocking round (`_start`, then `_finish`)."""
+        r = self._start(
+            step=step,
+            round=round,
+            tensor_id=tensor_id,
+            values=values,
+            send_to=send_to,
+            receive_from=receive_from,
+        )
+        return self._finish(r, overlapped=False)
 
     def mix(
         self,
@@ -153,6 +204,22 @@ class PeerComm(Comm):
         round: int = 0,
         push: torch.Tensor | None = None,
     ) -> MixResult:
+        handle = self.start_mix(x, W, codec=codec, step=step, round=round, push=push)
+        return handle.result(overlapped=False)
+
+    def start_mix(
+        self,
+        x: torch.Tensor,
+        W: np.ndarray,
+        *,
+        codec: Codec | None = None,
+        step: int = 0,
+        round: int = 0,
+        push: torch.Tensor | None = None,
+    ) -> RoundHandle[MixResult]:
+        """Encode (training thread), hand the round to the loop and return; the handle's
+        ``wait`` decodes and mixes what arrived (`mix`'s result). ``x`` is sent without a copy
+        (raw float32): leave it unchanged until ``wait`` has returned."""
         i = self.rank
         own_weight = None if push is None else float(push[0])
         receive_from = [j for j in range(self.n) if j != i and W[i, j] > 0]
@@ -164,7 +231,7 @@ class PeerComm(Comm):
             encoded = codec.encode(x[0], key=codec_key(i, round))
             sent = codec.decode(encoded, key=codec_key(i, round)).unsqueeze(0).to(x.dtype)
         self.breakdown.encode_ms += (time.perf_counter() - t0) * 1e3
-        arrived, outcome = self._round(
+        started = self._start(
             step=step,
             round=round,
             tensor_id=TENSOR_MIX,
@@ -174,46 +241,56 @@ class PeerComm(Comm):
             encoded=encoded,
             push_weight=own_weight,
         )
-        t0 = time.perf_counter()
-        acc = sent[0] * float(W[i, i])  # a fresh tensor: the neighbours are added in place
-        total = float(W[i, i])
-        weight = None if own_weight is None else own_weight * float(W[i, i])
-        for j in receive_from:
-            got = arrived.get(j)
-            if got is None:
-                continue
-            if weight is not None and got.push_weight is None:
-                outcome.rejected[0].append((j, "push-sum round without the sender's weight"))
-                continue
-            if encoded is not None and codec is not None:
-                try:
-                    value = codec.decode(
-                        Encoded(got.codec, got.tensors(), x.shape[1]), key=codec_key(j, round)
-                    )
-                except CodecError as exc:  # parts were validated on arrival
-                    outcome.rejected[0].append((j, str(exc)))
+
+        def combine(received: Received) -> MixResult:
+            arrived, outcome = received
+            t0 = time.perf_counter()
+            acc = sent[0] * float(W[i, i])  # a fresh tensor: the neighbours are added in place
+            total = float(W[i, i])
+            weight = None if own_weight is None else own_weight * float(W[i, i])
+            for j in receive_from:
+                got = arrived.get(j)
+                if got is None:
                     continue
-            else:
-                value = got.tensors()["values"]
-            acc.add_(value.to(x.dtype), alpha=float(W[i, j]))  # one pass, no temporaries
-            total += float(W[i, j])
-            if weight is not None and got.push_weight is not None:
-                weight += float(W[i, j]) * got.push_weight
-        # renormalise over what arrived — except in push-sum rounds: there a lost message
-        # takes its numerator and its weight with it, the ratio x/w stays unbiased, and P need
-        # only be column-stochastic (rows may sum to anything)
-        if weight is None and abs(total - 1.0) > 1e-12:
-            acc.div_(total)
-        self.counters.rounds += 1
-        mixed = None if weight is None else torch.tensor([weight], dtype=torch.float64)
-        self.breakdown.mix_ms += (time.perf_counter() - t0) * 1e3
-        return MixResult(x=acc.unsqueeze(0), outcome=outcome, sent=sent, push=mixed)
+                if weight is not None and got.push_weight is None:
+                    outcome.rejected[0].append((j, "push-sum round without the sender's weight"))
+                    continue
+                if encoded is not None and codec is not None:
+                    try:
+                        value = codec.decode(
+                            Encoded(got.codec, got.tensors(), x.shape[1]), key=codec_key(j, round)
+                        )
+                    except CodecError as exc:  # parts were validated on arrival
+                        outcome.rejected[0].append((j, str(exc)))
+                        continue
+                else:
+                    value = got.tensors()["values"]
+                acc.add_(value.to(x.dtype), alpha=float(W[i, j]))  # one pass, no temporaries
+                total += float(W[i, j])
+                if weight is not None and got.push_weight is not None:
+                    weight += float(W[i, j]) * got.push_weight
+            # renormalise over what arrived — except in push-sum rounds: there a lost message
+            # takes its numerator and its weight with it, the ratio x/w stays unbiased, and P
+            # need only be column-stochastic (rows may sum to anything)
+            if weight is None and abs(total - 1.0) > 1e-12:
+                acc.div_(total)
+            self.counters.rounds += 1
+            mixed = None if weight is None else torch.tensor([weight], dtype=torch.float64)
+            self.breakdown.mix_ms += (time.perf_counter() - t0) * 1e3
+            return MixResult(x=acc.unsqueeze(0), outcome=outcome, sent=sent, push=mixed)
+
+        return RoundHandle(self, started, combine)
 
     def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
         """All-to-all over gRPC (n − 1 messages per peer; fine for the small n of one host or a
         lab; a ring all-reduce is the scalable alternative). Missing peers are left out."""
+        return self.start_allreduce_mean(x, step=step).result(overlapped=False)
+
+    def start_allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> RoundHandle[torch.Tensor]:
+        """`allreduce_mean` without blocking: ``x`` is sent without a copy; leave it unchanged
+        until the handle's ``wait`` has returned the average."""
         others = [j for j in range(self.n) if j != self.rank]
-        arrived, _ = self._round(
+        started = self._start(
             step=step,
             round=0,
             tensor_id=TENSOR_ALLREDUCE,
@@ -221,10 +298,15 @@ class PeerComm(Comm):
             send_to=others,
             receive_from=others,
         )
-        total = x[0].clone()
-        for j in sorted(arrived):
-            total += arrived[j].tensors()["values"].to(x.dtype)
-        return (total / (1 + len(arrived))).unsqueeze(0)
+
+        def average(received: Received) -> torch.Tensor:
+            arrived, _ = received
+            total = x[0].clone()
+            for j in sorted(arrived):
+                total += arrived[j].tensors()["values"].to(x.dtype)
+            return (total / (1 + len(arrived))).unsqueeze(0)
+
+        return RoundHandle(self, started, average)
 
     def exchange(
         self,
@@ -262,3 +344,43 @@ class PeerComm(Comm):
             for src, dst in incoming
             if src in arrived
         }
+
+
+@dataclass
+class _Round:
+    """One round handed to the loop (`PeerComm._start`) and what to account when it ends."""
+
+    future: concurrent.futures.Future[Received]
+    started: float  # perf_counter when it was handed over
+    step: int  # with the step base
+    round: int
+    tensor_id: int
+    edges: list[Edge]  # (this peer, j) for every j sent to
+    receive_from: list[int]
+    raw: int  # bytes per message before the codec
+    wire: int  # bytes per message on the wire
+
+
+class RoundHandle(Pending[T]):
+    """A round of `PeerComm` in flight on the event loop (`concord.core.comm.Pending`):
+    ``done`` polls it without blocking; ``wait`` (training thread) blocks until it has ended,
+    then runs ``finish`` — the decoding and arithmetic — on what arrived, once."""
+
+    def __init__(self, comm: PeerComm, round: _Round, finish: Callable[[Received], T]) -> None:
+        self.comm = comm
+        self.round = round
+        self._finish = finish
+        self._result: tuple[T] | None = None
+
+    def done(self) -> bool:
+        return self._result is not None or self.round.future.done()
+
+    def wait(self) -> T:
+        return self.result(overlapped=True)
+
+    def result(self, *, overlapped: bool) -> T:
+        """`wait`; ``overlapped=False`` for a blocking call that waits right after the start
+        (its time is all ``wait_ms``, none ``overlap_ms``)."""
+        if self._result is None:
+            self._result = (self._finish(self.comm._finish(self.round, overlapped=overlapped)),)
+        return self._result[0]

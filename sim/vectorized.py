@@ -7,6 +7,10 @@ them, so `summary.json` reports comparable traffic for both engines:
 * gossip round: one d-vector per directed edge (i → j, W[j, i] > 0, i ≠ j);
 * per-edge messages (`exchange`): each message on its directed edge;
 * exact averaging: a ring all-reduce, 2(n − 1)/n · d elements per replica.
+
+The non-blocking exchange of `Comm` (``overlap = true``: `Comm.start_mix`,
+`Comm.start_allreduce_mean`) is the base class's: the round is computed when it is started and
+its handle is complete at once — there is no wire to overlap with the computation here.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ _SUBMODULES = frozenset(
         "gradient_tracking",
         "local_sgd",
         "optim",
+        "overlap",
         "qgm",
         "relay",
         "relaysgd",

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from concord.core.algorithms.catalog import AlgorithmSpec
-from concord.core.comm import Comm, MixOutcome, MixResult
+from concord.core.comm import Comm, MixOutcome, MixResult, Pending
 from concord.core.compress import Codec, codec_key
 from concord.core.control.consensus import local_theta
 from concord.core.control.plan import Phase
@@ -60,6 +60,16 @@ class SingleRound:
 
 
 @dataclass
+class InFlight:
+    """Overlap: a step's first exchange of x^t, started before its gradient
+    (`concord.core.algorithms.overlap`): gossip round ``round`` (``mix``) or an exact average."""
+
+    mix: Pending[MixResult] | None = None
+    average: Pending[torch.Tensor] | None = None
+    round: int = 0
+
+
+@dataclass
 class StepContext:
     step: int
     lr: float
@@ -69,6 +79,7 @@ class StepContext:
     control: RoundControl = field(default_factory=SingleRound)
     round_offset: int = 0  # gossip rounds already run in this run (indexes time-varying graphs)
     codec: Codec | None = None  # cast plain gossip travels as (None: raw); CHOCO has its own
+    inflight: InFlight | None = None  # overlap: the exchange `Algorithm.start` began
 
 
 def sent_rows(
@@ -177,6 +188,12 @@ class Algorithm(ABC):
     @abstractmethod
     def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
         """One training step: update ``x`` ([k, d]) in place from ``grad`` ([k, d])."""
+
+    def start(self, x: torch.Tensor, ctx: StepContext) -> None:
+        """Overlap (``overlap = true``, admitted when ``spec.overlap``): called before the
+        step's gradient is computed, start the step's exchange of ``x`` (x^t) into
+        ``ctx.inflight``; `step` finishes it (`concord.core.algorithms.overlap`)."""
+        raise NotImplementedError(f"algorithm {self.name!r} does not admit overlap")
 
     @property
     def silent_steps(self) -> int:

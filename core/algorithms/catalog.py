@@ -42,6 +42,7 @@ __all__ = [
     "CodecUse",
     "HyperCheck",
     "adaptive_graph_algorithms",
+    "overlap_algorithms",
     "spec_of",
 ]
 
@@ -86,6 +87,9 @@ class AlgorithmSpec:
     relay_tree: bool = False  # relays over one static spanning tree (hyper.tree, hyper.root)
     adaptive_graph: AdaptiveGraph | None = None  # chooses every phase's graph itself (Ada)
     silent_steps: bool = False  # may take steps without any communication (Algorithm.silent_steps)
+    # what it sends at step t does not depend on step t's gradient: ``overlap = true`` may start
+    # the exchange before the gradient is computed (Algorithm.start, docs/algorithms.md#overlap)
+    overlap: bool = False
     # consensus control ------------------------------------------------------------------------
     uncontrolled: str | None = None  # why consensus control does not apply (None: it does)
     lagged_control: bool = True  # admits the lagged protocol (control.lagged) when controllable
@@ -184,6 +188,7 @@ _SPECS = (
         citation="Lian et al., NeurIPS 2017 (D-PSGD); Kong et al., ICML 2021; "
         "docs/algorithms.md#consensus-control",
         implementation=f"{_PKG}.dsgd:DSGD",
+        overlap=True,
     ),
     AlgorithmSpec(
         name="choco",
@@ -229,6 +234,7 @@ _SPECS = (
         summary="D-SGD with quasi-global momentum built from the net model change",
         citation="Lin, Karimireddy, Stich & Jaggi, ICML 2021; docs/algorithms.md#qgm",
         implementation=f"{_PKG}.qgm:QGM",
+        overlap=True,
         hyper={"beta": 0.9},
     ),
     AlgorithmSpec(
@@ -240,6 +246,7 @@ _SPECS = (
         implementation=f"{_PKG}.local_sgd:LocalSGDAlgorithm",
         gossip=False,  # the default average = "exact"
         silent_steps=True,
+        overlap=True,
         uncontrolled="local-sgd communicates once every hyper.local_steps steps; consensus "
         "control (repeated gossip rounds) does not apply",
         lagged_control=False,
@@ -314,6 +321,7 @@ _SPECS = (
         "docs/algorithms.md#ada-interpretations",
         implementation=f"{_PKG}.ada:AdaSchedule",
         adaptive_graph="schedule",
+        overlap=True,
         hyper={"graphs": None},
         hyper_check=_ADA_CHECK,
     ),
@@ -325,6 +333,7 @@ _SPECS = (
         "docs/algorithms.md#ada-interpretations",
         implementation=f"{_PKG}.ada:AdaFeedback",
         adaptive_graph="feedback",
+        overlap=True,
         uncontrolled="ada-feedback moves its graph from the same Θ that consensus control drives "
         "down with extra rounds; the two loops do not combine (use ada-schedule with control, or "
         "control.mode = 'none')",
@@ -343,6 +352,11 @@ CATALOG: Mapping[str, AlgorithmSpec] = MappingProxyType({s.name: s for s in _SPE
 def spec_of(name: str) -> AlgorithmSpec:
     """The spec of a known algorithm name (KeyError otherwise; the config validates names)."""
     return CATALOG[name]
+
+
+def overlap_algorithms() -> tuple[str, ...]:
+    """Names of the algorithms that admit ``overlap = true``."""
+    return tuple(n for n, s in CATALOG.items() if s.overlap)
 
 
 def adaptive_graph_algorithms() -> tuple[str, ...]:

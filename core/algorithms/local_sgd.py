@@ -27,6 +27,11 @@ Shapes: ``x`` and ``grad`` are [k, d] (rows = local replicas); no state beyond t
 Invariants: exact averaging leaves all rows equal; gossip (W symmetric, doubly stochastic)
 preserves the mean x̄.
 
+Overlap (``overlap = true``, `concord.core.algorithms.overlap`): a communication step t averages
+(or gossips) x^t, the model its gradient is taken at, while that gradient is computed, and then
+takes its local step: x_i ← (1/n) Σ_j x_j^t − η d_i (or Σ_j w_ij x_j^t − η d_i). The replicas
+then differ by their own last update (not equal after an exact average); the mean is the same.
+
 Phases and control: with average = "exact" the plan's phase modes and topologies do not apply.
 With "gossip", an exact phase of the plan averages exactly on the communication steps (local
 steps stay local). Consensus control does not apply to local SGD (H local steps between single
@@ -42,6 +47,7 @@ from concord.core.algorithms.base import Algorithm, StepContext, StepReport, reg
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import gossip_once
 from concord.core.algorithms.optim import LocalSGD
+from concord.core.algorithms.overlap import direction_buffer, finish_exchange, start_exchange
 from concord.core.control.consensus import local_theta
 
 AVERAGES = ("exact", "gossip")
@@ -69,6 +75,7 @@ class LocalSGDAlgorithm(Algorithm):
         self.optimizer = optimizer
         self.local_steps = local_steps
         self.average = average
+        self._direction: torch.Tensor | None = None  # overlap: d^t, kept across steps
 
     @property
     def silent_steps(self) -> int:
@@ -78,11 +85,23 @@ class LocalSGDAlgorithm(Algorithm):
         """Whether global step ``step`` ends with a communication."""
         return (step + 1) % self.local_steps == 0
 
+    def exact(self, ctx: StepContext) -> bool:
+        """Whether this step's communication is an exact average (else one gossip round)."""
+        return self.average == "exact" or ctx.phase.mode == "exact"
+
+    def start(self, x: torch.Tensor, ctx: StepContext) -> None:
+        if self.communicates(ctx.step):
+            start_exchange(x, ctx, exact=self.exact(ctx))
+
     def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
+        if ctx.inflight is not None:  # overlap: x^t is in flight; mix it, then step
+            self._direction = direction_buffer(self._direction, x)
+            direction = self.optimizer.direction(x, grad, out=self._direction)
+            return finish_exchange(x, direction, ctx)
         self.optimizer.step(x, grad, ctx.lr)
         if not self.communicates(ctx.step):
             return StepReport()
-        if self.average == "exact" or ctx.phase.mode == "exact":
+        if self.exact(ctx):
             x.copy_(ctx.comm.allreduce_mean(x, step=ctx.step))
             return StepReport(exact_average=True)
         mixed, outcome = gossip_once(x, ctx.matrix(ctx.round_offset), ctx)

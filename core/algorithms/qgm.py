@@ -29,6 +29,9 @@ Phases and control: exactly D-SGD's communication (`communicate`): an exact phas
 exactly, a controlled phase repeats gossip rounds of the model until the statistic meets its
 target; the buffer update then sees the net change of the whole step (all its rounds), so it
 needs no reset at phase switches.
+Overlap (``overlap = true``, `concord.core.algorithms.overlap`): as D-SGD's, the step becomes
+x_i ← Σ_j w_ij x_j − η (d_i + β m_i) with d_i, m_i from the gradient at x_i before the mix, the
+gossip of x running while that gradient is computed; m̂ is built from the same net change.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from concord.core.algorithms.base import (
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state
 from concord.core.algorithms.optim import LocalSGD
+from concord.core.algorithms.overlap import finish_exchange, start_exchange
 from concord.core.comm import Comm
 
 MOMENTUM_ATOL = 1e-12  # optim.momentum and hyper.beta are "equal" up to float parsing
@@ -78,6 +82,9 @@ class QGM(Algorithm):
         """m̂⁰ = 0."""
         self.buffer = torch.zeros_like(x)
 
+    def start(self, x: torch.Tensor, ctx: StepContext) -> None:
+        start_exchange(x, ctx, exact=ctx.phase.mode == "exact")
+
     def step(self, x: torch.Tensor, grad: torch.Tensor, ctx: StepContext) -> StepReport:
         m_hat = self.buffer = check_state("qgm", self.buffer, x)
         beta = self.beta
@@ -85,8 +92,11 @@ class QGM(Algorithm):
         m = torch.add(d, m_hat, alpha=beta)
         direction = d.add_(m, alpha=beta) if self.nesterov else m
         before = x.clone()
-        x.sub_(direction, alpha=ctx.lr)
-        report = communicate(x, ctx)
+        if ctx.inflight is not None:  # overlap: x^t is in flight; mix it, then step
+            report = finish_exchange(x, direction, ctx)
+        else:
+            x.sub_(direction, alpha=ctx.lr)
+            report = communicate(x, ctx)
         if ctx.lr > 0:
             m_hat.mul_(beta).add_(before.sub_(x), alpha=(1.0 - beta) / ctx.lr)
         return report

@@ -20,6 +20,11 @@ Targets (``ControlConfig.mode``):
   that step's value.
 * ``"none"`` — never repeat.
 
+With overlap (``overlap = true``, `concord.core.algorithms.overlap`) the first round of a step
+runs while its gradient is computed and mixes the model before the local update; the controller
+is asked after that update, and the repeat rounds it asks for mix the updated model. Nothing
+here changes: it sees one statistic per round, in order.
+
 Two protocols (``ControlConfig.lagged``):
 
 * **barrier** (default): after every round the orchestrator feeds the round's statistic to

@@ -94,6 +94,26 @@ def test_processes_end_with_the_vectorized_parameters(tmp_path: Path, name: str)
         assert [(d["step"], d["k_to"]) for d in map(json.loads, got)] == want
 
 
+# overlap = true (docs/algorithms.md#overlap) for the algorithms beyond D-SGD that admit it (D-SGD
+# under control: tests/integration/test_orchestrated.py): QGM's buffer from the net change of an
+# overlapped step, local SGD's started exact average (an all-to-all round on the peers)
+OVERLAP_CASES: dict[str, list[str]] = {
+    "qgm": [],
+    "local-sgd": ["hyper.local_steps=2", "hyper.average=exact"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAP_CASES))
+def test_overlapped_steps_end_with_the_vectorized_parameters(tmp_path: Path, name: str) -> None:
+    extra = [f"algorithm={name}", "overlap=true", *OVERLAP_CASES[name]]
+    cfg = load_config(None, [*BASE, *extra], environ={})
+    vec, proc = _run_both(cfg, tmp_path)
+    assert proc["gossip_rounds_total"] == vec["gossip_rounds_total"]
+    rows = (tmp_path / "processes" / "peers" / "peer-0" / "metrics.jsonl").open()
+    steps = [r for r in map(json.loads, rows) if r["kind"] == "step"]
+    assert any(r["overlap_ms"] > 0 for r in steps)  # the exchanges were started, then waited
+
+
 # CHOCO with every codec but topk (the `choco` case above), with that case's γ and ratio. Every
 # codec is a valid CHOCO compressor by the config rules (lossy codecs require choco; the casts
 # fp16/bf16 are accepted by any gossip algorithm; choco applies its codec with error feedback).

@@ -115,6 +115,23 @@ def test_constant_target_calibration_pass_matches_the_vectorized_engine(tmp_path
         assert cal["processes"]["max_statistic"][phase] == pytest.approx(value, rel=1e-5)
 
 
+@pytest.mark.parametrize("target", ["adaptive", "constant"])
+def test_overlapped_steps_under_barrier_control_match_the_vectorized_engine(
+    tmp_path: Path, target: str
+) -> None:
+    """``overlap = true``: each step's first round runs while its gradient is computed, the
+    repeat rounds the orchestrator asks for follow the local update (docs/algorithms.md#overlap);
+    the same repeat/stop decisions and parameters as the vectorized engine, and the peers' first
+    rounds were in flight during their computation."""
+    extra = ["control.mode=constant", "control.factor=0.5"] if target == "constant" else []
+    summary = _compare(_cfg("epochs=0.5", "overlap=true", *extra), tmp_path)
+    if target == "adaptive":
+        assert summary["gossip_rounds_total"] > summary["steps"]  # control did repeat rounds
+    for i in range(4):
+        steps = _steps(tmp_path / "processes" / "peers" / f"peer-{i}" / "metrics.jsonl")
+        assert all(r["overlap_ms"] > 0 for r in steps), i
+
+
 @pytest.mark.parametrize("mode", ["barrier", "lagged"])
 def test_a_real_mosquitto_carries_the_documented_topics_and_payloads(
     tmp_path: Path, mode: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -207,8 +208,17 @@ def test_the_breakdown_puts_the_wait_for_neighbours_in_wait_ms_and_starts_over_e
     comm.mix(x[0].unsqueeze(0), _ring4(), step=0, round=0)
     comm.mix(x[0].unsqueeze(0), _ring4(), step=0, round=1)
     got = comm.take_breakdown()
-    assert set(got) == {"encode_ms", "wait_ms", "mix_ms"}
+    assert set(got) == {"encode_ms", "wait_ms", "mix_ms", "overlap_ms"}
     assert got["wait_ms"] >= 2 * 50 * 0.9  # two rounds of a 50 ms neighbour (timer slack)
     assert 0 <= got["encode_ms"] < got["wait_ms"]
     assert 0 < got["mix_ms"] < got["wait_ms"]
-    assert comm.take_breakdown() == {"encode_ms": 0.0, "wait_ms": 0.0, "mix_ms": 0.0}
+    assert got["overlap_ms"] == 0.0  # a blocking mix waits from its start: nothing overlapped
+    zero = {"encode_ms": 0.0, "wait_ms": 0.0, "mix_ms": 0.0, "overlap_ms": 0.0}
+    assert comm.take_breakdown() == zero
+    # a started round: the time until `wait` is overlap, the rest waiting
+    handle = comm.start_mix(x[0].unsqueeze(0), _ring4(), step=0, round=2)
+    time.sleep(0.1)  # the training thread computes; the 50 ms round ends meanwhile
+    handle.wait()
+    got = comm.take_breakdown()
+    assert got["overlap_ms"] >= 100 * 0.9
+    assert got["wait_ms"] < got["overlap_ms"]
