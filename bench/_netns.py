@@ -18,6 +18,7 @@ Link controls (all on the host's veth pair, so they act on everything the host s
   dropped in both directions (a pulled cable: connection attempts time out, established TCP
   connections retransmit and survive a short cut);
 * `stall` / `resume` / `kill`: SIGSTOP / SIGCONT / SIGKILL to a process and its descendants.
+* `Net.counters`: the bytes and packets a host's link carried so far, each way.
 
 There is no delay or loss emulation: the kernel of the CI machines has no ``netem``.
 
@@ -36,6 +37,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import getpass
+import json
 import os
 import random
 import re
@@ -43,9 +46,11 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 PREFIX = "concord-net-"
@@ -394,6 +399,18 @@ class Net:
         for ns, dev in self._ends(host, direction):
             _sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
 
+    def counters(self, host: Host) -> dict[str, int]:
+        """Bytes and packets ``host`` sent and received on its link so far (its ``eth0``
+        counters: whole Ethernet frames, i.e. payload plus TCP/IP headers, retransmissions
+        included): keys ``tx_bytes``, ``rx_bytes``, ``tx_packets``, ``rx_packets``."""
+        out = _sh("ip", "-n", host.ns, "-s", "-j", "link", "show", "dev", host.ifname).stdout
+        stats = json.loads(out)[0]["stats64"]
+        return {
+            f"{way}_{unit}": int(stats[way][unit])
+            for way in ("tx", "rx")
+            for unit in ("bytes", "packets")
+        }
+
     def cut(self, host: Host) -> None:
         """Disconnect ``host`` from the bridge: all its packets are dropped, both ways, silently."""
         _sh("ip", "-n", self.switch, "link", "set", host.port, "down")
@@ -409,3 +426,36 @@ class Net:
 
 def _term_to_exit(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+def mosquitto(host: Host, directory: Path, *, port: int = 1883, timeout: float = 15.0) -> Any:
+    """Start Mosquitto (anonymous, TCP_NODELAY, no persistence) on ``host``'s address inside
+    its namespace, its config and output (``mosquitto.out``) in ``directory``; return the
+    process once the port answers from inside the namespace. Raises RuntimeError (with the
+    output's tail) when mosquitto is missing or does not answer within ``timeout`` seconds."""
+    from concord.orchestrator.broker import mosquitto_binary
+
+    binary = mosquitto_binary()
+    if binary is None:
+        raise RuntimeError("mosquitto is not installed")
+    directory.mkdir(parents=True, exist_ok=True)
+    conf, log = directory / "mosquitto.conf", directory / "mosquitto.out"
+    conf.write_text(
+        f"listener {port} {host.ip}\nallow_anonymous true\nset_tcp_nodelay true\n"
+        f"persistence false\nlog_type error\nuser {getpass.getuser()}\n"
+    )
+    with open(log, "ab") as out:
+        proc = host.run(
+            [binary, "-c", str(conf)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    probe = f"import socket; socket.create_connection(('{host.ip}', {port}), 1).close()"
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        if host.call([sys.executable, "-c", probe], timeout=10).returncode == 0:
+            return proc
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"mosquitto did not start on {host.ip}:{port}: {log.read_text()[-800:]}")

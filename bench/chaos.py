@@ -89,7 +89,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import getpass
 import json
 import os
 import shutil
@@ -897,8 +896,7 @@ def _netns_run(ctx: Ctx, d: dict[str, Any], name: str, fault: str) -> bool:
         raise Skip(f"network namespaces unavailable: {why}")
     from concord.orchestrator.broker import mosquitto_binary
 
-    binary = mosquitto_binary()
-    if binary is None:
+    if mosquitto_binary() is None:
         raise Skip("mosquitto is not installed")
     run_dir = ctx.dir(name)
     run_id = f"chaos-{name}-{os.getpid()}"
@@ -906,16 +904,10 @@ def _netns_run(ctx: Ctx, d: dict[str, Any], name: str, fault: str) -> bool:
     hosts = ["broker", "orch", *(f"p{i}" for i in range(8))]
     with _netns.Net(hosts) as net:
         b = net["broker"]
-        conf = run_dir / "mosquitto.conf"
-        conf.write_text(
-            f"listener 1883 {b.ip}\nallow_anonymous true\nset_tcp_nodelay true\n"
-            f"persistence false\nlog_type error\nuser {getpass.getuser()}\n"
-        )
-        mosq = spawn([binary, "-c", str(conf)], run_dir / "logs" / "mosquitto.out", popen=b.run)
-        probe = f"import socket; socket.create_connection(('{b.ip}', 1883), 1).close()"
-        if not wait_for(lambda: net["orch"].call([sys.executable, "-c", probe]).returncode == 0,
-                        15, 0.2):  # fmt: skip
-            d["error"] = f"mosquitto did not start: {tail(run_dir / 'logs' / 'mosquitto.out')}"
+        try:
+            mosq = _netns.mosquitto(b, run_dir / "logs")
+        except RuntimeError as exc:
+            d["error"] = str(exc)
             return False
         dep = Deployment(run_dir, config, f"mqtt://{b.ip}:1883", run_id, 8, net)
         try:

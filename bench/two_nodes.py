@@ -24,7 +24,6 @@ peers per node. Needs root (or CAP_NET_ADMIN) and Mosquitto; says why not and ex
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
 import subprocess
@@ -37,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import _netns
-from bench._procs import ROOT, concord, reap, spawn, tail, wait_exit, wait_for
+from bench._procs import ROOT, concord, reap, spawn, tail, wait_exit
 
 SRUN_LOCAL = ROOT / "scripts" / "srun-local"
 DEFAULT_SETS = [
@@ -101,11 +100,6 @@ def run_one_host(out: Path, config: Path) -> float:
 def run_two_nodes(out: Path, config: Path, per_node: int, cap_mbit: float | None) -> float:
     """The run of ``config`` over two emulated nodes (module docstring) into ``out``; its wall
     seconds. Raises RuntimeError naming the process that failed, with its output's tail."""
-    from concord.orchestrator.broker import mosquitto_binary
-
-    binary = mosquitto_binary()
-    if binary is None:
-        raise RuntimeError("mosquitto is not installed")
     run_id = f"two-nodes-{os.getpid()}"
     logs = out / "logs"
     start = time.monotonic()
@@ -114,21 +108,8 @@ def run_two_nodes(out: Path, config: Path, per_node: int, cap_mbit: float | None
             for host in net:
                 net.cap(host, cap_mbit)
         head = net["node0"]
-        conf = out / "mosquitto.conf"
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        conf.write_text(
-            f"listener 1883 {head.ip}\nallow_anonymous true\nset_tcp_nodelay true\n"
-            f"persistence false\nlog_type error\nuser {getpass.getuser()}\n"
-        )
-        procs = {
-            "mosquitto": spawn([binary, "-c", str(conf)], logs / "mosquitto.out", popen=head.run)
-        }
+        procs = {"mosquitto": _netns.mosquitto(head, logs)}
         try:
-            probe = f"import socket; socket.create_connection(('{head.ip}', 1883), 1).close()"
-            if not wait_for(
-                lambda: net["node1"].call([sys.executable, "-c", probe]).returncode == 0, 15, 0.2
-            ):
-                raise RuntimeError(f"mosquitto did not start: {tail(logs / 'mosquitto.out')}")
             common = ["--config", str(config), "--broker", f"mqtt://{head.ip}:1883"]
             common += ["--run-id", run_id]
             procs["orchestrator"] = spawn(

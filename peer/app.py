@@ -58,6 +58,7 @@ from concord.peer.comm import PeerComm
 from concord.peer.coordination import STOP_WAIT, OrchestratedCoordination, StaticCoordination
 from concord.peer.launcher import Identity
 from concord.peer.memory import tune_malloc
+from concord.peer.pace import pace_hooks
 from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 from concord.peer.tls import load_credentials
 from concord.peer.transport import Fetched, Transport
@@ -514,7 +515,13 @@ class PeerProcess:
                 train=one,
                 evaluate=evaluation if evaluate else None,
                 sink=self.writer,
-                hooks=[clock, *hooks, serve, _Checkpoints(self, runner, task)],
+                hooks=[
+                    clock,
+                    *pace_hooks(self.cfg, i),
+                    *hooks,
+                    serve,
+                    _Checkpoints(self, runner, task),
+                ],
                 stop=self.stop.is_set,
                 start=start,
                 skip=jump,

@@ -1,0 +1,154 @@
+"""One rank of the gloo DDP baseline of ``bench/time_to_accuracy.py``, trained on exactly what a
+Concord peer of the same config trains on: the same data partition and batches
+(`concord.core.task.ClassificationTask` of the rank), the same initial parameters (copied from
+the task's replica-batched MLP into a plain ``nn.Sequential``, `bench.step_overhead._mlp`'s
+shape), the same LR schedule (`concord.core.control.runplan.make_lr_schedule`: warm-up and
+milestones), SGD with the config's momentum, Nesterov and weight decay (weights only, as
+`concord.core.models.flat.FlatParams.decay_mask`), one torch thread.
+
+``torch.nn.parallel.DistributedDataParallel`` over gloo with its defaults (25 MiB buckets,
+all-reduce overlapped with the backward pass); ``--hook fp16``: PyTorch's
+``fp16_compress_hook``. ``--straggler-rank R --straggler-factor F``: rank R sleeps, before each
+step, (F − 1) × the CPU time its main thread spent on the previous step — as a Concord straggler
+does (`concord.peer.pace.Straggler`).
+
+Rank 0 evaluates the model (every rank holds the same one) on the whole test set every
+``eval.every`` epochs and after the last step, and writes JSON lines to ``--out``: one
+``{"kind": "start", "time"}`` after the first barrier, ``{"kind": "eval", "step", "time",
+"accuracy"}`` (``time``: Unix seconds at the end of the step, before the evaluation), and a
+final ``{"kind": "summary", ...}``. Run inside a network namespace by the bench:
+
+    python bench/_ddp.py --config run.toml --rank R --world N --master IP:PORT --out rank-R.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _model_from_task(task: Any) -> Any:
+    """A plain MLP holding the task's initial replica-0 parameters."""
+    import torch
+    from torch import nn
+
+    from bench.step_overhead import HIDDEN, _mlp
+
+    if list(task.cfg.model.hidden or []) != HIDDEN or task.cfg.model.name != "mlp":
+        raise ValueError(f"the DDP baseline is the {HIDDEN} MLP (model.name = 'mlp')")
+    model = _mlp()
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for lin, rep in zip(linears, task.model.layers, strict=True):
+            lin.weight.copy_(rep.weight[0])
+            lin.bias.copy_(rep.bias[0])
+    return model
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from concord.core.config import load_config
+    from concord.core.control.runplan import make_lr_schedule
+    from concord.core.task import ClassificationTask
+
+    torch.set_num_threads(1)
+    cfg = load_config(args.config, environ={})
+    rank, world = args.rank, args.world
+    task = ClassificationTask(cfg, [rank], device=torch.device("cpu"))
+    host, _, port = args.master.rpartition(":")
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = nn.parallel.DistributedDataParallel(_model_from_task(task))
+    if args.hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    o = cfg.optim
+    params = list(model.parameters())
+    opt = torch.optim.SGD(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=o.lr,
+        momentum=o.momentum,
+        nesterov=o.nesterov and o.momentum > 0,
+    )
+    schedule = make_lr_schedule(cfg, task.steps_per_epoch)
+    total = schedule.total_steps
+    interval = max(1, round(cfg.eval.every * task.steps_per_epoch))
+    loss_fn = nn.CrossEntropyLoss()
+    slow = args.straggler_factor if rank == args.straggler_rank else 1.0
+    owed = slept = 0.0
+    out = Path(args.out) if rank == 0 else None
+    if out is not None:
+        out.write_text("", encoding="utf-8")
+
+    def write(record: dict[str, Any]) -> None:
+        if out is not None:
+            with out.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    dist.barrier()
+    t_start = time.time()
+    write({"kind": "start", "time": t_start})
+    accuracy = None
+    for step in range(total):
+        if owed > 0:
+            t0 = time.perf_counter()
+            time.sleep(owed)
+            slept += time.perf_counter() - t0
+        cpu0 = time.thread_time()
+        for group in opt.param_groups:
+            group["lr"] = schedule.lr(step)
+        idx = task.sampler.batch_indices(step)[0]
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(task.x_train[idx]), task.y_train[idx]).backward()
+        opt.step()
+        owed = (slow - 1.0) * (time.thread_time() - cpu0)
+        if out is not None and ((step + 1) % interval == 0 or step == total - 1):
+            now = time.time()
+            with torch.no_grad():
+                pred = model.module(task.x_test).argmax(dim=1)
+            accuracy = float((pred == task.y_test).float().mean())
+            write({"kind": "eval", "step": step, "time": now, "accuracy": accuracy})
+    dist.barrier()
+    summary = {
+        "kind": "summary",
+        "rank": rank,
+        "steps": total,
+        "accuracy": accuracy,
+        "train_seconds": time.time() - t_start,
+        "straggler_sleep_s": slept,
+    }
+    write(summary)
+    dist.destroy_process_group()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--master", required=True, help="IP:PORT of rank 0's store")
+    p.add_argument("--out", required=True)
+    p.add_argument("--hook", choices=("none", "fp16"), default="none")
+    p.add_argument("--straggler-rank", type=int, default=-1)
+    p.add_argument("--straggler-factor", type=float, default=1.0)
+    print(json.dumps(train(p.parse_args(argv))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
