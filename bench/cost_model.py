@@ -32,9 +32,14 @@ Not in the model: gossip needs more steps than all-reduce for the same accuracy 
 distance to pay for: `bench/time_to_accuracy.py` measures it), stragglers (all-reduce waits for
 the slowest of n, gossip for the slowest neighbour), and switch oversubscription.
 
-Output: a table per link rate of predicted ms/step and the crossover n (smallest n from which
-gossip is faster), a CSV (``--csv``), and as the last line a JSON object with the fitted
-constants, the crossovers and the sizes measured.
+The loopback fit's α is inflated by what this machine adds to every message (four processes on
+two cores: a context switch per hop, Python dispatch), ~1 ms against the 5–50 µs of a
+data-centre network; so every prediction is also made with α = ``--dc-alpha-us`` (20 µs) for
+both mechanisms, the fitted β kept.
+
+Output: per α, a table of predicted ms/step and the crossover n (smallest n from which gossip is
+faster) per link rate; a CSV (``--csv``, both tables, column ``alpha``); as the last line a JSON
+object with the fitted constants, both sets of crossovers and the sizes measured.
 
     python bench/cost_model.py [--sizes 1,4,16] [--repeats 5] [--csv FILE] [--model-mb 4.36]
 """
@@ -58,6 +63,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MiB = 1 << 20
+CONTENDERS = ("ring", "exp", "exp_bf16")
 PEERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 GBITS = (1.0, 10.0, 25.0, 100.0)
 
@@ -125,6 +131,16 @@ class Model:
 
     def step_s(self, comm_s: float, overlap: bool) -> float:
         return max(self.compute_s, comm_s) if overlap else self.compute_s + comm_s
+
+    def with_latency(self, alpha: float) -> Model:
+        """The same model with per-message latency ``alpha`` (s) for both mechanisms: the
+        loopback fit's α is inflated by processes sharing this machine's cores."""
+        return Model(
+            Fit(alpha, self.allreduce.beta, self.allreduce.r2),
+            Fit(alpha, self.gossip.beta, self.gossip.r2),
+            self.compute_s,
+            self.model_bytes,
+        )
 
 
 def predictions(model: Model, overlap: bool = True) -> list[dict[str, Any]]:
@@ -275,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--model-mb", type=float, default=None, help="M (default: the MLP's)")
     parser.add_argument("--csv", type=Path, default=None, help="write the predictions here")
+    parser.add_argument(
+        "--dc-alpha-us",
+        type=float,
+        default=20.0,
+        help="a data-centre network's per-message latency, for the second set of crossovers",
+    )
     args = parser.parse_args(argv)
     sizes = [int(float(s) * MiB) for s in args.sizes.split(",") if s.strip()]
     if len(set(sizes)) < 2 or min(sizes) <= 0:
@@ -304,25 +326,28 @@ def main(argv: list[str] | None = None) -> int:
             f"({1e-9 / f.beta if f.beta > 0 else float('inf'):.2f} GB/s), R² {f.r2:.4f}"
         )
     model_bytes = args.model_mb * 1e6 if args.model_mb else 4.0 * params
-    model = Model(fit_ar, fit_g, compute_s, model_bytes)
-    rows = predictions(model)
-    print(f"\npredicted ms/step (M = {model_bytes / 1e6:.2f} MB, overlap on for all):")
-    print(f"{'Gbit/s':>7} {'n':>5} {'allreduce':>10} {'ring':>8} {'ring bf16':>10} {'exp':>8}")
-    for r in rows:
-        print(
-            f"{r['gbit_s']:7g} {r['n']:5d} {r['allreduce_ms']:10.2f} {r['ring_ms']:8.2f} "
-            f"{r['ring_bf16_ms']:10.2f} {r['exp_ms']:8.2f}"
-        )
+    fitted = Model(fit_ar, fit_g, compute_s, model_bytes)
+    dc = fitted.with_latency(args.dc_alpha_us * 1e-6)
+    rows: list[dict[str, Any]] = []
+    cross: dict[str, dict[str, int | None]] = {}
+    for label, model in (("fitted", fitted), (f"{args.dc_alpha_us:g}us", dc)):
+        table = [{"alpha": label, **r} for r in predictions(model)]
+        rows += table
+        print(f"\npredicted ms/step, alpha {label} (M = {model_bytes / 1e6:.2f} MB, overlap on):")
+        print(f"{'Gbit/s':>7} {'n':>5} {'allreduce':>10} {'ring':>8} {'ring bf16':>10} {'exp':>8}")
+        for r in table:
+            print(
+                f"{r['gbit_s']:7g} {r['n']:5d} {r['allreduce_ms']:10.2f} {r['ring_ms']:8.2f} "
+                f"{r['ring_bf16_ms']:10.2f} {r['exp_ms']:8.2f}"
+            )
+        cross[label] = {f"{c}@{g:g}gbit": crossover(model, g, c) for c in CONTENDERS for g in GBITS}
+        print(f"crossover n (gossip faster from), alpha {label}:", cross[label])
     if args.csv is not None:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         with args.csv.open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    cross = {
-        f"{c}@{g:g}gbit": crossover(model, g, c) for c in ("ring", "exp", "exp_bf16") for g in GBITS
-    }
-    print("crossover n (gossip faster from):", cross)
     print(
         json.dumps(
             {
@@ -337,7 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                 "concord_alpha_us": round(1e6 * fit_g.alpha, 2),
                 "concord_beta_ns_per_byte": round(1e9 * fit_g.beta, 4),
                 "concord_r2": round(fit_g.r2, 4),
-                "crossover_n": cross,
+                "crossover_n": cross["fitted"],
+                "dc_alpha_us": args.dc_alpha_us,
+                "crossover_n_dc_alpha": cross[f"{args.dc_alpha_us:g}us"],
                 "wall_s": round(time.perf_counter() - t0, 1),
             }
         )

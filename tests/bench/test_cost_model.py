@@ -72,6 +72,12 @@ def test_predictions_follow_the_model() -> None:
         assert min(r["allreduce_ms"], r["exp_bf16_ms"]) >= 10.0
 
 
+def test_with_latency_replaces_both_alphas_and_keeps_the_rest() -> None:
+    m = _model().with_latency(20e-6)
+    assert (m.allreduce.alpha, m.gossip.alpha) == (20e-6, 20e-6)
+    assert (m.allreduce.beta, m.gossip.beta, m.compute_s) == (3e-10, 5e-10, 0.01)
+
+
 def test_the_crossover_is_where_gossip_first_beats_allreduce() -> None:
     m = _model()
     for gbit in GBITS:
@@ -97,4 +103,5 @@ def test_the_command_measures_and_prints_its_json(capsys: pytest.CaptureFixture[
     assert set(got["crossover_n"]) == {
         f"{c}@{g:g}gbit" for c in ("ring", "exp", "exp_bf16") for g in GBITS
     }
+    assert set(got["crossover_n_dc_alpha"]) == set(got["crossover_n"])
     assert any(line.startswith("fit Concord") for line in out)
