@@ -142,31 +142,38 @@ def test_a_real_mosquitto_carries_the_documented_topics_and_payloads(
         pytest.fail("mosquitto is not installed; scripts/bootstrap installs it (root, Debian)")
     broker = MosquittoBroker()
     broker.start()
-    sub = subprocess.Popen(
-        [
-            "mosquitto_sub",
-            "-h",
-            broker.host,
-            "-p",
-            str(broker.port),
-            "-t",
-            "concord/v1/#",
-            "-F",
-            "%t %x",
-            "-q",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    # into a file, line by line: read only after the run, a pipe filled up (64 KiB) and
+    # mosquitto_sub stopped reading the broker mid-run; each line is flushed, as the process
+    # ends on SIGTERM without flushing its stdout
+    captured = tmp_path / "mosquitto_sub.out"
+    with captured.open("w") as sink:
+        sub = subprocess.Popen(
+            [
+                "stdbuf",
+                "-oL",
+                "mosquitto_sub",
+                "-h",
+                broker.host,
+                "-p",
+                str(broker.port),
+                "-t",
+                "concord/v1/#",
+                "-F",
+                "%t %x",
+                "-q",
+                "1",
+            ],
+            stdout=sink,
+        )
     try:
         beats = ["orchestrator.heartbeat=0.1", "orchestrator.liveness_timeout=5"]
         lagged = ["control.lagged=true"] if mode == "lagged" else []
         _compare(_cfg("epochs=0.5", *beats, *lagged), tmp_path, broker=broker.url)
     finally:
         sub.terminate()
-        out, _ = sub.communicate(timeout=10)
+        sub.wait(timeout=10)
         broker.stop()
+    out = captured.read_text()
     seen: dict[str, int] = {}
     carried: list[Metrics] = []  # step records carrying statistics (lagged control)
     for line in out.splitlines():
