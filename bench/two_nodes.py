@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import _netns
 from bench._procs import ROOT, concord, reap, spawn, tail, wait_exit
+from bench.chaos import write_config as chaos_write_config
 
 SRUN_LOCAL = ROOT / "scripts" / "srun-local"
 DEFAULT_SETS = [
@@ -54,29 +55,9 @@ TIMEOUT = 600.0
 
 
 def write_config(path: Path, peers: int, sets: list[str]) -> Path:
-    """A run config: ``peers`` peers and the ``key=value`` settings (dotted keys)."""
-    tables: dict[str, list[str]] = {"": [f"peers = {peers}"]}
-    for item in sets:
-        key, _, value = item.partition("=")
-        table, _, name = key.rpartition(".")
-        literal = value if _is_literal(value) else json.dumps(value)
-        tables.setdefault(table, []).append(f"{name} = {literal}")
-    lines = list(tables.pop(""))
-    for table, entries in tables.items():
-        lines += [f"[{table}]", *entries]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def _is_literal(value: str) -> bool:
-    """A TOML number, boolean or array as written (else the value is quoted as a string)."""
-    if value in ("true", "false") or value.startswith("["):
-        return True
-    try:
-        float(value)
-    except ValueError:
-        return False
-    return True
+    """A run config: ``peers`` peers and the ``key=value`` settings, validated and resolved as
+    ``concord sim --set`` would (`bench.chaos.write_config`)."""
+    return chaos_write_config(path, [f"peers={peers}", *sets])
 
 
 def final_params(run_peers: Path, n: int) -> list[Any]:
