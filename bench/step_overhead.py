@@ -11,6 +11,9 @@ same steps with no communication and against what a user would pick instead on t
   (`concord.peer.comm.Breakdown`: encode, wait — blocked on the round: sending, the wire, the
   neighbours — mix, and overlap — the round in flight while the gradient was computed), medians
   over steps and peers;
+* the same peers (fp32, overlap) with ``network.transport = "torch"``: the tensors over a gloo
+  process group (`concord.peer.torch_plane`, rendezvous at tcp://), the control and the
+  arithmetic unchanged;
 * compute only: 4 processes running the identical local work (`concord.core.task.ClassificationTask`
   forward/backward + the local Nesterov step), no communication;
 * gloo DDP: ``torch.nn.parallel.DistributedDataParallel`` over gloo (default bucketing, its
@@ -23,6 +26,7 @@ same steps with no communication and against what a user would pick instead on t
 Every process uses 1 torch thread. Last line: a JSON object with the per-step milliseconds,
 ``ratio_vs_gloo``, ``ratio_bf16_vs_gloo``, ``ratio_vs_compute_only`` and
 ``ratio_vs_ddp_fp16_hook`` (Concord with overlap), ``ratio_no_overlap_vs_gloo`` (without), and
+``ratio_torch_plane_vs_gloo`` and ``ratio_torch_plane_vs_grpc`` (the gloo data plane), and
 ``exchange_ratio_vs_gloo_gossip``: Concord's exchange alone — encode + wait + mix per step of the
 run without overlap, where nothing hides it — over gloo gossip's. ``exposed_comm_ms`` is what
 communication still costs the training thread with overlap on (encode + wait + mix).
@@ -60,16 +64,26 @@ def _free_port() -> int:
 
 
 def _config_text(
-    n: int, epochs: float, addresses: list[str], codec: str = "none", overlap: bool = False
+    n: int,
+    epochs: float,
+    addresses: list[str],
+    codec: str = "none",
+    overlap: bool = False,
+    transport: str = "grpc",
 ) -> str:
     addr = ", ".join(f'"{a}"' for a in addresses)
+    torch_plane = (
+        f'transport = "torch"\n[network.torch]\ninit = "tcp://127.0.0.1:{_free_port()}"\n'
+        if transport == "torch"
+        else ""
+    )
     return (
         f'name = "bench"\npeers = {n}\ntopology = "ring"\nalgorithm = "dsgd"\nepochs = {epochs}\n'
         f"overlap = {str(overlap).lower()}\n"
         f'threads = 1\n[dataset]\nsamples = {SAMPLES}\n[model]\nname = "mlp"\n'
         f'hidden = {HIDDEN}\n[control]\nmode = "none"\n[eval]\nevery = 1000.0\n'
         f'[compression]\ncodec = "{codec}"\n'
-        f"[network]\naddresses = [{addr}]\ndeadline = 30.0\n"
+        f"[network]\naddresses = [{addr}]\ndeadline = 30.0\n{torch_plane}"
     )
 
 
@@ -82,13 +96,20 @@ BREAKDOWN = ("encode_ms", "wait_ms", "mix_ms")  # communication the training thr
 
 
 def run_peers(
-    n: int, steps: int, workdir: Path, codec: str = "none", *, overlap: bool = True
+    n: int,
+    steps: int,
+    workdir: Path,
+    codec: str = "none",
+    *,
+    overlap: bool = True,
+    transport: str = "grpc",
 ) -> tuple[float, dict[str, float]]:
     """Median seconds per step over the peers, and the median `Breakdown` fields (ms)."""
     workdir.mkdir(parents=True, exist_ok=True)
     addresses = [f"127.0.0.1:{_free_port()}" for _ in range(n)]
     config = workdir / "run.toml"
-    config.write_text(_config_text(n, _epochs_for(steps, n), addresses, codec, overlap))
+    epochs = _epochs_for(steps, n)
+    config.write_text(_config_text(n, epochs, addresses, codec, overlap, transport))
     procs = [
         subprocess.Popen(
             [
@@ -273,6 +294,7 @@ def main() -> None:
         peers, parts = run_peers(n, steps, Path(d) / "fp32")
         bf16, parts_bf16 = run_peers(n, steps, Path(d) / "bf16", codec="bf16")
         serial, parts_serial = run_peers(n, steps, Path(d) / "serial", overlap=False)
+        tp, parts_tp = run_peers(n, steps, Path(d) / "torch", transport="torch")
     compute = _spawn_all(_compute_worker, n, (steps, _epochs_for(steps, n)))
     gloo = _spawn_all(_gloo_worker, n, (steps, _free_port(), "none"))
     gloo_fp16 = _spawn_all(_gloo_worker, n, (steps, _free_port(), "fp16"))
@@ -288,6 +310,8 @@ def main() -> None:
     print("    per step (median ms): " + ", ".join(f"{k} {v}" for k, v in parts_bf16.items()))
     print(f"  Concord peers, no overlap                   {serial * 1e3:8.2f} ms/step")
     print("    per step (median ms): " + ", ".join(f"{k} {v}" for k, v in parts_serial.items()))
+    print(f"  Concord peers, torch.distributed gloo plane {tp * 1e3:8.2f} ms/step")
+    print("    per step (median ms): " + ", ".join(f"{k} {v}" for k, v in parts_tp.items()))
     print(f"  compute only (no communication)    {compute * 1e3:8.2f} ms/step")
     print(f"  torch.distributed gloo DDP         {gloo * 1e3:8.2f} ms/step")
     print(f"  gloo DDP, fp16_compress_hook       {gloo_fp16 * 1e3:8.2f} ms/step")
@@ -308,6 +332,8 @@ def main() -> None:
                 "breakdown_ms": parts,
                 "breakdown_bf16_ms": parts_bf16,
                 "breakdown_no_overlap_ms": parts_serial,
+                "peers_torch_plane_ms": round(tp * 1e3, 3),
+                "breakdown_torch_plane_ms": parts_tp,
                 "compute_only_ms": round(compute * 1e3, 3),
                 "gloo_ms": round(gloo * 1e3, 3),
                 "gloo_fp16_hook_ms": round(gloo_fp16 * 1e3, 3),
@@ -319,6 +345,8 @@ def main() -> None:
                 "ratio_vs_gloo": round(peers / gloo, 3),
                 "ratio_no_overlap_vs_gloo": round(serial / gloo, 3),
                 "ratio_bf16_vs_gloo": round(bf16 / gloo, 3),
+                "ratio_torch_plane_vs_gloo": round(tp / gloo, 3),
+                "ratio_torch_plane_vs_grpc": round(tp / peers, 3),
                 "ratio_vs_ddp_fp16_hook": round(peers / gloo_fp16, 3),
                 "exchange_ratio_vs_gloo_gossip": round(exchange / gossip_exchange, 3),
             }

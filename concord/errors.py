@@ -24,6 +24,7 @@ or ``TypeError`` from inside Concord is a defect to report.
     │   └── PayloadError           a control-plane message that does not match its schema
     ├── CertError                  missing or mismatching certificate material
     ├── OrchestratorError          the orchestrator cannot go on with the run
+    ├── TorchPlaneError            the torch.distributed data plane failed (fixed world)
     ├── ProcessesError             the processes engine could not run
     └── RunDirBusyError            another live process writes that run directory
 
@@ -53,6 +54,7 @@ __all__ = [
     "RejectedError",
     "RunDirBusyError",
     "TopologyError",
+    "TorchPlaneError",
     "UnknownNameError",
     "UnknownTopologyError",
     "UnsafePickleError",
@@ -152,6 +154,11 @@ class CertError(ConcordError, ValueError):
 
 class OrchestratorError(ConcordError, RuntimeError):
     """The run cannot go on (peers never showed up, or disagree on the model or data)."""
+
+
+class TorchPlaneError(ConcordError, RuntimeError):
+    """The torch.distributed data plane failed: the rendezvous, an operation (a peer crashed or
+    is unreachable: that plane's world is fixed) or the peers' rounds diverged."""
 
 
 class ProcessesError(ConcordError, RuntimeError):

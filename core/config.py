@@ -248,8 +248,62 @@ class StragglerConfig(_Section):
     )
 
 
+class TorchPlaneConfig(_Section):
+    """``network.transport = "torch"``: the tensors of gossip, all-reduce and per-edge messages
+    move with torch.distributed point-to-point operations (`concord.peer.torch_plane`); the
+    control plane stays MQTT. A fixed world: no rejoin, a crashed peer ends the run
+    (docs/deployment.md#torch-data-plane)."""
+
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="'auto': NCCL when the peer's device is a GPU, else gloo"
+    )
+    init: str = Field(
+        default="auto",
+        description="rendezvous: 'orchestrator' (a TCPStore the orchestrator hosts and announces "
+        "in the plan), 'env' (env:// — MASTER_ADDR/MASTER_PORT, as torchrun sets them), "
+        "'tcp://HOST:PORT' (peer 0 hosts the store there) or 'auto' (env under torchrun, else "
+        "orchestrator)",
+    )
+    store_host: str | None = Field(
+        default=None,
+        description="the host peers reach the orchestrator's store at (default: the broker's host)",
+    )
+    store_port: int = Field(
+        default=0, ge=0, lt=65536, description="the orchestrator's store port (0: any free port)"
+    )
+    timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="seconds the rendezvous and every torch.distributed operation may take "
+        "before the run fails",
+    )
+
+    @field_validator("init")
+    @classmethod
+    def _init(cls, v: str) -> str:
+        if v in ("auto", "orchestrator", "env"):
+            return v
+        host, sep, port = v.removeprefix("tcp://").rpartition(":")
+        if not v.startswith("tcp://") or not sep or not host or not port.isdigit():
+            raise ValueError(
+                f"network.torch.init = {v!r}; expected 'auto', 'orchestrator', 'env' or "
+                "'tcp://HOST:PORT'"
+            )
+        return v
+
+
 class NetworkConfig(_Section):
     """The data plane of real peers (ignored by the vectorized engine)."""
+
+    transport: Literal["grpc", "torch"] = Field(
+        default="grpc",
+        description="'grpc': Concord's own streams (validated frames, rejoin, TLS); 'torch': "
+        "torch.distributed gloo/NCCL point-to-point for a fixed world (network.torch)",
+    )
+    torch: TorchPlaneConfig = Field(
+        default_factory=TorchPlaneConfig,
+        description="transport = 'torch': backend, rendezvous and timeout of the process group",
+    )
 
     addresses: list[str] | None = Field(
         default=None, description="static mode: peer i listens at addresses[i] ('host:port')"
@@ -602,6 +656,12 @@ class RunConfig(_Section):
             problems.append(
                 f"network.straggler.peer = {straggler.peer} names no peer: ids are "
                 f"0 … {self.peers - 1}"
+            )
+        if self.network.transport == "torch" and self.network.tls is not None:
+            problems.append(
+                "network.tls secures the gRPC data plane; network.transport = 'torch' sends "
+                "gloo/NCCL traffic unencrypted — use it inside a trusted cluster network and "
+                "unset network.tls, or keep transport = 'grpc'"
             )
         if problems:
             raise ValueError("; ".join(problems))

@@ -87,6 +87,7 @@ from concord.orchestrator.metrics import MetricsTable
 from concord.orchestrator.records import RunRecords, manifest, summary
 from concord.orchestrator.rounds import RoundBook
 from concord.orchestrator.schedules import Schedules, plan_message
+from concord.orchestrator.store import StoreError, TorchStore, torch_store
 from concord.protos.control_plane import (
     Decision,
     Heartbeat,
@@ -129,6 +130,7 @@ class Orchestrator:
         self.resume_step = resume_step
         self.resumed = None if resume_step is None else checkpoint.load(out, resume_step, cfg)
         self.broker_url = broker or cfg.orchestrator.broker
+        self.store: TorchStore | None = None  # network.transport = "torch": the rendezvous
         self.run_id = run_id
         self.topics = Topics(run_id)
         o = cfg.orchestrator
@@ -473,7 +475,13 @@ class Orchestrator:
                     signing=signing_for(self.cfg, "orchestrator", self.run_id),
                 )
             )
+            try:
+                self.store = torch_store(self.cfg, url)
+            except StoreError as exc:
+                raise OrchestratorError(str(exc)) from exc
             info = {"broker": url, "run": self.run_id, "pid": os.getpid()}
+            if self.store is not None:
+                info["torch_store"] = self.store.address
             self.records.write_json("orchestrator.json", info)
             if not await self.bus.wait_connected(self.cfg.network.startup_timeout):
                 raise OrchestratorError(f"cannot reach the MQTT broker at {url}")
@@ -516,7 +524,8 @@ class Orchestrator:
         lr = make_lr_schedule(cfg, spe)
         plan = make_plan(cfg, lr)
         self.schedules.start(plan)
-        await bus.publish("plan", plan_message(cfg, plan, lr))
+        store = None if self.store is None else self.store.address
+        await bus.publish("plan", plan_message(cfg, plan, lr, store=store))
         self.stage = "setup"
         await self._publish_schedule("initial")
         self.records.write_json(

@@ -32,8 +32,11 @@ from concord.protos.control_plane import Plan, Schedule, Stats
 REPAIR_AHEAD = 2  # steps past the newest step a live peer reported, for a repaired schedule
 
 
-def plan_message(cfg: RunConfig, plan: PhasePlan, lr: LRSchedule) -> Plan:
-    """The retained ``plan``: the phase plan, learning rates and control settings."""
+def plan_message(
+    cfg: RunConfig, plan: PhasePlan, lr: LRSchedule, *, store: str | None = None
+) -> Plan:
+    """The retained ``plan``: the phase plan, learning rates and control settings; ``store``:
+    the torch.distributed store the orchestrator hosts (`concord.orchestrator.store`)."""
     c = cfg.control
     return Plan(
         total_steps=plan.total_steps,
@@ -47,6 +50,7 @@ def plan_message(cfg: RunConfig, plan: PhasePlan, lr: LRSchedule) -> Plan:
             "lag": c.lag,
             "phases": cfg.controlled_phases(),
         },
+        store=store,
     )
 
 

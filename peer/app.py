@@ -3,7 +3,9 @@
 One asyncio event loop runs the gRPC server and the neighbour links; ONE worker thread runs the
 training loop — `concord.core.loop.StepRunner` over `concord.core.task.ClassificationTask` for this
 peer's replica, the very code the vectorized engine runs for all replicas at once, driven by
-`concord.runtime.driver.drive` — and talks to the loop only through `concord.peer.comm.PeerComm`.
+`concord.runtime.driver.drive` — and communicates only through its `concord.peer.comm.RoundComm`:
+`PeerComm` over the loop's gRPC transport, or `concord.peer.torch_plane.TorchComm` over
+torch.distributed (``network.transport = "torch"``: a fixed world, no rejoin).
 
 One driver (`PeerProcess.main`) for both kinds of peer; a coordination says what to run
 (`concord.peer.coordination`): static peers take topology, plan and addresses from the config,
@@ -54,13 +56,14 @@ from concord.core.loop import StepRunner
 from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError as PeerConfigError
 from concord.peer.certs import CertError
-from concord.peer.comm import PeerComm
+from concord.peer.comm import PeerComm, RoundComm
 from concord.peer.coordination import STOP_WAIT, OrchestratedCoordination, StaticCoordination
 from concord.peer.launcher import Identity
 from concord.peer.memory import tune_malloc
 from concord.peer.pace import pace_hooks
 from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 from concord.peer.tls import load_credentials
+from concord.peer.torch_plane import TorchComm, TorchPlane, TorchPlaneError
 from concord.peer.transport import Fetched, Transport
 from concord.peer.validate import STEP_WINDOW
 from concord.runtime.driver import StepHooks, drive
@@ -192,6 +195,7 @@ class PeerProcess:
             self.resume is not None or (out / "metrics.jsonl").is_file()
         )
         self.rejoined: dict[str, int] = {}
+        self.plane: TorchPlane | None = None  # network.transport = "torch", once connected
         after = None if self.resume is None else int(self.resume["run"]["next_step"]) - 1
         if self.broker is not None and resume_step is None and (out / "metrics.jsonl").is_file():
             # an orchestrated peer restarted on its run directory (`concord peer` refuses one of a
@@ -311,15 +315,24 @@ class PeerProcess:
         code = 0
         joined = False
         started = time.perf_counter()
+        plane_error: str | None = None
         try:
             async with coord:
                 joined = await coord.join(task, transport, advertise)
                 if joined:
-                    summary, code = await self._stages(coord, transport, task)
+                    try:
+                        summary, code = await self._stages(coord, transport, task)
+                    except TorchPlaneError as exc:  # a fixed world lost a peer: the run ends
+                        self.log.error("peer.torch_plane_failed", error=str(exc))
+                        plane_error, code = str(exc), 1
+                        summary = {"completed": False, "error": plane_error}
                     await coord.leave(summary)
         finally:
+            if self.plane is not None:
+                self.plane.close()
             await transport.stop(grace=min(5.0, cfg.network.deadline))
-        error = coord.error  # the peer gave up waiting (concord.peer.coordination): exit 1
+        # the peer gave up waiting (concord.peer.coordination) or its torch plane failed: exit 1
+        error = coord.error or plane_error
         if error is not None:
             record = {"role": "peer", "peer": self.peer_id, "completed": False, "error": error}
             self.writer.write_json("error.json", {**record, "ts": time.time()})
@@ -354,11 +367,17 @@ class PeerProcess:
         loop = asyncio.get_running_loop()
         connected = False
         fresh = True  # task.x is still x⁰
+        if cfg.network.transport == "torch":
+            await self._connect_plane(coord)
         while (stage := await coord.next_stage()) is not None:
             if not fresh:  # the calibration pass moved the model: start over from x⁰
                 task = await asyncio.to_thread(ClassificationTask, cfg, [i], device=self._device())
             fresh = False
-            comm = PeerComm(i, cfg.peers, transport, loop)
+            comm: RoundComm = (
+                PeerComm(i, cfg.peers, transport, loop)
+                if self.plane is None
+                else TorchComm(self.plane)
+            )
             comm.step_base = stage.step_base
             control, graphs = coord.round_hooks(stage, comm, loop)
             runner = StepRunner(cfg, task, comm, control=control, graphs=graphs)
@@ -374,6 +393,12 @@ class PeerProcess:
                 connected = True
             await coord.training(stage, transport)
             late = coord.rejoin_at(stage)
+            if late is not None and self.plane is not None:
+                raise TorchPlaneError(
+                    f"peer {i} was re-admitted at step {late} of a run in progress, but "
+                    "network.transport = 'torch' has a fixed world: a peer cannot rejoin it "
+                    "(use transport = 'grpc' for runs that survive restarts)"
+                )
             result = await asyncio.to_thread(
                 self.train,
                 runner,
@@ -390,6 +415,19 @@ class PeerProcess:
             if stage.final or self.stop.is_set():
                 return result, coord.exit_code  # 0 unless the coordination gave up
         return {"completed": False}, coord.exit_code
+
+    async def _connect_plane(self, coord: Coordination) -> None:
+        """Join the torch.distributed process group (``network.transport = "torch"``) once,
+        before the first stage: every peer of the run is there (the orchestrator starts a run
+        when all are ready); a peer that restarted into a run in progress cannot join it."""
+        if self.restarted and self.broker is None and self.resume is None:
+            raise TorchPlaneError(
+                f"peer {self.peer_id} restarted without a checkpoint into a run whose "
+                "data plane is torch.distributed (a fixed world): it cannot rejoin"
+            )
+        plane = TorchPlane(self.cfg, self.peer_id, self._device(), self.run_id)
+        await asyncio.to_thread(plane.connect, coord.torch_store())
+        self.plane = plane
 
     def _request_stop(self, sig: signal.Signals) -> None:
         self.log.info("peer.signal", signal=sig.name)
@@ -465,8 +503,8 @@ class PeerProcess:
         def one(step: int) -> dict[str, Any]:
             record, report = runner.step(step)
             record["step_ms"] = (time.perf_counter() - clock.started) * 1e3  # incl. control waits
-            if comm is not None:  # where the communication part went (`peer.comm.Breakdown`)
-                record.update(comm.take_breakdown())
+            if isinstance(runner.comm, RoundComm):  # where communication went (`Breakdown`)
+                record.update(runner.comm.take_breakdown())
             record["peer"] = i
             if jumps and jumps[-1][1] == step:
                 record["jumped_from"] = jumps[-1][0]
@@ -643,7 +681,7 @@ class PeerProcess:
             "engine": "peer",
             "peer": self.peer_id,
             "next_step": step + 1,
-            "step_base": runner.comm.step_base if isinstance(runner.comm, PeerComm) else 0,
+            "step_base": runner.comm.step_base if isinstance(runner.comm, RoundComm) else 0,
             "total_steps": runner.total_steps,
             "rounds_total": runner.rounds_total,
             "counters": counters_state(runner.comm.counters),

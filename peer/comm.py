@@ -1,4 +1,5 @@
-"""`PeerComm`: the `concord.core.comm.Comm` interface of one peer, backed by the gRPC transport.
+"""`RoundComm`: the `concord.core.comm.Comm` interface of one peer; `PeerComm`: over the gRPC
+transport (`concord.peer.torch_plane.TorchComm`: over torch.distributed, ``network.transport``).
 
 The training thread calls these methods; each submits one coroutine to the peer's event loop
 (`asyncio.run_coroutine_threadsafe`). `mix`, `allreduce_mean` and `exchange` wait for it; the
@@ -23,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 import structlog
@@ -43,7 +45,22 @@ if TYPE_CHECKING:
 log = structlog.get_logger("concord.peer.comm")
 _SLACK = 5.0  # seconds a round may overrun its deadline before the training thread gives up
 T = TypeVar("T")
-Received = tuple[dict[int, "Arrival"], MixOutcome]
+
+
+class Delivered(Protocol):
+    """One neighbour's tensor as a data plane hands it over (`concord.peer.mailbox.Arrival` on
+    gRPC; `concord.peer.torch_plane` builds its own): validated, its parts readable."""
+
+    @property
+    def codec(self) -> str: ...
+
+    @property
+    def push_weight(self) -> float | None: ...
+
+    def tensors(self) -> dict[str, torch.Tensor]: ...
+
+
+Received = tuple[dict[int, Delivered], MixOutcome]
 
 
 @dataclass
@@ -59,14 +76,16 @@ class Breakdown:
         return {k: round(v, 3) for k, v in asdict(self).items()}
 
 
-class PeerComm(Comm):
-    def __init__(
-        self, rank: int, world_size: int, transport: Transport, loop: asyncio.AbstractEventLoop
-    ) -> None:
+class RoundComm(Comm):
+    """The `Comm` of one peer process (k = 1) over a data plane that runs *rounds*: a round sends
+    one tensor to some neighbours and collects theirs (`_start`, then `_finish`). The arithmetic
+    — codecs, the weighted sum, renormalisation, push-sum weights, the average — lives here,
+    once, for every plane: gRPC (`PeerComm`) and torch.distributed
+    (`concord.peer.torch_plane.TorchComm`)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
         self.rank = rank
         self.n = world_size
-        self.transport = transport
-        self.loop = loop
         self.counters = CommCounters()
         self.last_outcome: MixOutcome | None = None
         self.step_base = 0  # added to data-plane step numbers (a run's stages never share one)
@@ -77,12 +96,6 @@ class PeerComm(Comm):
         out, self.breakdown = self.breakdown.as_record(), Breakdown()
         return out
 
-    def begin_step(self, step: int) -> None:
-        """Move the mailbox (owned by the loop) to this step: neighbours' frames are accepted up
-        to STEP_WINDOW steps ahead of it even when the algorithm did not communicate for a while
-        (local SGD's local-only steps)."""
-        self.loop.call_soon_threadsafe(self.transport.mailbox.advance, self.step_base + step)
-
     @property
     def world_size(self) -> int:
         return self.n
@@ -91,6 +104,7 @@ class PeerComm(Comm):
     def ranks(self) -> Sequence[int]:
         return (self.rank,)
 
+    @abstractmethod
     def _start(
         self,
         *,
@@ -103,75 +117,27 @@ class PeerComm(Comm):
         encoded: Encoded | None = None,
         push_weight: float | None = None,
     ) -> _Round:
-        """Build the frames (training thread) and hand the round to the loop; returns at once.
-        ``values`` (when not ``encoded``) is sent without a copy: leave it unchanged until the
-        round has been finished (`_finish`)."""
-        t0 = time.perf_counter()
-        step += self.step_base
-        flat = values.detach().to(torch.float32).contiguous().view(-1)
-        parts = encoded.parts if encoded is not None else {"values": flat}
-        frames = (
-            self.transport.frames(
-                step=step,
-                round=round,
-                tensor_id=tensor_id,
-                codec=encoded.codec if encoded is not None else "none",
-                parts=parts,
-                push_weight=push_weight,
-            )
-            if send_to
-            else None
-        )
-        coro = self.transport.round_(
-            step=step,
-            round=round,
-            tensor_id=tensor_id,
-            frames=frames,
-            send_to=send_to,
-            receive_from=receive_from,
-        )
-        started = time.perf_counter()
-        self.breakdown.encode_ms += (started - t0) * 1e3
-        wire = sum(t.numel() * t.element_size() for t in parts.values())
-        return _Round(
-            future=asyncio.run_coroutine_threadsafe(coro, self.loop),
-            started=started,
-            step=step,
-            round=round,
-            tensor_id=tensor_id,
-            edges=[(self.rank, j) for j in send_to],
-            receive_from=receive_from,
-            raw=flat.numel() * 4,
-            wire=wire,
-        )
+        """Start one round and return at once (training thread): send ``encoded`` — or
+        ``values`` as float32, without a copy: leave them unchanged until `_finish` — to every
+        peer of ``send_to``; collect one tensor from each of ``receive_from``."""
 
+    @abstractmethod
     def _finish(self, r: _Round, *, overlapped: bool) -> Received:
         """Wait for a started round (training thread); what arrived and the outcome.
         ``overlapped``: the caller did other work since `_start` (`Breakdown.overlap_ms`)."""
-        t1 = time.perf_counter()
+
+    @abstractmethod
+    def _done(self, r: _Round) -> bool:
+        """Whether a started round has ended; never blocks."""
+
+    def _ended(self, r: _Round, t1: float, outcome: MixOutcome, *, overlapped: bool) -> None:
+        """Account a round that ended: `Breakdown` (``t1``: when `_finish` was called),
+        counters, `last_outcome`."""
         if overlapped:
             self.breakdown.overlap_ms += (t1 - r.started) * 1e3
-        try:
-            # `round_` ends at its deadline (sends and receives are bounded per tensor); this
-            # is the backstop: a round stuck beyond it is recorded as missing every neighbour,
-            # never an exception out of the training step
-            arrived, outcome = r.future.result(timeout=2 * self.transport.deadline + _SLACK)
-        except concurrent.futures.TimeoutError:
-            r.future.cancel()
-            log.warning(
-                "round.overrun",
-                peer=self.rank,
-                step=r.step,
-                round=r.round,
-                tensor_id=r.tensor_id,
-                waited=2 * self.transport.deadline + _SLACK,
-            )
-            arrived = {}
-            outcome = MixOutcome(answered=[[]], missing=[list(r.receive_from)], rejected=[[]])
         self.breakdown.wait_ms += (time.perf_counter() - (t1 if overlapped else r.started)) * 1e3
         self.counters.add_edges(r.edges, raw=r.raw, wire=r.wire)
         self.last_outcome = outcome
-        return arrived, outcome
 
     def _round(
         self,
@@ -346,11 +312,108 @@ class PeerComm(Comm):
         }
 
 
+class PeerComm(RoundComm):
+    """`RoundComm` over the peer's gRPC `concord.peer.transport.Transport`: each round is one
+    coroutine on the peer's event loop (module docstring)."""
+
+    def __init__(
+        self, rank: int, world_size: int, transport: Transport, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(rank, world_size)
+        self.transport = transport
+        self.loop = loop
+
+    def begin_step(self, step: int) -> None:
+        """Move the mailbox (owned by the loop) to this step: neighbours' frames are accepted up
+        to STEP_WINDOW steps ahead of it even when the algorithm did not communicate for a while
+        (local SGD's local-only steps)."""
+        self.loop.call_soon_threadsafe(self.transport.mailbox.advance, self.step_base + step)
+
+    def _start(
+        self,
+        *,
+        step: int,
+        round: int,
+        tensor_id: int,
+        values: torch.Tensor,
+        send_to: list[int],
+        receive_from: list[int],
+        encoded: Encoded | None = None,
+        push_weight: float | None = None,
+    ) -> _Round:
+        """Build the frames (training thread) and hand the round to the loop."""
+        t0 = time.perf_counter()
+        step += self.step_base
+        flat = values.detach().to(torch.float32).contiguous().view(-1)
+        parts = encoded.parts if encoded is not None else {"values": flat}
+        frames = (
+            self.transport.frames(
+                step=step,
+                round=round,
+                tensor_id=tensor_id,
+                codec=encoded.codec if encoded is not None else "none",
+                parts=parts,
+                push_weight=push_weight,
+            )
+            if send_to
+            else None
+        )
+        coro = self.transport.round_(
+            step=step,
+            round=round,
+            tensor_id=tensor_id,
+            frames=frames,
+            send_to=send_to,
+            receive_from=receive_from,
+        )
+        started = time.perf_counter()
+        self.breakdown.encode_ms += (started - t0) * 1e3
+        wire = sum(t.numel() * t.element_size() for t in parts.values())
+        return _GrpcRound(
+            future=asyncio.run_coroutine_threadsafe(coro, self.loop),
+            started=started,
+            step=step,
+            round=round,
+            tensor_id=tensor_id,
+            edges=[(self.rank, j) for j in send_to],
+            receive_from=receive_from,
+            raw=flat.numel() * 4,
+            wire=wire,
+        )
+
+    def _done(self, r: _Round) -> bool:
+        assert isinstance(r, _GrpcRound)
+        return r.future.done()
+
+    def _finish(self, r: _Round, *, overlapped: bool) -> Received:
+        assert isinstance(r, _GrpcRound)
+        t1 = time.perf_counter()
+        try:
+            # `round_` ends at its deadline (sends and receives are bounded per tensor); this
+            # is the backstop: a round stuck beyond it is recorded as missing every neighbour,
+            # never an exception out of the training step
+            arrived, outcome = r.future.result(timeout=2 * self.transport.deadline + _SLACK)
+        except concurrent.futures.TimeoutError:
+            r.future.cancel()
+            log.warning(
+                "round.overrun",
+                peer=self.rank,
+                step=r.step,
+                round=r.round,
+                tensor_id=r.tensor_id,
+                waited=2 * self.transport.deadline + _SLACK,
+            )
+            arrived = {}
+            outcome = MixOutcome(answered=[[]], missing=[list(r.receive_from)], rejected=[[]])
+        self._ended(r, t1, outcome, overlapped=overlapped)
+        return dict(arrived), outcome
+
+
 @dataclass
 class _Round:
-    """One round handed to the loop (`PeerComm._start`) and what to account when it ends."""
+    """One round started on a data plane (`RoundComm._start`) and what to account when it
+    ends."""
 
-    future: concurrent.futures.Future[Received]
     started: float  # perf_counter when it was handed over
     step: int  # with the step base
     round: int
@@ -361,19 +424,28 @@ class _Round:
     wire: int  # bytes per message on the wire
 
 
+@dataclass
+class _GrpcRound(_Round):
+    """A round handed to the event loop (`PeerComm._start`)."""
+
+    future: concurrent.futures.Future[tuple[dict[int, Arrival], MixOutcome]] = field(
+        default_factory=concurrent.futures.Future
+    )
+
+
 class RoundHandle(Pending[T]):
-    """A round of `PeerComm` in flight on the event loop (`concord.core.comm.Pending`):
+    """A round of a `RoundComm` in flight on its data plane (`concord.core.comm.Pending`):
     ``done`` polls it without blocking; ``wait`` (training thread) blocks until it has ended,
     then runs ``finish`` — the decoding and arithmetic — on what arrived, once."""
 
-    def __init__(self, comm: PeerComm, round: _Round, finish: Callable[[Received], T]) -> None:
+    def __init__(self, comm: RoundComm, round: _Round, finish: Callable[[Received], T]) -> None:
         self.comm = comm
         self.round = round
         self._finish = finish
         self._result: tuple[T] | None = None
 
     def done(self) -> bool:
-        return self._result is not None or self.round.future.done()
+        return self._result is not None or self.comm._done(self.round)
 
     def wait(self) -> T:
         return self.result(overlapped=True)

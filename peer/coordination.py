@@ -72,7 +72,7 @@ from concord.core.graphs.topology import (
 )
 from concord.core.loop import StepRunner
 from concord.core.task import ClassificationTask
-from concord.peer.comm import PeerComm
+from concord.peer.comm import RoundComm
 from concord.peer.control import ControlClient, GraphStats, OrchestratedControl
 from concord.peer.serde import TENSOR_ALLREDUCE
 from concord.peer.transport import Transport
@@ -148,7 +148,7 @@ class StaticCoordination:
         return Stage("train", None, 0)
 
     def round_hooks(
-        self, stage: Stage, comm: PeerComm, loop: asyncio.AbstractEventLoop
+        self, stage: Stage, comm: RoundComm, loop: asyncio.AbstractEventLoop
     ) -> tuple[OrchestratedControl | None, GraphStats | None]:
         return None, None
 
@@ -166,6 +166,10 @@ class StaticCoordination:
 
     def rejoin_at(self, stage: Stage) -> int | None:
         return None  # a restarted static peer rejoins from its checkpoint (`concord.peer.app`)
+
+    def torch_store(self) -> str | None:
+        """No orchestrator, no store: static peers rendezvous by env:// or tcp://."""
+        return None
 
     def neighbours(self) -> list[int]:
         return [j for j in range(self.cfg.peers) if j != self.peer_id]
@@ -559,6 +563,12 @@ class OrchestratedCoordination:
             self._transport.mailbox.advance(stage.step_base + step)
         return step
 
+    def torch_store(self) -> str | None:
+        """The torch.distributed store the orchestrator announced in the plan
+        (``network.transport = "torch"``; `concord.orchestrator.store`)."""
+        plan = self.client.plan
+        return None if plan is None else plan.store
+
     def neighbours(self) -> list[int]:
         """The peers of the schedule held (a rejoining peer fetches from them)."""
         s = self.client.schedule
@@ -592,7 +602,7 @@ class OrchestratedCoordination:
         return Stage(control.stage, control.steps or None, control.step_base)
 
     def round_hooks(
-        self, stage: Stage, comm: PeerComm, loop: asyncio.AbstractEventLoop
+        self, stage: Stage, comm: RoundComm, loop: asyncio.AbstractEventLoop
     ) -> tuple[OrchestratedControl | None, GraphStats | None]:
         cfg = self.cfg
 

@@ -306,6 +306,8 @@ class Plan(Message):
     phases: dict[Str, Any]
     lr: dict[Str, Any]
     control: dict[Str, Any]
+    # network.transport = "torch": the torch.distributed TCPStore the orchestrator hosts
+    store: Address | None = None
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 #!/bin/bash
 # The same run started by torchrun, one command per node (no Slurm): torchrun sets RANK and
-# LOCAL_RANK, from which `concord peer` without --id takes its id and its GPU. Concord does not
-# use torchrun's process group (its data plane is gRPC), only its ranks; its rendezvous still
-# needs an endpoint every node reaches.
+# LOCAL_RANK, from which `concord peer` without --id takes its id and its GPU. With the default
+# gRPC data plane Concord uses only torchrun's ranks; with TRANSPORT=torch the tensors move over
+# a torch.distributed process group (NCCL on GPUs, gloo on CPUs) joined at torchrun's
+# MASTER_ADDR/MASTER_PORT (env://) — a fixed world: no rejoin (docs/deployment.md).
 #
 #   HEAD=node0 NODE_RANK=0 examples/torchrun/run.sh     # on node 0, after Mosquitto and
 #   HEAD=node0 NODE_RANK=1 examples/torchrun/run.sh     #   `concord orchestrator` started there
+#   TRANSPORT=torch HEAD=node0 NODE_RANK=0 examples/torchrun/run.sh   # NCCL/gloo data plane
 #
 # run.toml's `peers` must be NNODES × NPROC (default 2 × 4).
 set -euo pipefail
@@ -14,8 +16,9 @@ NNODES=${NNODES:-2}
 NPROC=${NPROC:-4}
 CONFIG=${CONFIG:-run.toml}
 RUN_ID=${RUN_ID:-concord-demo}
+TRANSPORT=${TRANSPORT:-grpc}
 ADDRESS=$(hostname -i | cut -d" " -f1)
 exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC" --node-rank "$NODE_RANK" \
     --rdzv-backend c10d --rdzv-endpoint "$HEAD:29400" --rdzv-id "$RUN_ID" --no-python \
     concord peer --config "$CONFIG" --broker "mqtt://$HEAD:1883" --run-id "$RUN_ID" \
-    --listen "$ADDRESS:0"
+    --listen "$ADDRESS:0" --set "network.transport=$TRANSPORT"

@@ -1,0 +1,452 @@
+"""The torch.distributed data plane (``network.transport = "torch"``): `TorchComm` moves the
+tensors of `concord.core.comm.Comm` with point-to-point operations of a process group — gloo on
+CPU, NCCL on GPU — while the control plane (stages, schedules, consensus decisions) stays MQTT.
+
+What it is for: a data-centre cluster where NCCL moves GPU tensors GPU to GPU and gloo's C++
+transport costs less CPU per byte than Concord's validated gRPC streams. What it gives up, by
+construction of a process group: a *fixed world* — every peer must be there at the rendezvous, a
+peer cannot rejoin, and a crashed or unreachable peer makes its neighbours' operations fail
+within ``network.torch.timeout``, which ends the run (no skipping, no renormalising over who
+answered). No TLS: use it on a trusted network (docs/deployment.md#torch-data-plane).
+
+Rendezvous (`TorchPlane.connect`, ``network.torch.init``):
+
+* ``orchestrator`` — the orchestrator hosts a ``TCPStore`` and announces its address in the
+  retained ``plan`` message (``Plan.store``); peers join the process group through it, keys
+  prefixed with the run id;
+* ``env`` — ``env://`` (MASTER_ADDR / MASTER_PORT, as ``torchrun`` sets them);
+* ``tcp://HOST:PORT`` — peer 0 hosts the store there (static peers without an orchestrator);
+* ``auto`` — ``env`` when MASTER_ADDR and MASTER_PORT are set, else ``orchestrator``.
+
+Rank = peer id, world size = ``peers``.
+
+One round, between a sender and each neighbour, is two messages in one batch
+(`torch.distributed.batch_isend_irecv`, which NCCL needs to run sends and receives together):
+
+* a header, int64 ``[MAGIC, step, round, tensor_id, byte_length, push-sum weight bits]`` — the
+  receiver checks that both sides are in the same round of the same step and raises
+  `TorchPlaneError` naming both if not (the peers' plans diverged: a bug, not a network fault);
+* the payload, uint8: the codec's parts back to back (`concord.peer.serde.layout`), or the
+  float32 vector itself without a copy. Its length is known to the receiver beforehand (the
+  codec's `part_specs` for a d-vector); per-edge messages (`TorchComm.exchange`) send the
+  headers first, then payloads of the announced lengths.
+
+Received floating parts are checked as on gRPC (finite, ``network.max_abs_value``): a neighbour
+whose tensor fails is *rejected* for that round (`MixOutcome.rejected`) and the mix uses the
+others. The arithmetic — codecs, weights, push-sum — is `concord.peer.comm.RoundComm`'s, shared
+with the gRPC plane, so the two planes give the same parameters (`tests/integration/
+test_torch_plane.py`). The exact average (`allreduce_mean`) is one ``all_reduce``.
+
+GPU-only code paths (NCCL: device buffers, ``torch.cuda.set_device``) are marked ``# GPU path``;
+they run where a GPU exists (`tests/peer/test_torch_plane.py::test_nccl_*`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import structlog
+import torch
+import torch.distributed as dist
+
+from concord.core.comm import Edge, MixOutcome
+from concord.core.compress import Encoded
+from concord.errors import RejectedError
+from concord.errors import TorchPlaneError as TorchPlaneError
+from concord.peer.comm import Delivered, Received, RoundComm, RoundHandle, _Round
+from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, PartSpec, layout
+from concord.peer.validate import check_values
+
+if TYPE_CHECKING:
+    from concord.core.config import RunConfig
+
+log = structlog.get_logger("concord.peer.torch_plane")
+
+MAGIC = 0x434F4E43  # "CONC"
+HEADER = 6  # int64 fields of a header
+_TAG_HEADER, _TAG_PAYLOAD = 1, 2
+
+
+def _f64_bits(value: float | None) -> int:
+    """A push-sum weight as int64 bits (NaN: no weight), to travel in the int64 header."""
+    x = math.nan if value is None else value
+    return int(struct.unpack("<q", struct.pack("<d", x))[0])
+
+
+def _bits_f64(bits: int) -> float | None:
+    x = float(struct.unpack("<d", struct.pack("<q", bits))[0])
+    return None if math.isnan(x) else x
+
+
+class TorchPlane:
+    """This process's membership in the run's torch.distributed process group."""
+
+    def __init__(self, cfg: RunConfig, rank: int, device: torch.device, run_id: str) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = cfg.peers
+        self.run_id = run_id
+        t = cfg.network.torch
+        backend = t.backend
+        if backend == "auto":
+            backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "nccl" and device.type != "cuda":
+            raise TorchPlaneError(
+                f"network.torch.backend = 'nccl' moves GPU tensors; this peer's device is {device}"
+                " (use 'gloo' or 'auto')"
+            )
+        self.backend = backend
+        # gloo sends CPU tensors; NCCL sends from the peer's GPU
+        self.device = device if backend == "nccl" else torch.device("cpu")
+        self.timeout = datetime.timedelta(seconds=t.timeout)
+        self.connected = False
+
+    def method(self) -> str:
+        """The rendezvous ``network.torch.init`` selects here: 'orchestrator', 'env' or a
+        tcp:// URL."""
+        init = self.cfg.network.torch.init
+        if init == "auto":
+            env = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+            return "env" if env else "orchestrator"
+        return init
+
+    def connect(self, store: str | None) -> None:
+        """Join the process group (blocks until every peer has joined, at most
+        ``network.torch.timeout``). ``store``: the orchestrator's TCPStore ``host:port`` (from
+        the plan), needed when the rendezvous is 'orchestrator'."""
+        method = self.method()
+        kwargs: dict[str, object] = {}
+        if method == "orchestrator":
+            if store is None:
+                raise TorchPlaneError(
+                    "network.torch.init = 'orchestrator' but no store address came with the "
+                    "plan (static peers have no orchestrator: set network.torch.init to 'env' "
+                    "or 'tcp://HOST:PORT')"
+                )
+            host, _, port = store.rpartition(":")
+            client = dist.TCPStore(  # type: ignore[attr-defined]
+                host, int(port), is_master=False, timeout=self.timeout, use_libuv=True
+            )
+            prefix = f"concord/{self.run_id}/"
+            kwargs["store"] = dist.PrefixStore(prefix, client)  # type: ignore[attr-defined]
+        elif method == "env":
+            missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+            if missing:
+                raise TorchPlaneError(
+                    f"network.torch.init = 'env' needs {' and '.join(missing)} in the "
+                    "environment (torchrun sets them)"
+                )
+            kwargs["init_method"] = "env://"
+        else:
+            kwargs["init_method"] = method
+        if self.backend == "nccl":  # GPU path
+            torch.cuda.set_device(self.device)
+        t0 = time.perf_counter()
+        try:
+            dist.init_process_group(
+                self.backend,
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=self.timeout,
+                **kwargs,  # type: ignore[arg-type]
+            )
+            # every peer is in; NCCL wants one collective over the whole group before the
+            # first batched point-to-point operation
+            dist.barrier()
+        except (RuntimeError, ValueError) as exc:
+            raise TorchPlaneError(
+                f"torch.distributed rendezvous ({method}, backend {self.backend}) failed for "
+                f"peer {self.rank} of {self.world_size}: {exc}"
+            ) from exc
+        self.connected = True
+        log.info(
+            "torch_plane.connected",
+            backend=self.backend,
+            init=method,
+            seconds=round(time.perf_counter() - t0, 3),
+        )
+
+    def close(self) -> None:
+        if self.connected and dist.is_initialized():
+            dist.destroy_process_group()
+        self.connected = False
+
+
+@dataclass
+class _Message:
+    """One neighbour's tensor as received (`concord.peer.comm.Delivered`)."""
+
+    codec: str
+    push_weight: float | None
+    parts: tuple[PartSpec, ...]
+    payload: torch.Tensor  # uint8, on the plane's device
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Views of the named parts (parts are aligned: `concord.core.compress`)."""
+        return {
+            p.name: self.payload[p.offset : p.offset + p.nbytes].view(p.dtype) for p in self.parts
+        }
+
+
+@dataclass
+class _TorchRound(_Round):
+    """A round in flight: its works and the receive buffers."""
+
+    works: list[dist.Work] | None = None
+    headers: dict[int, torch.Tensor] = field(default_factory=dict)  # sender → its header
+    payloads: dict[int, torch.Tensor] = field(default_factory=dict)  # sender → payload buffer
+    codec: str = "none"
+    parts: tuple[PartSpec, ...] = ()
+    keep: tuple[torch.Tensor, ...] = ()  # what is being sent: alive until the works end
+
+
+class TorchComm(RoundComm):
+    """`RoundComm` over a connected `TorchPlane` (module docstring)."""
+
+    def __init__(self, plane: TorchPlane) -> None:
+        if not plane.connected:
+            raise TorchPlaneError("TorchComm needs a connected TorchPlane (TorchPlane.connect)")
+        super().__init__(plane.rank, plane.world_size)
+        self.plane = plane
+        self.device = plane.device
+        cfg = plane.cfg
+        self.max_abs_value = cfg.network.max_abs_value
+
+    def _header(
+        self, step: int, round: int, tensor_id: int, nbytes: int, push: float | None
+    ) -> torch.Tensor:
+        values = [MAGIC, step, round, tensor_id, nbytes, _f64_bits(push)]
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    @staticmethod
+    def _layout(values: torch.Tensor, encoded: Encoded | None) -> tuple[tuple[PartSpec, ...], int]:
+        """The payload layout of this round — the neighbours' as well: a codec's parts have
+        sizes fixed by d (`part_specs`), and every peer of a round encodes with the same codec."""
+        if encoded is None:
+            return (PartSpec("values", torch.float32, values.numel(), 0),), 4 * values.numel()
+        specs, total = layout(encoded.parts)
+        return tuple(specs), total
+
+    def _payload(self, values: torch.Tensor, encoded: Encoded | None) -> torch.Tensor:
+        """The bytes to send: the float32 vector itself (no copy) or the codec's parts packed."""
+        if encoded is None:
+            flat = values.detach().to(device=self.device, dtype=torch.float32).contiguous()
+            return flat.view(-1).view(torch.uint8)
+        specs, total = layout(encoded.parts)
+        buf = torch.empty(total, dtype=torch.uint8, device=self.device)
+        for spec in specs:
+            part = encoded.parts[spec.name].detach().contiguous().view(-1)
+            buf[spec.offset : spec.offset + spec.nbytes].copy_(part.view(torch.uint8))
+        return buf
+
+    def _run(self, ops: list[dist.P2POp], what: str) -> list[dist.Work]:
+        if not ops:
+            return []
+        try:
+            return list(dist.batch_isend_irecv(ops))
+        except RuntimeError as exc:
+            raise TorchPlaneError(f"peer {self.rank}: {what} failed to start: {exc}") from exc
+
+    def _wait(self, works: Sequence[dist.Work], what: str) -> None:
+        for w in works:
+            try:
+                w.wait(self.plane.timeout)
+            except RuntimeError as exc:
+                raise TorchPlaneError(
+                    f"peer {self.rank}: {what} failed (a peer crashed, is unreachable or "
+                    f"stalled beyond network.torch.timeout = "
+                    f"{self.plane.timeout.total_seconds():g} s; the torch data plane's world "
+                    f"is fixed): {exc}"
+                ) from exc
+
+    def _start(
+        self,
+        *,
+        step: int,
+        round: int,
+        tensor_id: int,
+        values: torch.Tensor,
+        send_to: list[int],
+        receive_from: list[int],
+        encoded: Encoded | None = None,
+        push_weight: float | None = None,
+    ) -> _Round:
+        t0 = time.perf_counter()
+        step += self.step_base
+        d = encoded.d if encoded is not None else values.numel()
+        codec = encoded.codec if encoded is not None else "none"
+        payload = self._payload(values, encoded) if send_to else torch.empty(0)
+        parts, nbytes = self._layout(values, encoded)
+        header = self._header(step, round, tensor_id, nbytes, push_weight)
+        headers = {
+            j: torch.empty(HEADER, dtype=torch.int64, device=self.device) for j in receive_from
+        }
+        payloads = {
+            j: torch.empty(nbytes, dtype=torch.uint8, device=self.device) for j in receive_from
+        }
+        ops: list[dist.P2POp] = []
+        for j in send_to:
+            ops.append(dist.P2POp(dist.isend, header, j, tag=_TAG_HEADER))
+            ops.append(dist.P2POp(dist.isend, payload, j, tag=_TAG_PAYLOAD))
+        for j in receive_from:
+            ops.append(dist.P2POp(dist.irecv, headers[j], j, tag=_TAG_HEADER))
+            ops.append(dist.P2POp(dist.irecv, payloads[j], j, tag=_TAG_PAYLOAD))
+        works = self._run(ops, f"round {round} of step {step}")
+        started = time.perf_counter()
+        self.breakdown.encode_ms += (started - t0) * 1e3
+        return _TorchRound(
+            started=started,
+            step=step,
+            round=round,
+            tensor_id=tensor_id,
+            edges=[(self.rank, j) for j in send_to],
+            receive_from=receive_from,
+            raw=d * 4,
+            wire=nbytes,
+            works=works,
+            headers=headers,
+            payloads=payloads,
+            codec=codec,
+            parts=parts,
+            keep=(header, payload),
+        )
+
+    def _done(self, r: _Round) -> bool:
+        assert isinstance(r, _TorchRound)
+        return all(w.is_completed() for w in r.works or ())
+
+    def _check_header(
+        self, r: _TorchRound, j: int, header: torch.Tensor, nbytes: int
+    ) -> float | None:
+        magic, step, round, tensor_id, length, push = (int(v) for v in header.tolist())
+        if (magic, step, round, tensor_id, length) != (MAGIC, r.step, r.round, r.tensor_id, nbytes):
+            raise TorchPlaneError(
+                f"peer {self.rank} expected tensor {r.tensor_id} of step {r.step} round "
+                f"{r.round} ({nbytes} bytes) from peer {j} and got tensor {tensor_id} of step "
+                f"{step} round {round} ({length} bytes, magic {magic:#x}): the peers' rounds "
+                "diverged"
+            )
+        return _bits_f64(push)
+
+    def _finish(self, r: _Round, *, overlapped: bool) -> Received:
+        assert isinstance(r, _TorchRound)
+        t1 = time.perf_counter()
+        peers = sorted({j for _, j in r.edges} | set(r.receive_from))
+        self._wait(r.works or (), f"round {r.round} of step {r.step} with peers {peers}")
+        r.works, r.keep = None, ()
+        outcome = MixOutcome(answered=[[]], missing=[[]], rejected=[[]])
+        arrived: dict[int, Delivered] = {}
+        nbytes = sum(p.nbytes for p in r.parts)
+        for j in r.receive_from:
+            push = self._check_header(r, j, r.headers[j], nbytes)
+            got = _Message(r.codec, push, r.parts, r.payloads[j])
+            try:
+                check_values(got.tensors(), r.parts, self.max_abs_value)
+            except RejectedError as exc:
+                log.warning("torch_plane.rejected", sender=j, step=r.step, reason=exc.detail)
+                outcome.rejected[0].append((j, exc.detail))
+                continue
+            arrived[j] = got
+            outcome.answered[0].append(j)
+        self._ended(r, t1, outcome, overlapped=overlapped)
+        return arrived, outcome
+
+    def start_allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> RoundHandle[torch.Tensor]:
+        """One ``all_reduce`` (sum) of a copy of ``x``'s row, divided by n in ``wait``."""
+        t0 = time.perf_counter()
+        buf = x[0].detach().to(self.device).clone()
+        try:
+            work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
+        except RuntimeError as exc:
+            raise TorchPlaneError(f"peer {self.rank}: all_reduce failed to start: {exc}") from exc
+        started = time.perf_counter()
+        self.breakdown.encode_ms += (started - t0) * 1e3
+        others = [j for j in range(self.n) if j != self.rank]
+        r = _TorchRound(
+            started=started,
+            step=step + self.step_base,
+            round=0,
+            tensor_id=TENSOR_ALLREDUCE,
+            edges=[(self.rank, j) for j in others],
+            receive_from=[],
+            raw=buf.numel() * buf.element_size(),
+            wire=buf.numel() * buf.element_size(),
+            works=[work] if work is not None else [],
+        )
+
+        def average(received: Received) -> torch.Tensor:
+            return (buf / self.n).to(device=x.device, dtype=x.dtype).unsqueeze(0)
+
+        return RoundHandle(self, r, average)
+
+    def exchange(
+        self,
+        outgoing: Mapping[Edge, torch.Tensor],
+        incoming: Sequence[Edge],
+        *,
+        step: int = 0,
+        round: int = 0,
+    ) -> dict[Edge, torch.Tensor]:
+        """Per-edge messages: every header first (the receivers learn each payload's length),
+        then every payload, each phase one batch of sends and receives."""
+        for src, _ in outgoing:
+            if src != self.rank:
+                raise ValueError(f"edge from {src}: this peer is {self.rank}")
+        t0 = time.perf_counter()
+        wire_step = step + self.step_base
+        sends = {
+            dst: t.detach().to(device=self.device, dtype=torch.float32).contiguous().view(-1)
+            for (_, dst), t in outgoing.items()
+        }
+        sources = [src for src, dst in incoming if dst == self.rank]
+        sent_headers = {
+            dst: self._header(wire_step, round, TENSOR_EDGE, 4 * t.numel(), None)
+            for dst, t in sends.items()
+        }
+        headers = {j: torch.empty(HEADER, dtype=torch.int64, device=self.device) for j in sources}
+        ops = [dist.P2POp(dist.isend, h, dst, tag=_TAG_HEADER) for dst, h in sent_headers.items()]
+        ops += [dist.P2POp(dist.irecv, h, j, tag=_TAG_HEADER) for j, h in headers.items()]
+        what = f"per-edge round {round} of step {wire_step}"
+        self._wait(self._run(ops, what), what)
+        lengths = {}
+        for j, h in headers.items():
+            magic, s, r, tid, nbytes, _ = (int(v) for v in h.tolist())
+            if (magic, s, r, tid) != (MAGIC, wire_step, round, TENSOR_EDGE) or nbytes % 4:
+                raise TorchPlaneError(
+                    f"peer {self.rank} expected a per-edge message of step {wire_step} round "
+                    f"{round} from peer {j} and got tensor {tid} of step {s} round {r} "
+                    f"({nbytes} bytes, magic {magic:#x}): the peers' rounds diverged"
+                )
+            lengths[j] = nbytes // 4
+        received = {
+            j: torch.empty(n, dtype=torch.float32, device=self.device) for j, n in lengths.items()
+        }
+        ops = [dist.P2POp(dist.isend, t, dst, tag=_TAG_PAYLOAD) for dst, t in sends.items()]
+        ops += [dist.P2POp(dist.irecv, t, j, tag=_TAG_PAYLOAD) for j, t in received.items()]
+        self._wait(self._run(ops, what), what)
+        self.breakdown.wait_ms += (time.perf_counter() - t0) * 1e3
+        for dst, t in sends.items():
+            self.counters.add_edges([(self.rank, dst)], raw=4 * t.numel(), wire=4 * t.numel())
+        out: dict[Edge, torch.Tensor] = {}
+        for src, dst in incoming:
+            got = received.get(src)
+            if got is None:
+                continue
+            try:
+                check_values(
+                    {"values": got},
+                    (PartSpec("values", torch.float32, got.numel(), 0),),
+                    self.max_abs_value,
+                )
+            except RejectedError as exc:
+                log.warning("torch_plane.rejected", sender=src, step=wire_step, reason=exc.detail)
+                continue
+            out[(src, dst)] = got
+        return out
