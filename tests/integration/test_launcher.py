@@ -4,6 +4,9 @@ in the environment — train together and say where their ids came from."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.integration.peers import Peers, write_config
@@ -41,3 +44,42 @@ def test_peers_take_their_ids_from_the_launchers_environment(tmp_path: Path) -> 
             i,
             local,
         )
+
+
+def test_torchrun_starts_peers_on_the_torch_data_plane(tmp_path: Path) -> None:
+    """``torchrun --standalone --nproc-per-node 2`` starts two static peers without ``--id``;
+    with ``network.transport = "torch"`` (init ``auto``) they join torchrun's own store by
+    env:// (MASTER_ADDR / MASTER_PORT) and train to the end."""
+    config = write_config(tmp_path / "run.toml", 2, SMALL)
+    config.write_text(config.read_text() + 'transport = "torch"\n')
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--no-python",
+            sys.executable,
+            "-m",
+            "concord.lab.cli",
+            "peer",
+            "--config",
+            str(config),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for i in (0, 1):
+        run = tmp_path / "runs" / f"peer-{i}"
+        assert json.loads((run / "summary.json").read_text())["completed"]
+        logs = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        (plane,) = [r for r in logs if r["event"] == "torch_plane.connected"]
+        assert (plane["init"], plane["backend"]) == ("env", "gloo")
+        (identity,) = [r for r in logs if r["event"] == "peer.identity"]
+        assert identity["source"] == "RANK"
