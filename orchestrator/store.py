@@ -1,10 +1,10 @@
 """The rendezvous store of the torch.distributed data plane (``network.transport = "torch"``,
 `concord.peer.torch_plane`): the orchestrator hosts a ``TCPStore`` (every interface, port
 ``network.torch.store_port``, 0: a free one) and announces ``HOST:PORT`` in the retained plan
-(``Plan.store``), HOST being ``network.torch.store_host`` or, by default, the broker's host —
-where the orchestrator runs in every launch Concord documents (embedded broker, compose, Slurm,
-Kubernetes: the broker's host is reached from every peer). Peers under ``torchrun`` use its
-store instead (``env://``).
+(``Plan.store``), HOST being ``network.torch.store_host`` or, by default, this machine's host
+name (127.0.0.1 when the broker is on loopback: a one-host run). In compose or Kubernetes set
+``store_host`` to the orchestrator's service name and a fixed ``store_port``. Peers under
+``torchrun`` use its store instead (``env://``).
 
 torch is imported only here, and only for such runs: the orchestrator stays torch-free otherwise.
 """
@@ -12,6 +12,7 @@ torch is imported only here, and only for such runs: the orchestrator stays torc
 from __future__ import annotations
 
 import datetime
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,14 +32,16 @@ class TorchStore:
 
     def __init__(self, cfg: RunConfig, broker_url: str) -> None:
         t = cfg.network.torch
-        host = t.store_host or urlsplit(broker_url).hostname or "127.0.0.1"
+        host = t.store_host or announced_host(broker_url)
         try:
             import torch.distributed as dist
         except ImportError as exc:  # pragma: no cover - torch is a dependency
             raise StoreError(f"network.transport = 'torch' needs torch: {exc}") from exc
         try:
+            # the server listens on every interface; "127.0.0.1" is where its own client
+            # connects (the announced name need not resolve from here: a compose service name)
             self._store: Any = dist.TCPStore(  # type: ignore[attr-defined]
-                host,
+                "127.0.0.1",
                 t.store_port,
                 is_master=True,
                 wait_for_workers=False,
@@ -52,6 +55,16 @@ class TorchStore:
             ) from exc
         self.address = f"{host}:{self._store.port}"
         log.info("orchestrator.torch_store", address=self.address)
+
+
+def announced_host(broker_url: str) -> str:
+    """The host peers reach the store at when ``network.torch.store_host`` is unset: this
+    machine's name — or 127.0.0.1 when the broker is on loopback (the embedded broker, a
+    single-host run)."""
+    broker = urlsplit(broker_url).hostname or ""
+    if broker in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    return socket.gethostname()
 
 
 def torch_store(cfg: RunConfig, broker_url: str) -> TorchStore | None:

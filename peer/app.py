@@ -52,7 +52,7 @@ import torch
 
 from concord.core.config import RunConfig, run_identity
 from concord.core.graphs.topology import exponential_name, max_exponential_k
-from concord.core.loop import StepRunner
+from concord.core.loop import ControlHook, StepRunner
 from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError as PeerConfigError
 from concord.peer.certs import CertError
@@ -63,7 +63,7 @@ from concord.peer.memory import tune_malloc
 from concord.peer.pace import pace_hooks
 from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 from concord.peer.tls import load_credentials
-from concord.peer.torch_plane import TorchComm, TorchPlane, TorchPlaneError
+from concord.peer.torch_plane import AgreedControl, TorchComm, TorchPlane, TorchPlaneError
 from concord.peer.transport import Fetched, Transport
 from concord.peer.validate import STEP_WINDOW
 from concord.runtime.driver import StepHooks, drive
@@ -197,10 +197,12 @@ class PeerProcess:
         self.rejoined: dict[str, int] = {}
         self.plane: TorchPlane | None = None  # network.transport = "torch", once connected
         after = None if self.resume is None else int(self.resume["run"]["next_step"]) - 1
-        if self.broker is not None and resume_step is None and (out / "metrics.jsonl").is_file():
-            # an orchestrated peer restarted on its run directory (`concord peer` refuses one of a
-            # completed run): it rejoins at the step the orchestrator gives it, so its earlier
-            # records stay and the new ones follow them
+        # an orchestrated peer restarted on its run directory (`concord peer` refuses one of a
+        # completed run): it rejoins at the step the orchestrator gives it
+        self.rejoining = (
+            self.broker is not None and resume_step is None and (out / "metrics.jsonl").is_file()
+        )
+        if self.rejoining:  # its earlier records stay and the new ones follow them
             after = sys.maxsize
         self.writer = RunWriter(
             out, cfg, run=self.run_id, flush_every=1, resume_after=after, peer=peer_id
@@ -326,6 +328,8 @@ class PeerProcess:
                         self.log.error("peer.torch_plane_failed", error=str(exc))
                         plane_error, code = str(exc), 1
                         summary = {"completed": False, "error": plane_error}
+                        if self.plane is not None:  # the neighbours' operations fail now
+                            self.plane.close()
                     await coord.leave(summary)
         finally:
             if self.plane is not None:
@@ -380,7 +384,10 @@ class PeerProcess:
             )
             comm.step_base = stage.step_base
             control, graphs = coord.round_hooks(stage, comm, loop)
-            runner = StepRunner(cfg, task, comm, control=control, graphs=graphs)
+            hook: ControlHook | None = control
+            if control is not None and self.plane is not None:  # every peer, the same rounds
+                hook = AgreedControl(control, self.plane)
+            runner = StepRunner(cfg, task, comm, control=hook, graphs=graphs)
             transport.step_window = STEP_WINDOW + runner.algorithm.silent_steps
             transport.fetch_state = runner.algorithm.portable_state
             coord.begin(stage, runner)
@@ -420,13 +427,20 @@ class PeerProcess:
         """Join the torch.distributed process group (``network.transport = "torch"``) once,
         before the first stage: every peer of the run is there (the orchestrator starts a run
         when all are ready); a peer that restarted into a run in progress cannot join it."""
-        if self.restarted and self.broker is None and self.resume is None:
+        rejoining = self.broker is not None and self.rejoining
+        if rejoining or (self.restarted and self.broker is None and self.resume is None):
             raise TorchPlaneError(
-                f"peer {self.peer_id} restarted without a checkpoint into a run whose "
-                "data plane is torch.distributed (a fixed world): it cannot rejoin"
+                f"peer {self.peer_id} restarted into a run whose data plane is "
+                "torch.distributed (network.transport = 'torch'): a fixed world, it cannot "
+                "rejoin (use transport = 'grpc' for runs that survive restarts)"
             )
+        store = None
+        if isinstance(coord, OrchestratedCoordination):  # the plan carries the store
+            timeout = self.cfg.network.startup_timeout
+            await coord.client.wait_for(lambda: coord.client.plan is not None, timeout)
+            store = coord.torch_store()
         plane = TorchPlane(self.cfg, self.peer_id, self._device(), self.run_id)
-        await asyncio.to_thread(plane.connect, coord.torch_store())
+        await asyncio.to_thread(plane.connect, store)
         self.plane = plane
 
     def _request_stop(self, sig: signal.Signals) -> None:

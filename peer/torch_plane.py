@@ -20,16 +20,23 @@ Rendezvous (`TorchPlane.connect`, ``network.torch.init``):
 
 Rank = peer id, world size = ``peers``.
 
-One round, between a sender and each neighbour, is two messages in one batch
-(`torch.distributed.batch_isend_irecv`, which NCCL needs to run sends and receives together):
+One round, between a sender and each neighbour, is two messages, each phase one batch of sends
+and receives (`torch.distributed.batch_isend_irecv`, which NCCL needs to run them together):
 
-* a header, int64 ``[MAGIC, step, round, tensor_id, byte_length, push-sum weight bits]`` — the
-  receiver checks that both sides are in the same round of the same step and raises
-  `TorchPlaneError` naming both if not (the peers' plans diverged: a bug, not a network fault);
-* the payload, uint8: the codec's parts back to back (`concord.peer.serde.layout`), or the
-  float32 vector itself without a copy. Its length is known to the receiver beforehand (the
-  codec's `part_specs` for a d-vector); per-edge messages (`TorchComm.exchange`) send the
-  headers first, then payloads of the announced lengths.
+* the headers, int64 ``[MAGIC, step, round, tensor_id, byte_length, push-sum weight bits]``,
+  exchanged first (blocking, a few dozen bytes): the receiver checks that both sides are in the
+  same round of the same step and that the payload has the length it expects, and raises
+  `TorchPlaneError` naming both if not — before a receive buffer of the wrong size is posted
+  (gloo aborts the process on a size mismatch);
+* the payloads, uint8: the codec's parts back to back (`concord.peer.serde.layout`), or the
+  float32 vector itself without a copy; posted, and the round returns (overlap: they travel
+  while the training thread computes).
+
+Every peer must run the same rounds. Consensus control's repeat/stop answers are agreed on by
+every peer (`AgreedControl`: one scalar ``all_reduce`` per round) so that a peer whose control
+plane fell back (a late decision, a lost broker) stops every peer's step rather than leaving
+the others waiting; algorithms whose graph moves by the orchestrator's decisions
+(``ada-feedback``) are refused on this plane.
 
 Received floating parts are checked as on gRPC (finite, ``network.max_abs_value``): a neighbour
 whose tensor fails is *rejected* for that round (`MixOutcome.rejected`) and the mix uses the
@@ -50,7 +57,7 @@ import struct
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
@@ -131,9 +138,15 @@ class TorchPlane:
                     "or 'tcp://HOST:PORT')"
                 )
             host, _, port = store.rpartition(":")
-            client = dist.TCPStore(  # type: ignore[attr-defined]
-                host, int(port), is_master=False, timeout=self.timeout, use_libuv=True
-            )
+            try:
+                client = dist.TCPStore(  # type: ignore[attr-defined]
+                    host, int(port), is_master=False, timeout=self.timeout, use_libuv=True
+                )
+            except (RuntimeError, ValueError) as exc:
+                raise TorchPlaneError(
+                    f"peer {self.rank} cannot reach the orchestrator's torch.distributed store "
+                    f"at {store} (network.torch.store_host / store_port): {exc}"
+                ) from exc
             prefix = f"concord/{self.run_id}/"
             kwargs["store"] = dist.PrefixStore(prefix, client)  # type: ignore[attr-defined]
         elif method == "env":
@@ -154,7 +167,9 @@ class TorchPlane:
                 self.backend,
                 rank=self.rank,
                 world_size=self.world_size,
-                timeout=self.timeout,
+                # the group's own timeout (NCCL's watchdog tears a process down at it) beyond
+                # the per-operation wait, so that a lost peer ends in `TorchPlaneError`
+                timeout=2 * self.timeout,
                 **kwargs,  # type: ignore[arg-type]
             )
             # every peer is in; NCCL wants one collective over the whole group before the
@@ -178,6 +193,45 @@ class TorchPlane:
             dist.destroy_process_group()
         self.connected = False
 
+    def agree(self, flag: bool) -> bool:
+        """True when every peer passes True (one scalar ``all_reduce`` with MIN): peers whose
+        control planes fell back differently (a late decision, a lost broker) still run the same
+        rounds — on this plane a round one peer skips is a hang or a mismatch for the others."""
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        try:
+            work = dist.all_reduce(value, op=dist.ReduceOp.MIN, async_op=True)
+            if work is not None:
+                work.wait(self.timeout)
+        except RuntimeError as exc:
+            raise TorchPlaneError(
+                f"peer {self.rank}: agreeing on the next round failed (a peer crashed, is "
+                f"unreachable or stalled beyond network.torch.timeout): {exc}"
+            ) from exc
+        return bool(int(value.item()))
+
+
+class AgreedControl:
+    """A `concord.core.loop.ControlHook` whose repeat/stop answers every peer agrees on
+    (`TorchPlane.agree`): a round runs again only if it does on every peer. Consensus control's
+    decisions are the same on every peer when the control plane works; this keeps the fixed
+    world in step when it does not (a peer's fallback stops every peer's step)."""
+
+    def __init__(self, inner: Any, plane: TorchPlane) -> None:
+        self.inner = inner
+        self.plane = plane
+        self._round: Any = None
+
+    def begin(self, step: int, phase: Any, grad_norms: torch.Tensor) -> AgreedControl:
+        self._round = self.inner.begin(step, phase, grad_norms)
+        return self
+
+    def after_round(self, round_index: int, x: torch.Tensor, theta_local: torch.Tensor) -> bool:
+        return self.plane.agree(bool(self._round.after_round(round_index, x, theta_local)))
+
+    def end(self, step: int) -> float | None:
+        result: float | None = self.inner.end(step)
+        return result
+
 
 @dataclass
 class _Message:
@@ -200,7 +254,7 @@ class _TorchRound(_Round):
     """A round in flight: its works and the receive buffers."""
 
     works: list[dist.Work] | None = None
-    headers: dict[int, torch.Tensor] = field(default_factory=dict)  # sender → its header
+    pushes: dict[int, float | None] = field(default_factory=dict)  # sender → push weight
     payloads: dict[int, torch.Tensor] = field(default_factory=dict)  # sender → payload buffer
     codec: str = "none"
     parts: tuple[PartSpec, ...] = ()
@@ -278,6 +332,9 @@ class TorchComm(RoundComm):
         encoded: Encoded | None = None,
         push_weight: float | None = None,
     ) -> _Round:
+        """Exchange the headers (blocking: small, and the receivers must know the payloads'
+        lengths before they post buffers — gloo aborts the process on a size mismatch), check
+        them, then post the payloads and return."""
         t0 = time.perf_counter()
         step += self.step_base
         d = encoded.d if encoded is not None else values.numel()
@@ -288,17 +345,19 @@ class TorchComm(RoundComm):
         headers = {
             j: torch.empty(HEADER, dtype=torch.int64, device=self.device) for j in receive_from
         }
+        what = f"round {round} of step {step} with peers {sorted(set(send_to + receive_from))}"
+        ops = [dist.P2POp(dist.isend, header, j, tag=_TAG_HEADER) for j in send_to]
+        ops += [dist.P2POp(dist.irecv, h, j, tag=_TAG_HEADER) for j, h in headers.items()]
+        self._wait(self._run(ops, what), what)
+        pushes = {
+            j: self._check_header(step, round, tensor_id, j, h, nbytes) for j, h in headers.items()
+        }
         payloads = {
             j: torch.empty(nbytes, dtype=torch.uint8, device=self.device) for j in receive_from
         }
-        ops: list[dist.P2POp] = []
-        for j in send_to:
-            ops.append(dist.P2POp(dist.isend, header, j, tag=_TAG_HEADER))
-            ops.append(dist.P2POp(dist.isend, payload, j, tag=_TAG_PAYLOAD))
-        for j in receive_from:
-            ops.append(dist.P2POp(dist.irecv, headers[j], j, tag=_TAG_HEADER))
-            ops.append(dist.P2POp(dist.irecv, payloads[j], j, tag=_TAG_PAYLOAD))
-        works = self._run(ops, f"round {round} of step {step}")
+        ops = [dist.P2POp(dist.isend, payload, j, tag=_TAG_PAYLOAD) for j in send_to]
+        ops += [dist.P2POp(dist.irecv, b, j, tag=_TAG_PAYLOAD) for j, b in payloads.items()]
+        works = self._run(ops, what)
         started = time.perf_counter()
         self.breakdown.encode_ms += (started - t0) * 1e3
         return _TorchRound(
@@ -311,7 +370,7 @@ class TorchComm(RoundComm):
             raw=d * 4,
             wire=nbytes,
             works=works,
-            headers=headers,
+            pushes=pushes,
             payloads=payloads,
             codec=codec,
             parts=parts,
@@ -323,15 +382,15 @@ class TorchComm(RoundComm):
         return all(w.is_completed() for w in r.works or ())
 
     def _check_header(
-        self, r: _TorchRound, j: int, header: torch.Tensor, nbytes: int
+        self, step: int, round: int, tensor_id: int, j: int, header: torch.Tensor, nbytes: int
     ) -> float | None:
-        magic, step, round, tensor_id, length, push = (int(v) for v in header.tolist())
-        if (magic, step, round, tensor_id, length) != (MAGIC, r.step, r.round, r.tensor_id, nbytes):
+        """The push-sum weight in peer j's header, after checking that it is this round's."""
+        magic, s, r, tid, length, push = (int(v) for v in header.tolist())
+        if (magic, s, r, tid, length) != (MAGIC, step, round, tensor_id, nbytes):
             raise TorchPlaneError(
-                f"peer {self.rank} expected tensor {r.tensor_id} of step {r.step} round "
-                f"{r.round} ({nbytes} bytes) from peer {j} and got tensor {tensor_id} of step "
-                f"{step} round {round} ({length} bytes, magic {magic:#x}): the peers' rounds "
-                "diverged"
+                f"peer {self.rank} expected tensor {tensor_id} of step {step} round {round} "
+                f"({nbytes} bytes) from peer {j} and got tensor {tid} of step {s} round {r} "
+                f"({length} bytes, magic {magic:#x}): the peers' rounds diverged"
             )
         return _bits_f64(push)
 
@@ -343,11 +402,12 @@ class TorchComm(RoundComm):
         r.works, r.keep = None, ()
         outcome = MixOutcome(answered=[[]], missing=[[]], rejected=[[]])
         arrived: dict[int, Delivered] = {}
-        nbytes = sum(p.nbytes for p in r.parts)
         for j in r.receive_from:
-            push = self._check_header(r, j, r.headers[j], nbytes)
+            push = r.pushes.get(j)
             got = _Message(r.codec, push, r.parts, r.payloads[j])
             try:
+                if push is not None and not (math.isfinite(push) and push > 0):
+                    raise RejectedError("invalid", f"push-sum weight {push!r} is not finite > 0")
                 check_values(got.tensors(), r.parts, self.max_abs_value)
             except RejectedError as exc:
                 log.warning("torch_plane.rejected", sender=j, step=r.step, reason=exc.detail)
@@ -361,7 +421,8 @@ class TorchComm(RoundComm):
     def start_allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> RoundHandle[torch.Tensor]:
         """One ``all_reduce`` (sum) of a copy of ``x``'s row, divided by n in ``wait``."""
         t0 = time.perf_counter()
-        buf = x[0].detach().to(self.device).clone()
+        # float32 on the wire, as the gRPC plane sends it (same bytes, same counters)
+        buf = x[0].detach().to(device=self.device, dtype=torch.float32).clone()
         try:
             work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
         except RuntimeError as exc:

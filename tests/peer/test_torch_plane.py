@@ -16,7 +16,7 @@ import torch
 
 from concord.core.compress import make_codec
 from concord.sim.vectorized import VectorizedComm
-from tests.peer.torch_plane_worker import directed, ring, rows
+from tests.peer.torch_plane_worker import D, directed, ring, rows
 
 WORKER = Path(__file__).parent / "torch_plane_worker.py"
 N = 4
@@ -80,8 +80,13 @@ def _check(got: list[dict[str, torch.Tensor]]) -> None:
         else:
             assert g["nan-rejected"].tolist() == []
         # messages: 6 mixes to two ring neighbours, the push round to one, two all-reduces
-        # (the vector, the scalar) over 3 edges, 3 per-edge messages
+        # (the vector, the scalar) over 3 edges, 3 per-edge messages; and their bytes: float32
+        # payloads of D values, top-k's (k values + k indices), int8's (scale + D), bf16's
         assert int(g["bytes"][1]) == 6 * 2 + 1 + 2 * 3 + 3
+        k = int(0.1 * D + 0.999999)
+        wire = 4 * D * (3 * 2 + 1 + 3) + 2 * (8 * k + (4 + D) + 2 * D) + 4 * 3
+        wire += 4 * sum(r + 1 + j for j in range(N) if j != r)
+        assert int(g["bytes"][0]) == wire
 
 
 def test_every_comm_call_over_gloo_matches_the_in_memory_engine(tmp_path: Path) -> None:
@@ -91,8 +96,9 @@ def test_every_comm_call_over_gloo_matches_the_in_memory_engine(tmp_path: Path) 
 
 
 @pytest.mark.skipif(
-    torch.cuda.device_count() < 1,
-    reason="GPU path: NCCL needs CUDA devices (this machine has none); runs where one exists",
+    torch.cuda.device_count() < N,
+    reason=f"GPU path: NCCL needs a CUDA device per rank ({N}); this machine has "
+    f"{torch.cuda.device_count()}",
 )
 def test_nccl_every_comm_call_matches_the_in_memory_engine(tmp_path: Path) -> None:
     got = _run(tmp_path, "cuda")
