@@ -39,12 +39,13 @@ from concord.core.graphs.topology import (
     exponential_k,
 )
 from concord.core.graphs.trees import relay_trees
+from concord.core.plugins import is_spec
 from concord.errors import ConfigError as ConfigError
 
 ALGORITHM_NAMES: tuple[str, ...] = tuple(CATALOG)  # every algorithm of the catalog, in its order
 DATASET_NAMES: tuple[str, ...] = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
 MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn1d", "cnn", "resnet20")
-PARTITION_NAMES: tuple[str, ...] = ("iid", "dirichlet", "sorted", "shards")
+PARTITION_NAMES: tuple[str, ...] = ("iid", "dirichlet", "sorted", "shards", "powerlaw", "groups")
 ENGINE_NAMES: tuple[str, ...] = ("vectorized", "processes")
 PLAN_PRESETS = "'gossip', 'exact', 'dec-phase-K', or a list of per-phase modes"
 
@@ -54,12 +55,14 @@ class _Section(BaseModel):
 
 
 def _user_callable(name: str) -> bool:
-    module, sep, attr = name.partition(":")
-    return bool(sep and module and attr)
+    return is_spec(name)
 
 
 class DatasetConfig(_Section):
-    name: str = "mnist1d"
+    name: str = Field(
+        default="mnist1d",
+        description="a built-in dataset or 'module:callable' (a dataset plug-in, docs/api.md)",
+    )
     samples: int | None = Field(default=None, gt=0, description="generated datasets: total samples")
     root: str | None = Field(default=None, description="directory of on-disk datasets (cifar10)")
     test_samples: int | None = Field(
@@ -71,8 +74,8 @@ class DatasetConfig(_Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in DATASET_NAMES:
-            raise ValueError(_unknown("dataset", v, DATASET_NAMES))
+        if v not in DATASET_NAMES and not _user_callable(v):
+            raise ValueError(_unknown("dataset", v, DATASET_NAMES, "module:callable"))
         return v
 
 
@@ -81,6 +84,9 @@ class PartitionConfig(_Section):
     alpha: float = Field(default=1.0, gt=0, description="Dirichlet concentration")
     shuffled_fraction: float = Field(default=0.0, ge=0, le=1, description="'sorted' scheme")
     shards_per_peer: int = Field(default=2, ge=1)
+    exponent: float = Field(
+        default=1.0, ge=0, le=10, description="'powerlaw' scheme: sizes ∝ (rank + 1)^−exponent"
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="passed to user code")
 
     @field_validator("scheme")
@@ -656,6 +662,12 @@ class RunConfig(_Section):
             problems.append(
                 f"network.straggler.peer = {straggler.peer} names no peer: ids are "
                 f"0 … {self.peers - 1}"
+            )
+        if self.network.transport == "torch" and spec.adaptive_graph == "feedback":
+            problems.append(
+                "network.transport = 'torch' needs every peer to run the same rounds; algorithm "
+                "'ada-feedback' moves each peer's graph by the orchestrator's decisions, with a "
+                "per-peer fallback when one is late — use transport = 'grpc' or ada-schedule"
             )
         if self.network.transport == "torch" and self.network.tls is not None:
             problems.append(

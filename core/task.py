@@ -52,6 +52,7 @@ def load_task_data(cfg: RunConfig, cache_dir: Path | None = None) -> Dataset:
         gen = torch.Generator().manual_seed(cfg.seed)
         keep = torch.randperm(len(data.y_train), generator=gen)[: ds.samples].sort().values
         meta = {**data.meta, "train_subset": ds.samples}
+        groups = data.groups_train
         data = Dataset(
             data.name,
             data.x_train[keep],
@@ -61,6 +62,7 @@ def load_task_data(cfg: RunConfig, cache_dir: Path | None = None) -> Dataset:
             data.num_classes,
             data.input_shape,
             meta,
+            None if groups is None else groups[keep],
         )
     return data
 
@@ -75,7 +77,10 @@ def make_partition(cfg: RunConfig, data: Dataset) -> list[np.ndarray]:
         alpha=p.alpha,
         shuffled_fraction=p.shuffled_fraction,
         shards_per_peer=p.shards_per_peer,
+        exponent=p.exponent,
         num_classes=data.num_classes,
+        features=data.x_train.numpy(),
+        groups=None if data.groups_train is None else data.groups_train.numpy(),
         **p.options,
     )
 

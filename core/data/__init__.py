@@ -26,6 +26,7 @@ from concord.core.data.partition import (
     PartitionError,
     label_histograms,
     partition,
+    partition_digest,
     partition_stats,
     validate_partition,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "label_histograms",
     "load_dataset",
     "partition",
+    "partition_digest",
     "partition_stats",
     "validate_partition",
 ]

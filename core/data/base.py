@@ -30,7 +30,8 @@ class Dataset:
 
     Shapes: ``x_train`` [N, *input_shape] float32, ``y_train`` [N] int64, ``x_test``
     [M, *input_shape] float32, ``y_test`` [M] int64. ``meta`` holds the generation parameters /
-    source paths and is JSON-serialisable.
+    source paths and is JSON-serialisable. ``groups_train`` (int64 [N], optional): a natural
+    group id per training sample (a writer, a site) for partition schemes that use it.
     """
 
     name: str
@@ -41,8 +42,15 @@ class Dataset:
     num_classes: int
     input_shape: tuple[int, ...]
     meta: dict[str, Any] = field(default_factory=dict)
+    groups_train: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        g = self.groups_train
+        if g is not None and (g.dtype != torch.int64 or g.shape != (self.x_train.shape[0],)):
+            raise ValueError(
+                f"dataset {self.name!r}: groups_train must be int64 [{self.x_train.shape[0]}], "
+                f"got {g.dtype} {tuple(g.shape)}"
+            )
         for split, x, y in (
             ("train", self.x_train, self.y_train),
             ("test", self.x_test, self.y_test),

@@ -34,7 +34,9 @@ from concord.core.data.base import (
 )
 from concord.core.data.cifar import load_cifar10
 from concord.core.data.mnist1d import load_mnist1d
+from concord.core.data.plugin import load_user_dataset, user_dataset_options
 from concord.core.data.synthetic import load_gaussian_mixture
+from concord.core.plugins import is_spec
 from concord.core.registry import Registry
 
 DatasetLoader = Callable[..., Dataset]
@@ -113,7 +115,13 @@ DATASETS.add("cifar10", load_cifar10)
 
 
 def dataset_options(name: str) -> list[str]:
-    """The option names ``load_dataset(name, **options)`` accepts (besides seed/root/cache_dir)."""
+    """The option names ``load_dataset(name, **options)`` accepts (besides seed/root/cache_dir);
+    for a ``module:callable`` plug-in, what its callable declares (``num_samples`` included when
+    it takes ``**kwargs``)."""
+    if is_spec(name):
+        declared = user_dataset_options(name)
+        names = ["num_samples"] if declared is None else declared
+        return [n for n in names if n not in _CONTEXT_ARGS]
     loader = DATASETS.get(name)
     params = inspect.signature(loader).parameters
     names = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
@@ -134,12 +142,16 @@ def load_dataset(
 ) -> Dataset:
     """Load a dataset by name (see the module table); deterministic given (name, seed, options).
 
+    ``name`` may be a ``module:callable`` dataset plug-in (`concord.core.data.plugin`).
+
     Raises `concord.core.registry.UnknownNameError` for an unknown name, ValueError for an unknown
     or invalid option or a negative seed, `DatasetNotFoundError` when on-disk files are missing.
     """
-    loader = DATASETS.get(name)
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed must be an integer ≥ 0, got {seed!r}")
+    if is_spec(name):
+        return load_user_dataset(name, seed=int(seed), root=root, cache_dir=cache_dir, **options)
+    loader = DATASETS.get(name)
     valid = dataset_options(name)
     unknown = sorted(set(options) - set(valid))
     if unknown:

@@ -16,13 +16,20 @@ drop, no duplicate); `partition` checks this for built-in and user schemes alike
 - ``shards`` — pathological non-i.i.d. split of McMahan et al. 2017 (FedAvg): sort by label, cut
   into n · ``shards_per_peer`` (≥ 1) equal shards, deal ``shards_per_peer`` random shards to each
   peer.
-- ``"module:callable"`` — user code, called as ``fn(labels=labels, n=n, seed=seed, **options)`` with
-  the extra keyword options given to `partition`; its result is validated.
+- ``powerlaw`` — quantity skew (LEAF; Li et al. 2022, NIID-Bench): peer sizes proportional to
+  (r + 1)^(−``exponent``) for ranks r dealt to peers at random, every peer ≥ 1 sample, samples
+  drawn i.i.d. (the label mix stays global: only the amount differs).
+- ``groups`` — natural groups (writers, sites): each group of the dataset's ``groups_train`` ids
+  goes whole to one peer, largest first to the peer holding fewest samples (ties in seeded order).
+- ``"module:callable"`` — user code, called as ``fn(labels=labels, n=n, seed=seed, **options)`` plus
+  ``features=`` (the training inputs, [N, ...] numpy) and ``groups=`` (the natural group ids, or
+  None) when it declares them (or ``**kwargs``); imported as `concord.core.plugins` says; its
+  result is validated.
 """
 
 from __future__ import annotations
 
-import importlib
+import hashlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -30,12 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from concord.core.plugins import PluginError, resolve
 from concord.core.registry import Registry
 from concord.errors import PartitionError as PartitionError
 
 Partitioner = Callable[..., list[np.ndarray]]
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
-PARTITION_NAMES = ("iid", "dirichlet", "sorted", "shards")
+PARTITION_NAMES = ("iid", "dirichlet", "sorted", "shards", "powerlaw", "groups")
 
 DIRICHLET_GROUP_SIZE = 10  # "auxiliary workers" per group in the reference code
 DIRICHLET_MIN_SHARE = 0.5  # every worker needs ≥ 50 % of its group's average share
@@ -167,30 +175,77 @@ def shards_partition(
     return [np.sort(np.concatenate([shards[j] for j in row])) for row in deal]
 
 
+def powerlaw_partition(
+    labels: np.ndarray, n: int, *, seed: int, exponent: float = 1.0
+) -> list[np.ndarray]:
+    """Quantity skew: sizes ∝ (r + 1)^(−exponent), ranks r dealt at random, each ≥ 1."""
+    if not isinstance(exponent, int | float) or not 0.0 <= float(exponent) <= 10.0:
+        raise PartitionError(f"powerlaw: exponent must be a number in [0, 10], got {exponent!r}")
+    N = labels.shape[0]
+    rng = np.random.default_rng(seed)
+    weights = (np.arange(n) + 1.0) ** (-float(exponent))
+    weights = weights[rng.permutation(n)]
+    spare = N - n  # every peer gets one sample; the rest in proportion to the weights
+    raw = spare * weights / weights.sum()
+    sizes = np.floor(raw).astype(np.int64)
+    left = spare - int(sizes.sum())
+    sizes[np.argsort(-(raw - sizes), kind="stable")[:left]] += 1  # largest remainders
+    sizes += 1
+    cuts = np.cumsum(sizes)[:-1]
+    return [np.sort(p) for p in np.split(rng.permutation(N), cuts)]
+
+
+def groups_partition(
+    labels: np.ndarray, n: int, *, seed: int, groups: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """Whole natural groups per peer, balanced greedily by sample count."""
+    if groups is None:
+        raise PartitionError(
+            "partition scheme 'groups' needs natural group ids per training sample; this "
+            "dataset has none (a dataset plug-in returns them as groups_train)"
+        )
+    g = np.asarray(groups)
+    if g.shape != labels.shape:
+        raise PartitionError(f"groups has shape {g.shape}; labels {labels.shape}")
+    ids, inverse, counts = np.unique(g, return_inverse=True, return_counts=True)
+    if ids.size < n:
+        raise PartitionError(f"partition scheme 'groups': {ids.size} groups for {n} peers")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(ids.size)
+    order = order[np.argsort(-counts[order], kind="stable")]  # largest first, ties seeded
+    load = np.zeros(n, np.int64)
+    owner = np.empty(ids.size, np.int64)
+    peer_order = rng.permutation(n)
+    for k in order:
+        i = int(peer_order[np.argmin(load[peer_order])])
+        owner[k] = i
+        load[i] += counts[k]
+    of_sample = owner[inverse]
+    return [np.flatnonzero(of_sample == i).astype(np.int64) for i in range(n)]
+
+
 PARTITIONERS.add("iid", iid_partition)
 PARTITIONERS.add("dirichlet", dirichlet_partition)
 PARTITIONERS.add("sorted", sorted_partition)
 PARTITIONERS.add("shards", shards_partition)
+PARTITIONERS.add("powerlaw", powerlaw_partition)
+PARTITIONERS.add("groups", groups_partition)
 
 
 def _load_user_partitioner(spec: str) -> Partitioner:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise PartitionError(f"partition scheme {spec!r}: expected 'module:callable'")
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise PartitionError(
-            f"partition scheme {spec!r}: cannot import module {module_name!r} ({e})"
-        ) from e
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise PartitionError(f"partition scheme {spec!r}: {module_name!r} has no {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise PartitionError(f"partition scheme {spec!r}: {attr!r} is not callable")
-    fn: Partitioner = obj
+        fn: Partitioner = resolve(spec, "partition scheme")
+    except PluginError as exc:
+        raise PartitionError(str(exc)) from None
     return fn
+
+
+def _declares(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except ValueError:  # no introspectable signature
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def validate_partition(parts: object, n: int, num_samples: int, *, scheme: str) -> list[np.ndarray]:
@@ -251,15 +306,20 @@ def partition(
     alpha: float = 1.0,
     shuffled_fraction: float = 0.0,
     shards_per_peer: int = 2,
+    exponent: float = 1.0,
     num_classes: int | None = None,
+    features: np.ndarray | None = None,
+    groups: np.ndarray | None = None,
     **options: Any,
 ) -> list[np.ndarray]:
     """Split sample indices 0..N−1 (``labels`` [N] integer) over ``n`` peers with ``scheme``.
 
     Returns n int64 arrays covering every index exactly once. Built-in schemes take the keyword
     parameters they use (alpha for dirichlet, shuffled_fraction for sorted, shards_per_peer for
-    shards) and no extra ``options``; a "module:callable" scheme receives only labels, n, seed and
-    ``options``. Deterministic given (labels, n, scheme, seed, parameters).
+    shards, exponent for powerlaw, groups for groups) and no extra ``options``; a
+    "module:callable" scheme receives labels, n, seed and ``options``, and ``features`` (the
+    training inputs) and ``groups`` (natural group ids or None) when it declares them.
+    Deterministic given (labels, n, scheme, seed, parameters).
     """
     y = np.asarray(labels)
     if y.ndim != 1 or (y.size and not np.issubdtype(y.dtype, np.integer)):
@@ -276,7 +336,8 @@ def partition(
     n, seed = int(n), int(seed)
     if ":" in scheme:
         fn = _load_user_partitioner(scheme)
-        parts = fn(labels=y, n=n, seed=seed, **options)
+        extra = {k: v for k, v in (("features", features), ("groups", groups)) if _declares(fn, k)}
+        parts = fn(labels=y, n=n, seed=seed, **extra, **options)
         return validate_partition(parts, n, N, scheme=scheme)
     fn = PARTITIONERS.get(scheme)
     if options:
@@ -287,11 +348,25 @@ def partition(
         "alpha": alpha,
         "shuffled_fraction": shuffled_fraction,
         "shards_per_peer": shards_per_peer,
+        "exponent": exponent,
         "num_classes": num_classes,
+        "groups": groups,
     }
     accepted = inspect.signature(fn).parameters
     kwargs = {k: v for k, v in given.items() if k in accepted}
     return validate_partition(fn(y, n, seed=seed, **kwargs), n, N, scheme=scheme)
+
+
+def partition_digest(parts: Sequence[np.ndarray]) -> str:
+    """SHA-256 (hex) of a partition: each peer's int64 little-endian indices in order, each
+    preceded by its length — equal on two machines exactly when they built the same partition
+    (recorded in ``partition.json`` and ``summary.json``)."""
+    h = hashlib.sha256()
+    for part in parts:
+        a = np.ascontiguousarray(np.asarray(part, dtype="<i8"))
+        h.update(int(a.shape[0]).to_bytes(8, "little"))
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def label_histograms(
@@ -315,7 +390,8 @@ def partition_stats(
     Keys: n, num_samples, sizes, histograms, min/mean/max_size, min_share and max_share (size ÷ mean
     size), labels_per_peer (distinct labels held), mean_tv_distance and max_tv_distance — the total
     variation distance ½ Σ_c |p_i(c) − p(c)| of each non-empty peer's label distribution from the
-    global one (0 = same distribution, → 1 = disjoint labels); empty peers are left out of the TV.
+    global one (0 = same distribution, → 1 = disjoint labels); empty peers are left out of the TV;
+    sha256, the `partition_digest`.
     """
     H = label_histograms(labels, parts, num_classes)
     sizes = H.sum(1)
@@ -338,4 +414,5 @@ def partition_stats(
         "labels_per_peer": (H > 0).sum(1).tolist(),
         "mean_tv_distance": float(tv.mean()) if tv.size else 0.0,
         "max_tv_distance": float(tv.max()) if tv.size else 0.0,
+        "sha256": partition_digest(parts),
     }

@@ -22,7 +22,6 @@ Randomness inside forward (dropout) is refused by default (``randomness="error"`
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from concord.core.models.layers import ReplicaModel
+from concord.core.plugins import is_spec, resolve
 
 __all__ = ["GenericReplicaModel", "build_generic", "resolve_callable"]
 
@@ -39,21 +39,11 @@ _RANDOMNESS = ("error", "different", "same")
 
 
 def resolve_callable(target: str) -> Callable[..., Any]:
-    """Import ``"module:attr.path"`` and return the callable it names (ValueError if it cannot)."""
-    module_name, sep, attr_path = target.partition(":")
-    if not sep or not module_name or not attr_path:
+    """Import ``"module:attr.path"`` and return the callable it names (ValueError if it cannot;
+    where modules are found: `concord.core.plugins`)."""
+    if not is_spec(target):
         raise ValueError(f"model {target!r} must be a registered name or 'module:callable'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"model {target!r}: cannot import module {module_name!r} ({exc})") from exc
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"model {target!r}: {module_name!r} has no attribute {attr_path!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"model {target!r}: {attr_path!r} is not callable")
-    builder: Callable[..., Any] = obj
+    builder: Callable[..., Any] = resolve(target, "model")
     return builder
 
 

@@ -168,3 +168,19 @@ def test_the_readme_configuration_example_is_a_valid_config() -> None:
     assert cfg.engine == "processes"
     assert cfg.compression.levels == 16
     assert cfg.control.lag == 1
+
+
+def test_the_torch_data_plane_refuses_what_it_cannot_keep() -> None:
+    """``network.transport = "torch"``: unencrypted, and every peer must run the same rounds."""
+    with pytest.raises(ConfigError, match="gloo/NCCL traffic unencrypted"):
+        load_config(
+            None,
+            ["network.transport=torch", 'network.tls={ca = "c", cert = "c", key = "k"}'],
+            environ={},
+        )
+    with pytest.raises(ConfigError, match="ada-feedback"):
+        load_config(None, ["network.transport=torch", "algorithm=ada-feedback"], environ={})
+    with pytest.raises(ConfigError, match=r"network\.torch\.init"):
+        load_config(None, ["network.torch.init=udp://x:1"], environ={})
+    cfg = load_config(None, ["network.transport=torch"], environ={})
+    assert (cfg.network.torch.backend, cfg.network.torch.init) == ("auto", "auto")

@@ -6,6 +6,7 @@ import itertools
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from concord.core.registry import UnknownNameError
 
 RNG_LABELS = np.random.default_rng(0).integers(0, 10, size=1003)  # N = 1003: no n divides it
 BALANCED = np.repeat(np.arange(10), 1000)  # 10 000 labels, 1000 per class
+GROUPS = np.random.default_rng(1).integers(0, 40, size=1003)  # natural groups ("writers")
 
 
 def _covers_once(parts: list[np.ndarray], N: int) -> None:
@@ -39,16 +41,19 @@ def test_registry_holds_every_scheme() -> None:
 @pytest.mark.parametrize("scheme", PARTITION_NAMES)
 @pytest.mark.parametrize("n", [1, 3, 7, 10, 16])
 def test_every_sample_is_assigned_exactly_once(scheme: str, n: int) -> None:
-    parts = partition(RNG_LABELS, n, scheme, seed=1, alpha=0.5, shuffled_fraction=0.3)
+    parts = partition(
+        RNG_LABELS, n, scheme, seed=1, alpha=0.5, shuffled_fraction=0.3, groups=GROUPS
+    )
     assert len(parts) == n
     _covers_once(parts, len(RNG_LABELS))
 
 
 @pytest.mark.parametrize("scheme", PARTITION_NAMES)
 def test_partitions_are_deterministic_per_seed(scheme: str) -> None:
-    a = partition(RNG_LABELS, 7, scheme, seed=3, alpha=0.3, shuffled_fraction=0.5)
-    b = partition(RNG_LABELS, 7, scheme, seed=3, alpha=0.3, shuffled_fraction=0.5)
-    c = partition(RNG_LABELS, 7, scheme, seed=4, alpha=0.3, shuffled_fraction=0.5)
+    kw: dict[str, Any] = {"alpha": 0.3, "shuffled_fraction": 0.5, "groups": GROUPS}
+    a = partition(RNG_LABELS, 7, scheme, seed=3, **kw)
+    b = partition(RNG_LABELS, 7, scheme, seed=3, **kw)
+    c = partition(RNG_LABELS, 7, scheme, seed=4, **kw)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
 
@@ -204,7 +209,7 @@ def test_user_partitioner_is_called_with_options(user_module: str) -> None:
         ("out_of_range", r"peer 3 has index 1010 outside 0\.\.1002"),
         ("floats", r"peer 0's part has dtype float64"),
         ("not_callable", r"is not callable"),
-        ("absent", r"has no 'absent'"),
+        ("absent", r"has no attribute 'absent'"),
     ],
 )
 def test_bad_user_partitioner_gets_a_specific_error(

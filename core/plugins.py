@@ -1,0 +1,65 @@
+"""User code named ``"module:attr.path"`` in a config (a dataset, a partition scheme, a model):
+`resolve` imports it and returns the object.
+
+Where modules are found: the directory the command runs in, then every directory of
+``CONCORD_PLUGIN_PATH`` (``os.pathsep``-separated; ``concord --plugin-path DIR`` sets it, so the
+peer processes a command starts inherit it), then the usual ``sys.path``. A researcher's
+``my_study/partitions.py`` next to the config works without installing anything; every peer
+process must find the same module (same directory layout, or an installed package).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+PLUGIN_PATH_ENV = "CONCORD_PLUGIN_PATH"
+
+
+class PluginError(ValueError):
+    """A ``module:callable`` that cannot be imported or is not callable (the message names
+    ``what`` it was for, the spec and the reason)."""
+
+
+def is_spec(name: str) -> bool:
+    """Whether ``name`` has the ``module:callable`` form (rather than a registered name)."""
+    module, sep, attr = name.partition(":")
+    return bool(sep and module and attr)
+
+
+def plugin_dirs() -> list[str]:
+    """The directories searched before ``sys.path``: the working directory, then
+    ``CONCORD_PLUGIN_PATH``'s."""
+    extra = [d for d in os.environ.get(PLUGIN_PATH_ENV, "").split(os.pathsep) if d]
+    return [os.getcwd(), *(os.path.abspath(d) for d in extra)]
+
+
+def _ensure_path() -> None:
+    for d in reversed(plugin_dirs()):
+        if d not in sys.path:
+            sys.path.insert(0, d)
+
+
+def resolve(spec: str, what: str) -> Any:
+    """The callable ``spec`` ("module:attr.path") names; `PluginError` saying which part fails
+    (``what``: "dataset", "partition scheme", "model" — used in the message)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise PluginError(f"{what} {spec!r}: expected 'module:callable'")
+    _ensure_path()
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PluginError(
+            f"{what} {spec!r}: cannot import module {module_name!r} ({exc}); searched the "
+            f"working directory, {PLUGIN_PATH_ENV} (concord --plugin-path) and sys.path"
+        ) from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PluginError(f"{what} {spec!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise PluginError(f"{what} {spec!r}: {attr!r} is not callable")
+    return obj
