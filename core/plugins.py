@@ -56,6 +56,14 @@ def resolve(spec: str, what: str) -> Any:
             f"{what} {spec!r}: cannot import module {module_name!r} ({exc}); searched the "
             f"working directory, {PLUGIN_PATH_ENV} (concord --plugin-path) and sys.path"
         ) from exc
+    except Exception as exc:  # the user's module failed while importing
+        where = ""
+        if isinstance(exc, SyntaxError) and exc.filename:
+            where = f" at {exc.filename}:{exc.lineno}"
+        raise PluginError(
+            f"{what} {spec!r}: importing module {module_name!r} failed{where}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise PluginError(f"{what} {spec!r}: {module_name!r} has no attribute {attr!r}")

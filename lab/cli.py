@@ -164,10 +164,32 @@ def _run_config(
         _fail(str(exc), code)
 
 
+def _add_plugin_path(dirs: Sequence[Path]) -> None:
+    """Prepend ``dirs`` (absolute) to ``CONCORD_PLUGIN_PATH`` in this process's environment, which
+    the processes it starts (peers, orchestrator) inherit; `concord.core.plugins` reads it."""
+    from concord.core.plugins import PLUGIN_PATH_ENV
+
+    old = [d for d in os.environ.get(PLUGIN_PATH_ENV, "").split(os.pathsep) if d]
+    new = [str(d.resolve()) for d in dirs]
+    os.environ[PLUGIN_PATH_ENV] = os.pathsep.join(dict.fromkeys([*new, *old]))
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option("0.1.0", prog_name="concord")
-def main() -> None:
+@click.option(
+    "--plugin-path",
+    "plugin_paths",
+    multiple=True,
+    metavar="DIR",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="a directory holding your 'module:callable' code (datasets, partition schemes, "
+    "models), searched after the working directory and before installed packages; sets "
+    "CONCORD_PLUGIN_PATH, which the peer and orchestrator processes inherit (repeatable)",
+)
+def main(plugin_paths: Sequence[Path]) -> None:
     """Concord: decentralized (gossip) training with consensus control."""
+    if plugin_paths:
+        _add_plugin_path(plugin_paths)
 
 
 @main.command()
@@ -618,6 +640,44 @@ def orchestrator(
     except (ConfigError, OrchestratorError, ValueError, OSError) as exc:
         _fail(str(exc), 1)
     sys.exit(code)
+
+
+@main.group()
+def partition() -> None:
+    """Inspect a run's data partition (which samples each peer trains on)."""
+
+
+@partition.command("show")
+@click.argument("config", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@_set_option
+@click.option(
+    "--png",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("partition.png"),
+    show_default=True,
+    help="where to write the peer × class heat map",
+)
+def partition_show(config: Path | None, overrides: Sequence[str], png: Path) -> None:
+    """Build the run's partition as a run does and print, per peer: samples, share of the mean
+    size, distinct labels, TV distance from the global label distribution and per-class counts;
+    then the totals and the partition's SHA-256 digest (equal on two machines exactly when they
+    built the same partition). Writes a peer × class heat map to --png."""
+    cfg = _run_config(config, overrides)
+    from concord.core.plugins import PluginError
+    from concord.errors import ConcordError
+    from concord.lab.partition_show import build_view, table_lines, write_heatmap
+
+    try:
+        view = build_view(cfg)
+    except (ConcordError, PluginError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    for line in table_lines(view):
+        click.echo(line)
+    try:
+        write_heatmap(view, png)
+    except OSError as exc:
+        _fail(f"--png {png}: {exc}")
+    click.echo(f"heat map: {png}")
 
 
 @main.group()

@@ -51,6 +51,7 @@ import structlog
 import torch
 
 from concord.core.config import RunConfig, run_identity
+from concord.core.data import partition_digest
 from concord.core.graphs.topology import exponential_name, max_exponential_k
 from concord.core.loop import ControlHook, StepRunner
 from concord.core.task import ClassificationTask
@@ -596,6 +597,7 @@ class PeerProcess:
             "bytes_sent_total": runner.comm.counters.bytes_wire,
             "bytes_raw_total": runner.comm.counters.bytes_raw,
             "bytes_per_edge": runner.comm.counters.edge_table(),
+            "partition_sha256": partition_digest(task.parts),
             "train_seconds": time.perf_counter() - t0,  # the training loop only (incl. evals)
             "cpu_seconds": time.process_time(),  # this process so far, every thread
             "run_dir": str(self.out),

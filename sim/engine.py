@@ -36,6 +36,7 @@ from concord.core.control.consensus import consensus_distance, theta
 from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
 from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules, control_config, make_lr_schedule, make_plan
+from concord.core.data import partition_digest
 from concord.core.graphs.adagraph import (
     GraphFeedback,
     feedback_config,
@@ -468,6 +469,7 @@ def run(
         "bytes_sent_total": trainer.comm.counters.bytes_wire,
         "bytes_raw_total": trainer.comm.counters.bytes_raw,
         "final_consensus_distance": trainer.xi(task.x),
+        "partition_sha256": partition_digest(task.parts),
         "wall_seconds": elapsed(),
         "run_dir": str(writer.dir),
     }

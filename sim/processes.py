@@ -575,6 +575,13 @@ def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]
         "bytes_sent_total": sum(s["bytes_sent_total"] for s in summaries.values()),
         "bytes_raw_total": sum(s["bytes_raw_total"] for s in summaries.values()),
         "final_consensus_distance": xi,
+        # the partition this process built; every peer built its own from the same config
+        "partition_sha256": task_stats["sha256"],
+        "partition_mismatch": sorted(
+            i
+            for i, s in summaries.items()
+            if s.get("partition_sha256") not in (None, task_stats["sha256"])
+        ),
         "peers_completed": done,
         "peers_dropped": orch.get("peers_dropped", []),
         "children_failed": failed,

@@ -53,6 +53,9 @@ def test_the_torch_data_plane_ends_with_the_grpc_parameters(tmp_path: Path, case
     b = run_processes(gloo, tmp_path / "torch", progress=False)
     assert a["peers_completed"] == b["peers_completed"] == list(range(4))
     assert b["gossip_rounds_total"] == a["gossip_rounds_total"]
+    # every peer process built the partition the parent built, in both runs
+    assert a["partition_mismatch"] == b["partition_mismatch"] == []
+    assert a["partition_sha256"] == b["partition_sha256"]
     store = json.loads((tmp_path / "torch" / "orchestrator.json").read_text())["torch_store"]
     assert store.startswith("127.0.0.1:")
     for i in range(4):
