@@ -528,6 +528,11 @@ class RunConfig(_Section):
     engine: Literal["vectorized", "processes"] = "processes"
     device: str = "auto"
     threads: int | None = Field(default=None, ge=1)
+    tensorboard: bool = Field(
+        default=False,
+        description="also write TensorBoard event files to `<run dir>/tensorboard` "
+        "(`pip install 'concord[tensorboard]'`)",
+    )
 
     @field_validator("dataset", "model", mode="before")
     @classmethod

@@ -9,25 +9,29 @@ log.jsonl         structured logs (structlog and stdlib loggers as JSON lines, c
 checkpoint.pt     everything a step needs: parameters, buffers, algorithm state, RNG state, the
                   step and the run's state (rounds, bytes, control; load with weights_only=True)
 summary.json      the final numbers; *.png plots
+tensorboard/      TensorBoard event files of the metrics (``tensorboard = true`` only): each finite
+                  number of a record as the scalar ``<kind>/<key>`` at its step (`TensorBoardLog`)
 
 One writer for every kind of process: the vectorized engine buffers metrics lines (``flush_every``
 = 200), a peer process flushes every line so that a killed peer leaves every completed step behind.
 A checkpoint flushes the metrics first, so metrics.jsonl always holds every line up to the
 checkpoint's step; a resumed run (``RunWriter(..., resume_after=step)``) drops the lines after it
-and appends.
+and appends (TensorBoard hides the events of the dropped steps: ``purge_step``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+import numbers
 import os
 import platform
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
@@ -35,10 +39,14 @@ import torch
 
 from concord.core.comm import CommCounters
 from concord.core.config import RunConfig, to_toml
+from concord.errors import ConcordError
 from concord.runtime.lock import DirLock
 from concord.runtime.logs import json_default, open_log
 from concord.runtime.records import truncate_metrics as truncate_metrics
 from concord.version import concord_version
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 _FLUSH_EVERY = 200  # metrics lines buffered between writes
 CHECKPOINT_VERSION = 2  # 2: with "rng" and "run" (the run's state beyond the tensors)
@@ -70,6 +78,65 @@ def git_commit() -> str | None:
 
 
 PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"
+TENSORBOARD_DIR = "tensorboard"
+# a record's bookkeeping keys: its x axis and labels, not values to plot
+_NOT_SCALARS = frozenset({"step", "kind", "peer", "epoch"})
+
+
+class TensorBoardUnavailableError(ConcordError, ImportError, RuntimeError):
+    """``tensorboard = true`` but the tensorboard package (the ``tensorboard`` extra) is not
+    installed. A `ConcordError`, an ImportError and a RuntimeError (as the CLI reports)."""
+
+
+def _summary_writer_class() -> type[SummaryWriter]:
+    """torch's SummaryWriter, imported on first use (it needs the optional tensorboard package)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise TensorBoardUnavailableError(
+            "tensorboard = true needs the tensorboard package: "
+            f"pip install 'concord[tensorboard]' ({exc})"
+        ) from exc
+    return SummaryWriter
+
+
+def tensorboard_scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """``<kind>/<key>`` → value of every finite number of a metrics record (booleans, strings,
+    lists, tables, None, NaN and ±inf left out; so are ``step``, ``kind``, ``peer``, ``epoch``)."""
+    kind = record.get("kind", "metric")
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key in _NOT_SCALARS or isinstance(value, bool | np.bool_):
+            continue
+        if isinstance(value, numbers.Real) and math.isfinite(value):
+            out[f"{kind}/{key}"] = float(value)
+    return out
+
+
+class TensorBoardLog:
+    """``<run dir>/tensorboard``: a `SummaryWriter` fed with the metrics records
+    (`tensorboard_scalars`, at the record's ``step``). ``purge_step``: a resumed run's first
+    step; TensorBoard hides the events of that step and later ones written before."""
+
+    def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
+        self._writer = _summary_writer_class()(log_dir=str(log_dir), purge_step=purge_step)
+        self._dirty = False
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        step = record.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            return  # no x axis
+        for tag, value in tensorboard_scalars(record).items():
+            self._writer.add_scalar(tag, value, global_step=step)
+            self._dirty = True
+
+    def flush(self) -> None:
+        if self._dirty:
+            self._writer.flush()
+            self._dirty = False
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 class RunWriter:
@@ -87,10 +154,14 @@ class RunWriter:
         **identity: Any,
     ) -> None:
         """``resume_after``: continue the run in ``run_dir`` whose checkpoint holds this step:
-        metrics lines of later steps are dropped (`truncate_metrics`) and new ones appended."""
+        metrics lines of later steps are dropped (`truncate_metrics`) and new ones appended.
+        ``cfg.tensorboard``: the records also go to ``tensorboard/`` (`TensorBoardLog`; raises
+        `TensorBoardUnavailableError` before anything is written when the package is missing)."""
         self.dir = run_dir
         self.cfg = cfg
         self.flush_every = max(1, flush_every)
+        if cfg.tensorboard:
+            _summary_writer_class()  # fail before the directory is touched
         # before anything is written: one writer per directory (`concord.runtime.lock`)
         who = ", ".join(f"{k} {v}" for k, v in identity.items()) or "run"
         self._lock = DirLock(run_dir, who)
@@ -101,6 +172,11 @@ class RunWriter:
         mode = "w" if resume_after is None else "a"
         self._metrics: IO[str] = open(metrics, mode, encoding="utf-8")  # noqa: SIM115
         self._pending: list[str] = []
+        self._tensorboard: TensorBoardLog | None = None
+        if cfg.tensorboard:
+            # a rejoining peer resumes after sys.maxsize: nothing to purge
+            purge = resume_after + 1 if resume_after is not None and resume_after < 2**62 else None
+            self._tensorboard = TensorBoardLog(self.dir / TENSORBOARD_DIR, purge_step=purge)
         self._sink = open_log(
             self.dir / "log.jsonl", run=run or cfg.name or self.dir.name, **identity
         )
@@ -138,6 +214,8 @@ class RunWriter:
 
     def metric(self, record: dict[str, Any]) -> None:
         self._pending.append(json.dumps(record, default=json_default))
+        if self._tensorboard is not None:
+            self._tensorboard.add(record)
         if len(self._pending) >= self.flush_every:
             self.flush()
 
@@ -146,6 +224,8 @@ class RunWriter:
             self._metrics.write("\n".join(self._pending) + "\n")
             self._metrics.flush()
             self._pending.clear()
+        if self._tensorboard is not None:
+            self._tensorboard.flush()
 
     def save_checkpoint(
         self,
@@ -193,6 +273,7 @@ class RunWriter:
         """Close without a summary (a run that never started)."""
         self.flush()
         self._metrics.close()
+        self._close_tensorboard()
         self.log.info("run.closed")
         self._sink.close()
         self._lock.release()
@@ -202,6 +283,7 @@ class RunWriter:
         (`concord.runtime.plots.write_plots`)."""
         self.flush()
         self._metrics.close()
+        self._close_tensorboard()
         self.write_json("summary.json", summary)
         if plots:
             try:
@@ -214,6 +296,11 @@ class RunWriter:
         self.log.info("run.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
         self._sink.close()
         self._lock.release()
+
+    def _close_tensorboard(self) -> None:
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
 
 
 def checkpoint_steps(run_dir: Path) -> dict[int, Path]:

@@ -312,7 +312,7 @@ class _Checkpoints(StepHooks):
 
 def calibration_key(cfg: RunConfig) -> str:
     d = cfg.to_dict()
-    for key in ("name", "eval", "engine", "threads", "device"):
+    for key in ("name", "eval", "engine", "threads", "device", "tensorboard"):
         d.pop(key, None)
     d["control"] = {"statistic": cfg.control.statistic, "phases": sorted(cfg.control.phases)}
     blob = json.dumps(d, sort_keys=True).encode()
