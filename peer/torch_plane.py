@@ -20,17 +20,23 @@ Rendezvous (`TorchPlane.connect`, ``network.torch.init``):
 
 Rank = peer id, world size = ``peers``.
 
-One round, between a sender and each neighbour, is two messages, each phase one batch of sends
-and receives (`torch.distributed.batch_isend_irecv`, which NCCL needs to run them together):
+One round, between a sender and each neighbour, is two messages posted in one batch
+(`torch.distributed.batch_isend_irecv`, which NCCL needs to run sends and receives together),
+after which the round returns and travels while the training thread computes (overlap):
 
-* the headers, int64 ``[MAGIC, step, round, tensor_id, byte_length, push-sum weight bits]``,
-  exchanged first (blocking, a few dozen bytes): the receiver checks that both sides are in the
-  same round of the same step and that the payload has the length it expects, and raises
-  `TorchPlaneError` naming both if not — before a receive buffer of the wrong size is posted
-  (gloo aborts the process on a size mismatch);
-* the payloads, uint8: the codec's parts back to back (`concord.peer.serde.layout`), or the
-  float32 vector itself without a copy; posted, and the round returns (overlap: they travel
-  while the training thread computes).
+* a header, int64 ``[MAGIC, step, round, tensor_id, byte_length, push-sum weight bits]``,
+  checked when the round ends: both sides in the same round of the same step, the same length,
+  else `TorchPlaneError` naming both (the peers diverged);
+* the payload, uint8: the codec's parts back to back (`concord.peer.serde.layout`), or the
+  float32 vector itself without a copy, into a buffer of the length the receiver computes from
+  its own codec and d. Every peer runs the same rounds with the same codec (below; the Hello
+  handshake checks model and codec), so lengths agree; a peer that diverged anyway would send
+  another length, which gloo answers by aborting the process. (Exchanging the headers first
+  would rule that out but costs overlap: 50.1 ms per step in `bench/step_overhead.py` against
+  43–47 ms without, separate runs on the reference machine.)
+
+Per-edge messages (`TorchComm.exchange`), whose lengths the receiver cannot know, do send their
+headers first, then payloads of the announced lengths.
 
 Every peer must run the same rounds. Consensus control's repeat/stop answers are agreed on by
 every peer (`AgreedControl`: one scalar ``all_reduce`` per round) so that a peer whose control
@@ -254,7 +260,7 @@ class _TorchRound(_Round):
     """A round in flight: its works and the receive buffers."""
 
     works: list[dist.Work] | None = None
-    pushes: dict[int, float | None] = field(default_factory=dict)  # sender → push weight
+    headers: dict[int, torch.Tensor] = field(default_factory=dict)  # sender → its header
     payloads: dict[int, torch.Tensor] = field(default_factory=dict)  # sender → payload buffer
     codec: str = "none"
     parts: tuple[PartSpec, ...] = ()
@@ -332,9 +338,7 @@ class TorchComm(RoundComm):
         encoded: Encoded | None = None,
         push_weight: float | None = None,
     ) -> _Round:
-        """Exchange the headers (blocking: small, and the receivers must know the payloads'
-        lengths before they post buffers — gloo aborts the process on a size mismatch), check
-        them, then post the payloads and return."""
+        """Post the headers and the payloads in one batch and return (module docstring)."""
         t0 = time.perf_counter()
         step += self.step_base
         d = encoded.d if encoded is not None else values.numel()
@@ -345,19 +349,17 @@ class TorchComm(RoundComm):
         headers = {
             j: torch.empty(HEADER, dtype=torch.int64, device=self.device) for j in receive_from
         }
-        what = f"round {round} of step {step} with peers {sorted(set(send_to + receive_from))}"
-        ops = [dist.P2POp(dist.isend, header, j, tag=_TAG_HEADER) for j in send_to]
-        ops += [dist.P2POp(dist.irecv, h, j, tag=_TAG_HEADER) for j, h in headers.items()]
-        self._wait(self._run(ops, what), what)
-        pushes = {
-            j: self._check_header(step, round, tensor_id, j, h, nbytes) for j, h in headers.items()
-        }
         payloads = {
             j: torch.empty(nbytes, dtype=torch.uint8, device=self.device) for j in receive_from
         }
-        ops = [dist.P2POp(dist.isend, payload, j, tag=_TAG_PAYLOAD) for j in send_to]
-        ops += [dist.P2POp(dist.irecv, b, j, tag=_TAG_PAYLOAD) for j, b in payloads.items()]
-        works = self._run(ops, what)
+        ops: list[dist.P2POp] = []
+        for j in send_to:
+            ops.append(dist.P2POp(dist.isend, header, j, tag=_TAG_HEADER))
+            ops.append(dist.P2POp(dist.isend, payload, j, tag=_TAG_PAYLOAD))
+        for j in receive_from:
+            ops.append(dist.P2POp(dist.irecv, headers[j], j, tag=_TAG_HEADER))
+            ops.append(dist.P2POp(dist.irecv, payloads[j], j, tag=_TAG_PAYLOAD))
+        works = self._run(ops, f"round {round} of step {step}")
         started = time.perf_counter()
         self.breakdown.encode_ms += (started - t0) * 1e3
         return _TorchRound(
@@ -370,7 +372,7 @@ class TorchComm(RoundComm):
             raw=d * 4,
             wire=nbytes,
             works=works,
-            pushes=pushes,
+            headers=headers,
             payloads=payloads,
             codec=codec,
             parts=parts,
@@ -402,8 +404,9 @@ class TorchComm(RoundComm):
         r.works, r.keep = None, ()
         outcome = MixOutcome(answered=[[]], missing=[[]], rejected=[[]])
         arrived: dict[int, Delivered] = {}
+        nbytes = sum(p.nbytes for p in r.parts)
         for j in r.receive_from:
-            push = r.pushes.get(j)
+            push = self._check_header(r.step, r.round, r.tensor_id, j, r.headers[j], nbytes)
             got = _Message(r.codec, push, r.parts, r.payloads[j])
             try:
                 if push is not None and not (math.isfinite(push) and push > 0):
