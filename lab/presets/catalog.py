@@ -304,10 +304,14 @@ PRESETS: Mapping[str, Preset] = {p.name: p for p in (RELAYSGD_DIRICHLET, DETAG_U
 def get_preset(name: str) -> Preset:
     """The preset called ``name``; ValueError naming the valid ones otherwise."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+        names = [*PRESETS, "consensus-control"]
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(names)}")
     return PRESETS[name]
 
 
 def list_presets() -> list[tuple[str, str]]:
-    """(name, title) of every preset."""
-    return [(p.name, p.title) for p in PRESETS.values()]
+    """(name, title) of every preset (``consensus-control``: its own grid,
+    `concord.lab.presets.consensus`)."""
+    from concord.lab.presets.consensus import NAME, TITLE
+
+    return [*((p.name, p.title) for p in PRESETS.values()), (NAME, TITLE)]

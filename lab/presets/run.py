@@ -37,6 +37,7 @@ from typing import Any
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
+from concord.lab.presets import consensus
 from concord.lab.presets.catalog import get_preset
 from concord.lab.presets.report import write_report
 from concord.lab.presets.spec import PresetGrid, select
@@ -131,6 +132,21 @@ def preset_main(
     the preset. Raises ValueError (ConfigError) for an unknown preset, row or column,
     bad seeds or a base config that does not validate, before any run starts.
     """
+    if name == consensus.NAME:  # its own grid (n × cells × seeds) and report
+        if tune:
+            raise ValueError(f"--tune: preset {name!r} has no lr grid (the recipe's lr 0.1)")
+        return consensus.study_main(
+            seeds=seeds,
+            jobs=jobs,
+            out_dir=None if out_dir is None else Path(out_dir),
+            overrides=overrides,
+            report_only=report_only,
+            resume=resume,
+            rows=rows,
+            columns=columns,
+            run_fn=run_fn,
+            console=console,
+        )
     preset = select(get_preset(name), rows, columns)
     seed_list = tuple(seeds) if seeds else ((preset.tune_seed,) if tune else preset.seeds)
     grid = PresetGrid(preset, seed_list, tune=tune)

@@ -103,7 +103,8 @@ def test_unknown_preset_row_column_and_seeds_are_clear_errors() -> None:
     assert "has no row ['x']; valid: ['dsgd', 'd2', 'dsgt', 'detag'" in bad_row.output
     listed = CliRunner().invoke(main, ["sweep", "--list-presets"])
     assert listed.exit_code == 0
-    assert [line.split()[0] for line in listed.output.splitlines()] == list(PRESETS)
+    listed_names = [line.split()[0] for line in listed.output.splitlines()]
+    assert listed_names == [*PRESETS, "consensus-control"]
 
 
 def test_tiny_preset_run_writes_report_table_and_plots(tmp_path: Path) -> None:

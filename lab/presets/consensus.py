@@ -1,0 +1,490 @@
+"""``concord sweep --preset consensus-control``: the shape of Kong et al. 2021's Table 2 at CPU
+scale, with every number of its report generated from its own ``runs.csv``.
+
+Grid (vectorized engine, the recipe of ``examples/paper-mnist1d.toml``: MNIST-1D, cnn1d, a ring,
+local batch 16, Nesterov 0.9, weight decay 1e-4, 5 % warm-up, LR ×0.1 at 50 % and 75 %): for each
+n (``--columns n32,n64``; default both) and each seed, the all-reduce baseline and, for each
+phase k (``dec-phase-k``: gossip in phase k only, exact averaging elsewhere), the uncontrolled
+run and constant targets ½, ¼ (and ⅛) × the max of the statistic over phase k of an uncontrolled
+calibration pass — the exact consensus distance Ξ (``xi``) and its estimator Θ (``theta``) side
+by side — plus the paper's adaptive target (factor × an EMA of the gradient norm). Cells are
+rows (``--rows``; `CELLS`); seeds are paired (every cell runs on the same seeds as all-reduce).
+
+Output (``--out``): ``runs.csv`` (one row per run: n, phase, target, statistic, seed, accuracy,
+gossip_rounds, bytes_per_peer, …), ``report.md`` (mean ± 95 % confidence interval per cell, the
+paired difference to all-reduce, rounds against the uncontrolled run, the issue's checks), and
+``accuracy-rounds.png`` / ``xi-n<N>.png``; each run's directory under ``runs/``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from concord.core.config import apply_overrides, load_config
+from concord.lab.sweep import RunFn, SweepRun, run_sweep
+from concord.runtime.records import read_summary
+
+NAME = "consensus-control"
+TITLE = "Consensus control, Table 2 shape (MNIST-1D, ring, n = 32 and 64)"
+BASE = (
+    "dataset.name=mnist1d",
+    "dataset.samples=20000",
+    "model.name=cnn1d",
+    "topology=ring",
+    "algorithm=dsgd",
+    "epochs=60",
+    "optim.lr=0.1",
+    "optim.momentum=0.9",
+    "optim.nesterov=true",
+    "optim.weight_decay=1e-4",
+    "optim.batch_size=16",
+    "optim.warmup=0.05",
+    "optim.milestones=[0.5, 0.75]",
+    "optim.gamma=0.1",
+    "control.max_rounds=50",
+    "eval.every=5.0",
+    "threads=1",
+)
+SEEDS = (0, 1, 2, 3, 4)
+COLUMNS = {"n32": 32, "n64": 64}
+RUNS_CSV = (
+    "n", "phase", "target", "statistic", "seed", "accuracy", "gossip_rounds", "bytes_per_peer",
+    "mode", "factor", "worst_peer", "final_xi", "wall_seconds", "status", "run",
+)  # fmt: skip
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A row of the report: phase ("all" for all-reduce), target label, statistic, mode and
+    factor (None: no control)."""
+
+    key: str
+    phase: str
+    target: str
+    statistic: str
+    mode: str
+    factor: float | None
+
+    def overrides(self) -> dict[str, object]:
+        if self.phase == "all":
+            return {"algorithm": "allreduce", "topology": "complete", "plan": "exact",
+                    "control.mode": "none"}  # fmt: skip
+        out: dict[str, object] = {"plan": f"dec-phase-{self.phase}", "control.mode": self.mode}
+        if self.mode != "none":
+            out |= {"control.phases": [int(self.phase)], "control.factor": self.factor,
+                    "control.statistic": self.statistic}  # fmt: skip
+        return out
+
+
+def _cells() -> list[Cell]:
+    cells = [Cell("allreduce", "all", "allreduce", "", "none", None)]
+    for k in ("1", "2", "3"):
+        cells.append(Cell(f"p{k}-none", k, "none", "", "none", None))
+        for stat in ("xi", "theta"):
+            for label, factor in (("1/2", 0.5), ("1/4", 0.25), ("1/8", 0.125)):
+                key = f"p{k}-{label.replace('/', 'over')}-{stat}"
+                cells.append(Cell(key, k, label, stat, "constant", factor))
+        cells.append(Cell(f"p{k}-adaptive-theta", k, "adaptive", "theta", "adaptive", 0.25))
+    return cells
+
+
+CELLS = {c.key: c for c in _cells()}
+# what runs without --rows: phase 1 in full (the paper's main row), phases 2 and 3 at ¼ Θ/Ξ
+DEFAULT_ROWS = (
+    "allreduce",
+    "p1-none", "p1-1over2-xi", "p1-1over4-xi", "p1-1over2-theta", "p1-1over4-theta",
+    "p1-adaptive-theta",
+    "p2-none", "p2-1over4-xi", "p2-1over4-theta",
+    "p3-none", "p3-1over4-xi", "p3-1over4-theta",
+)  # fmt: skip
+
+
+def grid(rows: Sequence[str], columns: Sequence[str], seeds: Sequence[int]) -> list[SweepRun]:
+    """Every run, all-reduce and calibration-sharing runs first (`run_sweep` holds the runs of
+    a calibration group until its first has cached the calibration pass)."""
+    runs = []
+    for col in columns:
+        n = COLUMNS[col]
+        for seed in seeds:
+            for key in rows:
+                c = CELLS[key]
+                group = None
+                if c.mode == "constant":
+                    group = (f"dec-phase-{c.phase}/{c.statistic}/n{n}", "ring", seed)
+                runs.append(
+                    SweepRun(
+                        name=f"n{n}-{key}-s{seed}",
+                        kind="baseline" if c.phase == "all" else "plan",
+                        row=key,
+                        plan=None if c.phase == "all" else f"dec-phase-{c.phase}",
+                        topology=None if c.phase == "all" else "ring",
+                        factor=c.factor,
+                        control_mode=c.mode,
+                        seed=seed,
+                        overrides={"peers": n, "seed": seed, **c.overrides()},
+                        calibration_group=group,
+                        column=col,
+                    )
+                )
+    return runs
+
+
+@dataclass(frozen=True)
+class _Runs:
+    items: list[SweepRun]
+
+    def runs(self) -> list[SweepRun]:
+        return list(self.items)
+
+    def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
+        first: list[SweepRun] = []
+        held: dict[tuple[str, str, int], list[SweepRun]] = {}
+        seen: set[tuple[str, str, int]] = set()
+        for r in self.items:
+            g = r.calibration_group
+            if g is None or g not in seen:
+                first.append(r)
+                if g is not None:
+                    seen.add(g)
+            else:
+                held.setdefault(g, []).append(r)
+        return first, held
+
+
+def _row(run: SweepRun, out: Path) -> dict[str, Any]:
+    c = CELLS[run.row]
+    n = int(str(run.overrides["peers"]))
+    summary = read_summary(out / "runs" / run.name) or {}
+    ok = bool(summary)
+    sent = summary.get("bytes_sent_total")
+    return {
+        "n": n, "phase": c.phase, "target": c.target, "statistic": c.statistic,
+        "seed": run.seed, "accuracy": summary.get("accuracy_avg_model"),
+        "gossip_rounds": summary.get("gossip_rounds_total"),
+        "bytes_per_peer": None if sent is None else round(sent / n),
+        "mode": c.mode, "factor": c.factor, "worst_peer": summary.get("accuracy_worst_peer"),
+        "final_xi": summary.get("final_consensus_distance"),
+        "wall_seconds": summary.get("wall_seconds"), "status": "ok" if ok else "failed",
+        "run": run.name,
+    }  # fmt: skip
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_runs_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=RUNS_CSV, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: "" if r.get(k) is None else r[k] for k in RUNS_CSV})
+    path.write_text(buf.getvalue(), encoding="utf-8")
+
+
+def read_runs_csv(path: Path) -> list[dict[str, Any]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in ("n", "seed", "gossip_rounds", "bytes_per_peer"):
+            r[k] = int(float(r[k])) if r[k] != "" else None
+        for k in ("accuracy", "worst_peer", "final_xi", "wall_seconds"):
+            r[k] = float(r[k]) if r[k] != "" else None
+    return rows
+
+
+def t95(k: int) -> float:
+    """Two-sided 95 % quantile of Student's t with k degrees of freedom (table; ∞ → 1.96)."""
+    if k < 1:
+        return math.nan
+    best = [d for d in T95 if d <= k]
+    return T95[max(best)] if k <= 30 else 1.96
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % confidence interval (t over len − 1 dof)."""
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, math.nan
+    return m, t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def _label(r: Mapping[str, Any]) -> str:
+    if r["target"] == "allreduce":
+        return "all-reduce"
+    if r["target"] == "none":
+        return f"phase {r['phase']}, uncontrolled"
+    stat = {"xi": "Ξ (exact)", "theta": "Θ (estimator)"}[r["statistic"]]
+    if r["target"] == "adaptive":
+        return f"phase {r['phase']}, adaptive (¼ · EMA ‖g‖, on {stat})"
+    return f"phase {r['phase']}, {r['target']} · max {stat}"
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (n, cell): accuracy mean ± CI, the paired difference to all-reduce,
+    rounds (mean) and their ratio to the uncontrolled run of the same phase."""
+    ok = [r for r in rows if r["status"] == "ok" and r["accuracy"] is not None]
+    keys: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in ok:
+        keys.setdefault((r["n"], r["phase"], r["target"], r["statistic"]), []).append(r)
+    out = []
+    for (n, phase, target, stat), group in keys.items():
+        base = {r["seed"]: r for r in keys.get((n, "all", "allreduce", ""), [])}
+        unc = keys.get((n, phase, "none", ""), [])
+        acc = [100 * r["accuracy"] for r in group]
+        diffs = [100 * (r["accuracy"] - base[r["seed"]]["accuracy"]) for r in group
+                 if r["seed"] in base]  # fmt: skip
+        rounds = statistics.fmean(r["gossip_rounds"] for r in group)
+        unc_rounds = statistics.fmean(r["gossip_rounds"] for r in unc) if unc else math.nan
+        out.append({
+            "n": n, "phase": phase, "target": target, "statistic": stat,
+            "label": _label(group[0]), "seeds": sorted(r["seed"] for r in group),
+            "acc": mean_ci(acc), "diff": mean_ci(diffs) if diffs else (math.nan, math.nan),
+            "rounds": rounds,
+            "rounds_ratio": rounds / unc_rounds if unc_rounds and unc_rounds > 0 else math.nan,
+            "bytes_per_peer": statistics.fmean(r["bytes_per_peer"] for r in group),
+        })  # fmt: skip
+    order = {"allreduce": 0, "none": 1, "1/2": 2, "1/4": 3, "1/8": 4, "adaptive": 5}
+    out.sort(key=lambda e: (e["n"], e["phase"] != "all", e["phase"], order[e["target"]],
+                            e["statistic"]))  # fmt: skip
+    return out
+
+
+def _pm(x: tuple[float, float], scale: int = 2) -> str:
+    m, h = x
+    if math.isnan(m):
+        return "—"
+    return f"{m:.{scale}f} ± {h:.{scale}f}" if not math.isnan(h) else f"{m:.{scale}f}"
+
+
+def checks(cells: Sequence[Mapping[str, Any]], n: int = 64) -> list[tuple[str, bool | None, str]]:
+    """The issue's claims at n, phase 1: (claim, holds (None: not measured), the numbers)."""
+    by = {(c["n"], c["phase"], c["target"], c["statistic"]): c for c in cells}
+    unc = by.get((n, "1", "none", ""))
+    out: list[tuple[str, bool | None, str]] = []
+    if unc is None:
+        return [(f"n = {n}, phase 1 measured", None, "no runs")]
+    d = unc["diff"][0]
+    out.append(("uncontrolled ≥ 1 pp below all-reduce", d <= -1.0, f"{d:+.2f} pp"))
+    for stat in ("xi", "theta"):
+        q = by.get((n, "1", "1/4", stat))
+        if q is None:
+            continue
+        out.append((f"¼ · max {stat} within 0.5 pp of all-reduce", abs(q["diff"][0]) <= 0.5
+                    or q["diff"][0] > 0, f"{q['diff'][0]:+.2f} pp"))  # fmt: skip
+        out.append((f"¼ · max {stat}: rounds ≤ 4 × uncontrolled", q["rounds_ratio"] <= 4.0,
+                    f"{q['rounds_ratio']:.2f}×"))  # fmt: skip
+    return out
+
+
+def _plots(
+    out: Path, rows: Sequence[Mapping[str, Any]], cells: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """accuracy-rounds.png and xi-n<N>.png (phase 1, first seed); the files written."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    written = []
+    ns = sorted({c["n"] for c in cells})
+    fig = Figure(figsize=(5.5 * len(ns), 4.2))
+    FigureCanvasAgg(fig)
+    for i, n in enumerate(ns):
+        ax = fig.add_subplot(1, len(ns), i + 1)
+        for c in (c for c in cells if c["n"] == n):
+            marker = {"xi": "o", "theta": "s", "": "D"}[c["statistic"]]
+            ax.errorbar(c["rounds"], c["acc"][0], yerr=c["acc"][1], fmt=marker, capsize=3,
+                        label=c["label"])  # fmt: skip
+        ax.set_xlabel("gossip rounds over the run (mean)")
+        ax.set_ylabel("test accuracy, averaged model (%), mean ± 95 % CI")
+        ax.set_title(f"n = {n}, ring")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy-rounds.png", dpi=120)
+    written.append("accuracy-rounds.png")
+    for n in ns:
+        seed = min(r["seed"] for r in rows if r["n"] == n)
+        fig = Figure(figsize=(7, 4.2))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        for r in rows:
+            if (r["n"], r["seed"]) != (n, seed) or r["phase"] not in ("1", "all"):
+                continue
+            if r["status"] != "ok" or r["target"] == "allreduce":
+                continue
+            path = out / "runs" / str(r["run"]) / "metrics.jsonl"
+            pts = [(d["step"], d["xi"]) for d in map(json.loads, path.read_text().splitlines())
+                   if d.get("kind") == "step" and d.get("xi") is not None]  # fmt: skip
+            if pts:
+                ax.plot(*zip(*pts, strict=True), lw=0.8, label=_label(r))
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("consensus distance Ξ (exact, after the step)")
+        ax.set_title(f"Ξ over training, n = {n}, seed {seed}, dec-phase-1")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / f"xi-n{n}.png", dpi=120)
+        written.append(f"xi-n{n}.png")
+    return written
+
+
+def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
+    cells = summarize(rows)
+    plots = _plots(out, rows, cells) if cells else []
+    failed = [r["run"] for r in rows if r["status"] != "ok"]
+    lines = [
+        f"# {TITLE}",
+        "",
+        "Kong et al. (ICML 2021), Table 2, at CPU scale: MNIST-1D generated locally (20 000 "
+        "samples, 16 000 for training), cnn1d, a ring of n peers, i.i.d. partition, local batch "
+        "16, Nesterov 0.9, weight decay 1e-4, lr 0.1, 5 % linear warm-up, LR ×0.1 at 50 % and "
+        "75 %, 60 epochs. `dec-phase-k`: gossip in phase k, exact averaging in the others. "
+        "Constant targets are the factor × the max of the named statistic over phase k of an "
+        "uncontrolled calibration pass of the same seed — **Ξ** the exact consensus distance "
+        "(vectorized engine only), **Θ** the estimator real peers use; the adaptive target is "
+        "¼ × an EMA of the gradient norm (the paper's practical guideline), controlled on Θ. "
+        "Accuracy: the averaged model on the 4 000 test samples after the last step. "
+        "Cells: mean ± 95 % confidence interval (Student's t) over the seeds; Δ: the paired "
+        "difference to all-reduce on the same seed.",
+        "",
+        "Every number below is computed from [`runs.csv`](runs.csv), written by:",
+        "",
+        "```bash",
+        str(meta["command"]),
+        "```",
+        "",
+        f"Seeds: {', '.join(map(str, meta['seeds']))}. Runs: {len(rows)} ({len(failed)} failed"
+        f"{': ' + ', '.join(failed) if failed else ''}). Wall time {meta['wall_seconds'] / 60:.1f}"
+        f" min on {meta['cores']} core(s); torch {meta['torch']}, {meta['cpu']}, "
+        f"{meta['threads']} torch thread(s) per run, {meta['jobs']} run(s) at a time.",
+        "",
+        "**Machine dependence.** Float results depend on the CPU and the torch build (kernel "
+        "choice, summation order): the same cell re-run elsewhere can differ by more than its "
+        "confidence interval, most in runs near the edge of stability. Compare cells within "
+        "this report; re-run a cell to compare machines.",
+        "",
+    ]
+    for n in sorted({c["n"] for c in cells}):
+        lines += [
+            f"## n = {n}",
+            "",
+            "| cell | seeds | accuracy (%) | Δ vs all-reduce (pp) | gossip rounds | "
+            "× uncontrolled | MB sent per peer |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for c in (c for c in cells if c["n"] == n):
+            ratio = "" if math.isnan(c["rounds_ratio"]) else f"{c['rounds_ratio']:.2f}"
+            diff = "" if c["phase"] == "all" else _pm(c["diff"])
+            lines.append(
+                f"| {c['label']} | {len(c['seeds'])} | {_pm(c['acc'])} | {diff} | "
+                f"{c['rounds']:.0f} | {ratio} | {c['bytes_per_peer'] / 1e6:.1f} |"
+            )
+        lines.append("")
+        found = checks(cells, n)
+        lines += [f"Claims at n = {n}, phase 1:", ""]
+        for claim, holds, numbers in found:
+            verdict = {True: "holds", False: "**does not hold**", None: "not measured"}[holds]
+            lines.append(f"- {claim}: {verdict} ({numbers})")
+        lines.append("")
+    lines += [f"![accuracy against rounds]({p})" for p in plots[:1]]
+    lines += [f"![Ξ over training]({p})" for p in plots[1:]]
+    lines.append("")
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def study_main(
+    *,
+    seeds: Sequence[int] | None,
+    jobs: int | None,
+    out_dir: Path | None,
+    overrides: Sequence[str],
+    report_only: bool,
+    resume: bool,
+    rows: Sequence[str] | None,
+    columns: Sequence[str] | None,
+    run_fn: RunFn | None = None,
+    console: Console | None = None,
+) -> Path:
+    """Run the grid (or, ``report_only``, only rewrite the report from ``runs.csv``)."""
+    from concord.lab.presets.run import run_without_plots
+
+    row_keys = list(rows) if rows else list(DEFAULT_ROWS)
+    col_keys = list(columns) if columns else list(COLUMNS)
+    for key in row_keys:
+        if key not in CELLS:
+            raise ValueError(f"unknown row {key!r}; rows: {', '.join(CELLS)}")
+    for key in col_keys:
+        if key not in COLUMNS:
+            raise ValueError(f"unknown column {key!r}; columns: {', '.join(COLUMNS)}")
+    seed_list = list(seeds) if seeds else list(SEEDS)
+    jobs = jobs or 1
+    out = out_dir or Path("runs") / time.strftime(f"{NAME}-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    console = console or Console()
+    runs = grid(row_keys, col_keys, seed_list)
+    if report_only:
+        meta = json.loads((out / "preset.json").read_text(encoding="utf-8"))
+        table = read_runs_csv(out / "runs.csv")
+    else:
+        base = load_config(None, ["engine=vectorized", *BASE, *overrides], environ={})
+        for run in runs:  # every run validates before anything starts
+            apply_overrides(base, run.overrides)
+        parts = ["concord", "sweep", "--preset", NAME, "--seeds", ",".join(map(str, seed_list)),
+                 "--jobs", str(jobs), "--out", str(out)]  # fmt: skip
+        if rows:
+            parts += ["--rows", ",".join(row_keys)]
+        if columns:
+            parts += ["--columns", ",".join(col_keys)]
+        for item in overrides:
+            parts += ["--set", item]
+        command = " ".join(parts)
+        done = {r.name for r in runs if resume and read_summary(out / "runs" / r.name)}
+        todo = _Runs([r for r in runs if r.name not in done])
+        console.print(f"{NAME}: {len(runs)} runs ({len(done)} reused), jobs {jobs}\n{command}")
+        started = time.perf_counter()
+        if todo.runs():
+            run_sweep(todo, out, lambda o: apply_overrides(base, o), run_fn or run_without_plots,
+                      jobs=jobs, console=console)  # fmt: skip
+        wall = time.perf_counter() - started
+        previous = out / "preset.json"
+        if resume and previous.is_file():
+            wall += float(json.loads(previous.read_text(encoding="utf-8"))["wall_seconds"])
+        meta = {
+            "preset": NAME, "command": command, "wall_seconds": wall, "seeds": seed_list,
+            "jobs": jobs, "overrides": list(overrides), "cores": os.cpu_count(),
+            "torch": torch.__version__, "cpu": cpu_model(),
+            "threads": 1,
+        }  # fmt: skip
+        (out / "preset.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        table = [_row(r, out) for r in runs]
+        write_runs_csv(out / "runs.csv", table)
+        table = read_runs_csv(out / "runs.csv")  # the report reads what the CSV says
+    report = write_report(out, table, meta)
+    console.print(f"report: {report}")
+    return out
