@@ -23,6 +23,8 @@ from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
 from concord.protos.control_plane import SCHEMA_VERSION, Topics
 from concord.protos.mqtt import client
 
+pytestmark = pytest.mark.slow  # ~30 s: the separate CI step (.ci/run)
+
 BASE = [
     "dataset.samples=3000",
     "eval.every=1",

@@ -25,6 +25,8 @@ import pytest
 from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
 from tests.integration.peers import Peers, write_config
 
+pytestmark = pytest.mark.slow  # ~35 s: the separate CI step (.ci/run)
+
 TINY = """
 topology = "ring"
 algorithm = "dsgd"

@@ -23,6 +23,8 @@ from concord.runtime.rundir import load_checkpoint
 from concord.sim.processes import run_processes
 from tests.integration.peers import Peers, free_ports, write_config
 
+pytestmark = pytest.mark.slow  # ~60 s: the separate CI step (.ci/run)
+
 SMALL = ["peers=4", "dataset.samples=3000", "eval.every=1"]
 CASES = {
     # two stages (the calibration pass, then training) in one process group; repeat rounds

@@ -15,6 +15,7 @@ from concord.orchestrator.broker import mosquitto_binary
 
 _ok, _why = _netns.available()
 pytestmark = [
+    pytest.mark.slow,  # ~25 s: the separate CI step
     pytest.mark.skipif(not _ok, reason=f"emulated network unavailable: {_why}"),
     pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto is not installed"),
 ]
