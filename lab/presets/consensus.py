@@ -63,7 +63,8 @@ SEEDS = (0, 1, 2, 3, 4)
 COLUMNS = {"n32": 32, "n64": 64}
 RUNS_CSV = (
     "n", "phase", "target", "statistic", "seed", "accuracy", "gossip_rounds", "bytes_per_peer",
-    "mode", "factor", "worst_peer", "final_xi", "wall_seconds", "status", "run",
+    "mode", "factor", "worst_peer", "final_xi", "late_rounds_per_step", "late_xi",
+    "wall_seconds", "status", "run",
 )  # fmt: skip
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
        9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
@@ -167,12 +168,34 @@ class _Runs:
         return first, held
 
 
+def late_phase(run_dir: Path, phase: str) -> tuple[float | None, float | None]:
+    """Mean gossip rounds per step and mean Ξ (after the step) over the second half of the
+    gossip phase ``phase`` of a run (None for all-reduce or a run without its metrics)."""
+    path = run_dir / "metrics.jsonl"
+    if phase == "all" or not path.is_file():
+        return None, None
+    steps = [
+        r
+        for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())
+        if r.get("kind") == "step" and str(r.get("phase")) == phase
+    ]
+    late = steps[len(steps) // 2 :]
+    if not late:
+        return None, None
+    xis = [float(r["xi"]) for r in late if r.get("xi") is not None]
+    return (
+        statistics.fmean(float(r["rounds"]) for r in late),
+        statistics.fmean(xis) if xis else None,
+    )
+
+
 def _row(run: SweepRun, out: Path) -> dict[str, Any]:
     c = CELLS[run.row]
     n = int(str(run.overrides["peers"]))
     summary = read_summary(out / "runs" / run.name) or {}
     ok = bool(summary)
     sent = summary.get("bytes_sent_total")
+    late_rounds, late_xi = late_phase(out / "runs" / run.name, c.phase)
     return {
         "n": n, "phase": c.phase, "target": c.target, "statistic": c.statistic,
         "seed": run.seed, "accuracy": summary.get("accuracy_avg_model"),
@@ -180,6 +203,8 @@ def _row(run: SweepRun, out: Path) -> dict[str, Any]:
         "bytes_per_peer": None if sent is None else round(sent / n),
         "mode": c.mode, "factor": c.factor, "worst_peer": summary.get("accuracy_worst_peer"),
         "final_xi": summary.get("final_consensus_distance"),
+        "late_rounds_per_step": None if late_rounds is None else round(late_rounds, 4),
+        "late_xi": late_xi,
         "wall_seconds": summary.get("wall_seconds"), "status": "ok" if ok else "failed",
         "run": run.name,
     }  # fmt: skip
@@ -211,8 +236,9 @@ def read_runs_csv(path: Path) -> list[dict[str, Any]]:
     for r in rows:
         for k in ("n", "seed", "gossip_rounds", "bytes_per_peer"):
             r[k] = int(float(r[k])) if r[k] != "" else None
-        for k in ("accuracy", "worst_peer", "final_xi", "wall_seconds"):
-            r[k] = float(r[k]) if r[k] != "" else None
+        for k in ("accuracy", "worst_peer", "final_xi", "late_rounds_per_step", "late_xi",
+                  "wall_seconds"):  # fmt: skip
+            r[k] = float(r[k]) if r.get(k, "") != "" else None
     return rows
 
 
@@ -266,11 +292,18 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "rounds": rounds,
             "rounds_ratio": rounds / unc_rounds if unc_rounds and unc_rounds > 0 else math.nan,
             "bytes_per_peer": statistics.fmean(r["bytes_per_peer"] for r in group),
+            "late_rounds": _fmean(r.get("late_rounds_per_step") for r in group),
+            "late_xi": _fmean(r.get("late_xi") for r in group),
         })  # fmt: skip
     order = {"allreduce": 0, "none": 1, "1/2": 2, "1/4": 3, "1/8": 4, "adaptive": 5}
     out.sort(key=lambda e: (e["n"], e["phase"] != "all", e["phase"], order[e["target"]],
                             e["statistic"]))  # fmt: skip
     return out
+
+
+def _fmean(values: Any) -> float:
+    got = [float(v) for v in values if v is not None]
+    return statistics.fmean(got) if got else math.nan
 
 
 def _pm(x: tuple[float, float], scale: int = 2) -> str:
@@ -369,7 +402,9 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         "¼ × an EMA of the gradient norm (the paper's practical guideline), controlled on Θ. "
         "Accuracy: the averaged model on the 4 000 test samples after the last step. "
         "Cells: mean ± 95 % confidence interval (Student's t) over the seeds; Δ: the paired "
-        "difference to all-reduce on the same seed.",
+        "difference to all-reduce on the same seed; *late*: means over the second half of the "
+        "gossip phase (rounds per step, and the exact Ξ after the step — measured for every "
+        "run, whatever its control statistic).",
         "",
         "Every number below is computed from [`runs.csv`](runs.csv), written by:",
         "",
@@ -393,15 +428,18 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
             f"## n = {n}",
             "",
             "| cell | seeds | accuracy (%) | Δ vs all-reduce (pp) | gossip rounds | "
-            "× uncontrolled | MB sent per peer |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "× uncontrolled | rounds / step, late | Ξ, late | MB sent per peer |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for c in (c for c in cells if c["n"] == n):
             ratio = "" if math.isnan(c["rounds_ratio"]) else f"{c['rounds_ratio']:.2f}"
             diff = "" if c["phase"] == "all" else _pm(c["diff"])
+            late_r = "" if math.isnan(c["late_rounds"]) else f"{c['late_rounds']:.1f}"
+            late_x = "" if math.isnan(c["late_xi"]) else f"{c['late_xi']:.3g}"
             lines.append(
                 f"| {c['label']} | {len(c['seeds'])} | {_pm(c['acc'])} | {diff} | "
-                f"{c['rounds']:.0f} | {ratio} | {c['bytes_per_peer'] / 1e6:.1f} |"
+                f"{c['rounds']:.0f} | {ratio} | {late_r} | {late_x} | "
+                f"{c['bytes_per_peer'] / 1e6:.1f} |"
             )
         lines.append("")
         found = checks(cells, n)
