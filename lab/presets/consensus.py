@@ -60,7 +60,8 @@ BASE = (
     "threads=1",
 )
 SEEDS = (0, 1, 2, 3, 4)
-COLUMNS = {"n32": 32, "n64": 64}
+COLUMNS = {"n16": 16, "n32": 32, "n64": 64, "n128": 128}
+DEFAULT_COLUMNS = ("n32", "n64")  # n16 and n128 for the scaling in n (``--columns``)
 RUNS_CSV = (
     "n", "phase", "target", "statistic", "seed", "accuracy", "gossip_rounds", "bytes_per_peer",
     "mode", "factor", "worst_peer", "final_xi", "late_rounds_per_step", "late_xi",
@@ -358,6 +359,30 @@ def _plots(
     fig.tight_layout()
     fig.savefig(out / "accuracy-rounds.png", dpi=120)
     written.append("accuracy-rounds.png")
+    by = {(c["n"], c["phase"], c["target"], c["statistic"]): c for c in cells}
+    series = [("none", "", "uncontrolled"), ("1/4", "xi", "¼ · max Ξ"),
+              ("1/4", "theta", "¼ · max Θ")]  # fmt: skip
+    if len([n for n in ns if (n, "1", "none", "") in by]) >= 2:
+        fig = Figure(figsize=(6, 4.2))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        for target, stat, label in series:
+            pts = [(n, by[(n, "1", target, stat)]["diff"]) for n in ns
+                   if (n, "1", target, stat) in by]  # fmt: skip
+            if pts:
+                xs, ys, err = [n for n, _ in pts], [d[0] for _, d in pts], [d[1] for _, d in pts]
+                ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label=label)
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_xlabel("peers n (ring)")
+        ax.set_ylabel("dec-phase-1 − all-reduce, test accuracy (pp), mean ± 95 % CI")
+        ax.set_title("Phase-1 degradation against n (paired seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "scaling.png", dpi=120)
+        written.append("scaling.png")
     for n in ns:
         seed = min(r["seed"] for r in rows if r["n"] == n)
         fig = Figure(figsize=(7, 4.2))
@@ -451,6 +476,7 @@ def reading(cells: Sequence[Mapping[str, Any]]) -> list[str]:
 def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
     cells = summarize(rows)
     plots = _plots(out, rows, cells) if cells else []
+    commands = [str(c) for c in meta.get("commands", [meta["command"]])]
     failed = [r["run"] for r in rows if r["status"] != "ok"]
     lines = [
         f"# {TITLE}",
@@ -469,10 +495,11 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         "gossip phase (rounds per step, and the exact Ξ after the step — measured for every "
         "run, whatever its control statistic).",
         "",
-        "Every number below is computed from [`runs.csv`](runs.csv), written by:",
+        "Every number below is computed from [`runs.csv`](runs.csv), written by"
+        + (" (in this order; `--resume` keeps the earlier runs):" if len(commands) > 1 else ":"),
         "",
         "```bash",
-        str(meta["command"]),
+        *commands,
         "```",
         "",
         f"Seeds: {', '.join(map(str, meta['seeds']))}. Runs: {len(rows)} ({len(failed)} failed"
@@ -512,8 +539,9 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
             lines.append(f"- {claim}: {verdict} ({numbers})")
         lines.append("")
     lines += reading(cells)
-    lines += [f"![accuracy against rounds]({p})" for p in plots[:1]]
-    lines += [f"![Ξ over training]({p})" for p in plots[1:]]
+    lines += [f"![accuracy against rounds]({p})" for p in plots if p == "accuracy-rounds.png"]
+    lines += [f"![degradation against n]({p})" for p in plots if p == "scaling.png"]
+    lines += [f"![Ξ over training]({p})" for p in plots if p.startswith("xi-")]
     lines.append("")
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
@@ -537,7 +565,7 @@ def study_main(
     from concord.lab.presets.run import run_without_plots
 
     row_keys = list(rows) if rows else list(DEFAULT_ROWS)
-    col_keys = list(columns) if columns else list(COLUMNS)
+    col_keys = list(columns) if columns else list(DEFAULT_COLUMNS)
     for key in row_keys:
         if key not in CELLS:
             raise ValueError(f"unknown row {key!r}; rows: {', '.join(CELLS)}")
@@ -575,16 +603,26 @@ def study_main(
                       jobs=jobs, console=console)  # fmt: skip
         wall = time.perf_counter() - started
         previous = out / "preset.json"
+        commands = [command]
+        seeds_all = list(seed_list)
         if resume and previous.is_file():
-            wall += float(json.loads(previous.read_text(encoding="utf-8"))["wall_seconds"])
+            old = json.loads(previous.read_text(encoding="utf-8"))
+            wall += float(old["wall_seconds"])
+            earlier = old.get("commands", [old["command"]])
+            commands = earlier + ([] if command in earlier else [command])
+            seeds_all = sorted(set(old.get("seeds", [])) | set(seed_list))
         meta = {
-            "preset": NAME, "command": command, "wall_seconds": wall, "seeds": seed_list,
-            "jobs": jobs, "overrides": list(overrides), "cores": os.cpu_count(),
-            "torch": torch.__version__, "cpu": cpu_model(),
+            "preset": NAME, "command": command, "commands": commands, "wall_seconds": wall,
+            "seeds": seeds_all, "jobs": jobs, "overrides": list(overrides),
+            "cores": os.cpu_count(), "torch": torch.__version__, "cpu": cpu_model(),
             "threads": 1,
         }  # fmt: skip
         (out / "preset.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         table = [_row(r, out) for r in runs]
+        if resume and (out / "runs.csv").is_file():  # the earlier grids' rows stay
+            mine = {r["run"] for r in table}
+            kept = [r for r in read_runs_csv(out / "runs.csv") if r["run"] not in mine]
+            table = kept + table
         write_runs_csv(out / "runs.csv", table)
         table = read_runs_csv(out / "runs.csv")  # the report reads what the CSV says
     report = write_report(out, table, meta)

@@ -86,3 +86,20 @@ def test_a_tiny_sweep_writes_the_csv_the_report_and_the_plots(tmp_path: Path) ->
         "consensus-control", out_dir=out, report_only=True, rows=rows_again, columns=["n32"]
     )
     assert (again / "report.md").read_text() == report
+
+
+def test_resume_adds_a_grid_and_keeps_the_earlier_rows_and_commands(tmp_path: Path) -> None:
+    tiny = ["dataset.samples=2000", "epochs=2", "eval.every=1"]
+    out = tmp_path / "cc"
+    preset_main("consensus-control", seeds=[0, 1], out_dir=out, overrides=tiny,
+                rows=["allreduce", "p1-none"], columns=["n32"])  # fmt: skip
+    preset_main("consensus-control", seeds=[0, 1], out_dir=out, overrides=tiny, resume=True,
+                rows=["allreduce", "p1-none"], columns=["n16"])  # fmt: skip
+    rows = read_runs_csv(out / "runs.csv")
+    assert sorted({r["n"] for r in rows}) == [16, 32]
+    assert len(rows) == 8
+    assert all(r["status"] == "ok" for r in rows)
+    report = (out / "report.md").read_text()
+    assert "--columns n32" in report
+    assert "--columns n16" in report  # both commands that wrote the CSV
+    assert (out / "scaling.png").is_file()  # two sizes: the degradation against n
