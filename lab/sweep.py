@@ -300,6 +300,16 @@ def _execute(run_fn: RunFn, cfg: Any, run_dir: str, calibration_cache: str) -> d
     return {"status": "ok", "summary": summary, "wall": time.perf_counter() - start}
 
 
+def run_without_plots(
+    cfg: Any, out_dir: Path, *, progress: bool = False, calibration_cache: Path | None = None
+) -> Mapping[str, Any]:
+    """`concord.sim.engine.run` without the per-run PNGs (1–3 s each on a small CPU; the report
+    plots every run's curves instead). Module-level, so it pickles into the sweep's workers."""
+    from concord.sim.engine import run
+
+    return run(cfg, out_dir, progress=progress, calibration_cache=calibration_cache, plots=False)
+
+
 def _default_run_fn() -> RunFn:
     from concord.sim.engine import run
 

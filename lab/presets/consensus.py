@@ -35,7 +35,7 @@ import torch
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
-from concord.lab.sweep import RunFn, SweepRun, run_sweep
+from concord.lab.sweep import RunFn, SweepRun, run_sweep, run_without_plots
 from concord.runtime.records import read_summary
 
 NAME = "consensus-control"
@@ -562,8 +562,6 @@ def study_main(
     console: Console | None = None,
 ) -> Path:
     """Run the grid (or, ``report_only``, only rewrite the report from ``runs.csv``)."""
-    from concord.lab.presets.run import run_without_plots
-
     row_keys = list(rows) if rows else list(DEFAULT_ROWS)
     col_keys = list(columns) if columns else list(DEFAULT_COLUMNS)
     for key in row_keys:

@@ -41,18 +41,8 @@ from concord.lab.presets import consensus
 from concord.lab.presets.catalog import get_preset
 from concord.lab.presets.report import write_report
 from concord.lab.presets.spec import PresetGrid, select
-from concord.lab.sweep import RunFn, SweepRun, csv_row, run_sweep, write_csv
+from concord.lab.sweep import RunFn, SweepRun, csv_row, run_sweep, run_without_plots, write_csv
 from concord.runtime.records import read_summary
-
-
-def run_without_plots(
-    cfg: Any, out_dir: Path, *, progress: bool = False, calibration_cache: Path | None = None
-) -> Mapping[str, Any]:
-    """`concord.sim.engine.run` without the per-run PNGs (1–3 s each on a small CPU; the report
-    plots every run's curves instead). Module-level, so it pickles into the sweep's workers."""
-    from concord.sim.engine import run
-
-    return run(cfg, out_dir, progress=progress, calibration_cache=calibration_cache, plots=False)
 
 
 @dataclass(frozen=True)
