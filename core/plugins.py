@@ -11,8 +11,10 @@ process must find the same module (same directory layout, or an installed packag
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 PLUGIN_PATH_ENV = "CONCORD_PLUGIN_PATH"
@@ -27,6 +29,16 @@ def is_spec(name: str) -> bool:
     """Whether ``name`` has the ``module:callable`` form (rather than a registered name)."""
     module, sep, attr = name.partition(":")
     return bool(sep and module and attr)
+
+
+def accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes a keyword ``name`` (declared, or through ``**kwargs``); False when
+    its signature cannot be read (some builtins)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except ValueError:
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def plugin_dirs() -> list[str]:

@@ -117,19 +117,6 @@ def _user_code(what: str, spec: str, call: Callable[[], T]) -> T:
         ) from exc
 
 
-def per_peer_tv(histograms: np.ndarray) -> list[float]:
-    """½ Σ_c |p_i(c) − p(c)| of each peer's label distribution from the global one (as in
-    `partition_stats`); NaN for an empty peer."""
-    H = np.asarray(histograms, dtype=np.float64)
-    total = H.sum(0)
-    glob = total / max(float(total.sum()), 1.0)
-    sizes = H.sum(1)
-    out: list[float] = []
-    for row, size in zip(H, sizes, strict=True):
-        out.append(float(0.5 * np.abs(row / size - glob).sum()) if size > 0 else math.nan)
-    return out
-
-
 def build_view(cfg: RunConfig) -> PartitionView:
     """Load ``cfg``'s dataset, build its partition as a run does and summarise it."""
     from concord.core.data.partition import partition_stats
@@ -146,7 +133,7 @@ def build_view(cfg: RunConfig) -> PartitionView:
         seed=cfg.seed,
         num_classes=data.num_classes,
         stats=stats,
-        tv=per_peer_tv(np.asarray(stats["histograms"])),
+        tv=[math.nan if v is None else float(v) for v in stats["tv_distances"]],
     )
 
 

@@ -250,23 +250,28 @@ class Sweep:
         return runs
 
     def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
-        """(runs to start at once, runs held back until their calibration group's first run ends).
+        return hold_for_calibration(self.runs())
 
-        The first list puts the calibrating runs first: they are the longest (calibration + run).
-        """
-        first: list[SweepRun] = []
-        rest: list[SweepRun] = []
-        held: dict[tuple[str, str, int], list[SweepRun]] = {}
-        for run in self.runs():
-            group = run.calibration_group
-            if group is None:
-                rest.append(run)
-            elif group in held:
-                held[group].append(run)
-            else:
-                held[group] = []
-                first.append(run)
-        return first + rest, held
+
+def hold_for_calibration(
+    runs: Sequence[SweepRun],
+) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
+    """(runs to start at once, runs held back until their calibration group's first run ends:
+    then they find its calibration pass cached). The first list puts the calibrating runs
+    first: they are the longest (calibration + run)."""
+    first: list[SweepRun] = []
+    rest: list[SweepRun] = []
+    held: dict[tuple[str, str, int], list[SweepRun]] = {}
+    for run in runs:
+        group = run.calibration_group
+        if group is None:
+            rest.append(run)
+        elif group in held:
+            held[group].append(run)
+        else:
+            held[group] = []
+            first.append(run)
+    return first + rest, held
 
 
 # ---------------------------------------------------------------------------------------------

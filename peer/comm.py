@@ -60,7 +60,7 @@ class Delivered(Protocol):
     def tensors(self) -> dict[str, torch.Tensor]: ...
 
 
-Received = tuple[dict[int, Delivered], MixOutcome]
+Received = tuple[Mapping[int, Delivered], MixOutcome]
 
 
 @dataclass
@@ -406,7 +406,7 @@ class PeerComm(RoundComm):
             arrived = {}
             outcome = MixOutcome(answered=[[]], missing=[list(r.receive_from)], rejected=[[]])
         self._ended(r, t1, outcome, overlapped=overlapped)
-        return dict(arrived), outcome
+        return arrived, outcome
 
 
 @dataclass

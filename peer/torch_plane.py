@@ -384,17 +384,26 @@ class TorchComm(RoundComm):
         return all(w.is_completed() for w in r.works or ())
 
     def _check_header(
-        self, step: int, round: int, tensor_id: int, j: int, header: torch.Tensor, nbytes: int
-    ) -> float | None:
-        """The push-sum weight in peer j's header, after checking that it is this round's."""
+        self,
+        step: int,
+        round: int,
+        tensor_id: int,
+        j: int,
+        header: torch.Tensor,
+        nbytes: int | None,
+    ) -> tuple[float | None, int]:
+        """The push-sum weight and the payload length in peer j's header, after checking that
+        it is this round's (``nbytes`` None: any whole number of float32 values)."""
         magic, s, r, tid, length, push = (int(v) for v in header.tolist())
-        if (magic, s, r, tid, length) != (MAGIC, step, round, tensor_id, nbytes):
+        want = length if nbytes is None and length % 4 == 0 else nbytes
+        if (magic, s, r, tid, length) != (MAGIC, step, round, tensor_id, want):
+            expected = "float32 values" if nbytes is None else f"{nbytes} bytes"
             raise TorchPlaneError(
                 f"peer {self.rank} expected tensor {tensor_id} of step {step} round {round} "
-                f"({nbytes} bytes) from peer {j} and got tensor {tid} of step {s} round {r} "
+                f"({expected}) from peer {j} and got tensor {tid} of step {s} round {r} "
                 f"({length} bytes, magic {magic:#x}): the peers' rounds diverged"
             )
-        return _bits_f64(push)
+        return _bits_f64(push), length
 
     def _finish(self, r: _Round, *, overlapped: bool) -> Received:
         assert isinstance(r, _TorchRound)
@@ -406,7 +415,7 @@ class TorchComm(RoundComm):
         arrived: dict[int, Delivered] = {}
         nbytes = sum(p.nbytes for p in r.parts)
         for j in r.receive_from:
-            push = self._check_header(r.step, r.round, r.tensor_id, j, r.headers[j], nbytes)
+            push, _ = self._check_header(r.step, r.round, r.tensor_id, j, r.headers[j], nbytes)
             got = _Message(r.codec, push, r.parts, r.payloads[j])
             try:
                 if push is not None and not (math.isfinite(push) and push > 0):
@@ -479,16 +488,10 @@ class TorchComm(RoundComm):
         ops += [dist.P2POp(dist.irecv, h, j, tag=_TAG_HEADER) for j, h in headers.items()]
         what = f"per-edge round {round} of step {wire_step}"
         self._wait(self._run(ops, what), what)
-        lengths = {}
-        for j, h in headers.items():
-            magic, s, r, tid, nbytes, _ = (int(v) for v in h.tolist())
-            if (magic, s, r, tid) != (MAGIC, wire_step, round, TENSOR_EDGE) or nbytes % 4:
-                raise TorchPlaneError(
-                    f"peer {self.rank} expected a per-edge message of step {wire_step} round "
-                    f"{round} from peer {j} and got tensor {tid} of step {s} round {r} "
-                    f"({nbytes} bytes, magic {magic:#x}): the peers' rounds diverged"
-                )
-            lengths[j] = nbytes // 4
+        lengths = {
+            j: self._check_header(wire_step, round, TENSOR_EDGE, j, h, None)[1] // 4
+            for j, h in headers.items()
+        }
         received = {
             j: torch.empty(n, dtype=torch.float32, device=self.device) for j, n in lengths.items()
         }

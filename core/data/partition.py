@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from concord.core.plugins import PluginError, resolve
+from concord.core.plugins import PluginError, accepts, resolve
 from concord.core.registry import Registry
 from concord.errors import PartitionError as PartitionError
 
@@ -240,14 +240,6 @@ def _load_user_partitioner(spec: str) -> Partitioner:
     return fn
 
 
-def _declares(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except ValueError:  # no introspectable signature
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-
-
 def validate_partition(parts: object, n: int, num_samples: int, *, scheme: str) -> list[np.ndarray]:
     """Check that ``parts`` is n integer index arrays covering 0..num_samples−1 exactly once.
 
@@ -336,7 +328,7 @@ def partition(
     n, seed = int(n), int(seed)
     if ":" in scheme:
         fn = _load_user_partitioner(scheme)
-        extra = {k: v for k, v in (("features", features), ("groups", groups)) if _declares(fn, k)}
+        extra = {k: v for k, v in (("features", features), ("groups", groups)) if accepts(fn, k)}
         parts = fn(labels=y, n=n, seed=seed, **extra, **options)
         return validate_partition(parts, n, N, scheme=scheme)
     fn = PARTITIONERS.get(scheme)
@@ -390,7 +382,8 @@ def partition_stats(
     Keys: n, num_samples, sizes, histograms, min/mean/max_size, min_share and max_share (size ÷ mean
     size), labels_per_peer (distinct labels held), mean_tv_distance and max_tv_distance — the total
     variation distance ½ Σ_c |p_i(c) − p(c)| of each non-empty peer's label distribution from the
-    global one (0 = same distribution, → 1 = disjoint labels); empty peers are left out of the TV;
+    global one (0 = same distribution, → 1 = disjoint labels) and tv_distances, each peer's (None:
+    an empty peer, left out of the mean and max);
     sha256, the `partition_digest`.
     """
     H = label_histograms(labels, parts, num_classes)
@@ -400,6 +393,9 @@ def partition_stats(
     nonempty = sizes > 0
     local = H[nonempty] / sizes[nonempty, None]
     tv = 0.5 * np.abs(local - glob[None, :]).sum(1)
+    per_peer: list[float | None] = [None] * len(parts)
+    for i, value in zip(np.flatnonzero(nonempty), tv, strict=True):
+        per_peer[int(i)] = float(value)
     mean_size = float(sizes.mean()) if sizes.size else 0.0
     return {
         "n": len(parts),
@@ -412,6 +408,7 @@ def partition_stats(
         "min_share": float(sizes.min() / mean_size) if mean_size else 0.0,
         "max_share": float(sizes.max() / mean_size) if mean_size else 0.0,
         "labels_per_peer": (H > 0).sum(1).tolist(),
+        "tv_distances": per_peer,
         "mean_tv_distance": float(tv.mean()) if tv.size else 0.0,
         "max_tv_distance": float(tv.max()) if tv.size else 0.0,
         "sha256": partition_digest(parts),

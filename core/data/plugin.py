@@ -35,7 +35,10 @@ _CONTEXT = ("seed", "root", "cache_dir", "num_samples")
 
 def user_dataset_options(spec: str) -> list[str] | None:
     """The options ``spec``'s callable declares (None: it takes ``**kwargs``, any option)."""
-    fn = resolve(spec, "dataset")
+    return _declared(resolve(spec, "dataset"))
+
+
+def _declared(fn: Any) -> list[str] | None:
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
@@ -177,7 +180,7 @@ def load_user_dataset(
 ) -> Dataset:
     """Call the plug-in ``spec`` (module docstring) and return its `Dataset`."""
     fn = resolve(spec, "dataset")
-    declared = user_dataset_options(spec)
+    declared = _declared(fn)
     context = {"seed": seed, "root": root, "cache_dir": cache_dir, "num_samples": num_samples}
     if declared is not None:
         unknown = sorted(set(options) - set(declared))

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from concord.core.models.layers import ReplicaModel
-from concord.core.plugins import is_spec, resolve
+from concord.core.plugins import accepts, is_spec, resolve
 
 __all__ = ["GenericReplicaModel", "build_generic", "resolve_callable"]
 
@@ -45,14 +45,6 @@ def resolve_callable(target: str) -> Callable[..., Any]:
         raise ValueError(f"model {target!r} must be a registered name or 'module:callable'")
     builder: Callable[..., Any] = resolve(target, "model")
     return builder
-
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except ValueError:  # no introspectable signature (some builtins)
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 class GenericReplicaModel(ReplicaModel):
@@ -161,7 +153,7 @@ def build_generic(
     fn = resolve_callable(target)
     kwargs = dict(options)
     for key, value in (("input_shape", input_shape), ("num_classes", num_classes)):
-        if _accepts(fn, key) and key not in kwargs:
+        if accepts(fn, key) and key not in kwargs:
             kwargs[key] = value
     try:
         inspect.signature(fn).bind(**kwargs)

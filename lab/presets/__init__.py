@@ -5,8 +5,16 @@ machinery and `report` (with `plots` and `cells`) writes its ``report.md`` and P
 """
 
 from concord.lab.presets.catalog import PRESETS, get_preset, list_presets
-from concord.lab.presets.run import command_line, preset_main
-from concord.lab.presets.spec import Preset, PresetGrid, Relation, Setting, Setup, select
+from concord.lab.presets.run import preset_main
+from concord.lab.presets.spec import (
+    Preset,
+    PresetGrid,
+    Relation,
+    Setting,
+    Setup,
+    command_line,
+    select,
+)
 from concord.lab.sweep import run_without_plots
 
 __all__ = [

@@ -35,7 +35,14 @@ import torch
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
-from concord.lab.sweep import RunFn, SweepRun, run_sweep, run_without_plots
+from concord.lab.presets.spec import command_line
+from concord.lab.sweep import (
+    RunFn,
+    SweepRun,
+    hold_for_calibration,
+    run_sweep,
+    run_without_plots,
+)
 from concord.runtime.records import read_summary
 
 NAME = "consensus-control"
@@ -155,18 +162,7 @@ class _Runs:
         return list(self.items)
 
     def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
-        first: list[SweepRun] = []
-        held: dict[tuple[str, str, int], list[SweepRun]] = {}
-        seen: set[tuple[str, str, int]] = set()
-        for r in self.items:
-            g = r.calibration_group
-            if g is None or g not in seen:
-                first.append(r)
-                if g is not None:
-                    seen.add(g)
-            else:
-                held.setdefault(g, []).append(r)
-        return first, held
+        return hold_for_calibration(self.items)
 
 
 def late_phase(run_dir: Path, phase: str) -> tuple[float | None, float | None]:
@@ -590,15 +586,8 @@ def study_main(
         base = load_config(None, ["engine=vectorized", *BASE, *overrides], environ={})
         for run in runs:  # every run validates before anything starts
             apply_overrides(base, run.overrides)
-        parts = ["concord", "sweep", "--preset", NAME, "--seeds", ",".join(map(str, seed_list)),
-                 "--jobs", str(jobs), "--out", str(out)]  # fmt: skip
-        if rows:
-            parts += ["--rows", ",".join(row_keys)]
-        if columns:
-            parts += ["--columns", ",".join(col_keys)]
-        for item in overrides:
-            parts += ["--set", item]
-        command = " ".join(parts)
+        picked = (row_keys if rows else None, col_keys if columns else None)
+        command = command_line(NAME, seed_list, jobs, out, overrides, False, *picked)
         done = {r.name for r in runs if resume and read_summary(out / "runs" / r.name)}
         todo = _Runs([r for r in runs if r.name not in done])
         console.print(f"{NAME}: {len(runs)} runs ({len(done)} reused), jobs {jobs}\n{command}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from concord.core.config import apply_overrides, load_config
 from concord.lab.presets import consensus
 from concord.lab.presets.catalog import get_preset
 from concord.lab.presets.report import write_report
-from concord.lab.presets.spec import PresetGrid, select
+from concord.lab.presets.spec import PresetGrid, command_line, select
 from concord.lab.sweep import RunFn, SweepRun, csv_row, run_sweep, run_without_plots, write_csv
 from concord.runtime.records import read_summary
 
@@ -68,30 +67,6 @@ def _finished(grid: PresetGrid, out: Path) -> dict[str, dict[str, Any]]:
         if summary is not None:
             rows[run.name] = csv_row(run, {"status": "ok", "summary": summary}, run_dir)
     return rows
-
-
-def command_line(
-    name: str,
-    seeds: Sequence[int],
-    jobs: int,
-    out: Path,
-    overrides: Sequence[str],
-    tune: bool,
-    rows: Sequence[str] | None = None,
-    columns: Sequence[str] | None = None,
-) -> str:
-    """The ``concord sweep`` command that regenerates a preset report."""
-    parts = ["concord", "sweep", "--preset", name]
-    if tune:
-        parts.append("--tune")
-    parts += ["--seeds", ",".join(str(s) for s in seeds), "--jobs", str(jobs), "--out", str(out)]
-    if rows is not None:
-        parts += ["--rows", ",".join(rows)]
-    if columns is not None:
-        parts += ["--columns", ",".join(columns)]
-    for item in overrides:
-        parts += ["--set", item]
-    return shlex.join(parts)
 
 
 def preset_main(

@@ -4,8 +4,10 @@ and the grid of runs it expands to (`PresetGrid`). See `concord.lab.presets` for
 from __future__ import annotations
 
 import itertools
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from concord.lab.sweep import SweepRun, slug
 
@@ -192,3 +194,27 @@ def select(preset: Preset, rows: Sequence[str] | None, columns: Sequence[str] | 
     )
     tune = tuple(c for c in preset.tune_columns if c in col_keys)
     return replace(preset, rows=rows_only, columns=keep_cols, expected=expected, tune_columns=tune)
+
+
+def command_line(
+    name: str,
+    seeds: Sequence[int],
+    jobs: int,
+    out: Path,
+    overrides: Sequence[str],
+    tune: bool,
+    rows: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+) -> str:
+    """The ``concord sweep`` command that regenerates a preset report."""
+    parts = ["concord", "sweep", "--preset", name]
+    if tune:
+        parts.append("--tune")
+    parts += ["--seeds", ",".join(str(s) for s in seeds), "--jobs", str(jobs), "--out", str(out)]
+    if rows is not None:
+        parts += ["--rows", ",".join(rows)]
+    if columns is not None:
+        parts += ["--columns", ",".join(columns)]
+    for item in overrides:
+        parts += ["--set", item]
+    return shlex.join(parts)
