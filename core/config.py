@@ -130,6 +130,12 @@ class OptimConfig(_Section):
     warmup_from: float = Field(default=0.0, ge=0, le=1, description="warm-up starts at this × lr")
     milestones: list[float] = Field(default_factory=lambda: [0.5, 0.75])
     gamma: float = Field(default=0.1, gt=0, le=1)
+    clip_norm: float | None = Field(
+        default=None,
+        gt=0,
+        description="clip each replica's stochastic gradient to this L2 norm before the optimizer "
+        "(unset: no clipping)",
+    )
 
     @field_validator("milestones")
     @classmethod

@@ -133,6 +133,7 @@ class StepRunner:
         self.schedule = make_lr_schedule(cfg, task.steps_per_epoch)
         self.plan = make_plan(cfg, self.schedule)
         self.schedules = Schedules(cfg)
+        self.clip_norm = cfg.optim.clip_norm
         for phase in self.plan.phases:
             if phase.mode == "gossip":
                 self.schedules.get(phase)
@@ -178,6 +179,8 @@ class StepRunner:
             self.algorithm.start(x, ctx)
         out = task.loss_and_grad(step, self.algorithm.grad_point(x))
         grad_norms = out.grad.norm(dim=1)
+        if self.clip_norm is not None:  # per replica, like torch.nn.utils.clip_grad_norm_
+            out.grad.mul_((self.clip_norm / (grad_norms + 1e-6)).clamp_(max=1.0).unsqueeze(1))
         hook = self.control if phase.controlled and phase.mode == "gossip" else None
         if hook is not None:
             ctx.control = hook.begin(step, phase, grad_norms)
