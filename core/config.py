@@ -151,9 +151,10 @@ class ControlSection(_Section):
     """Consensus control. The default (adaptive control of phase 1, Kong et al.'s practical
     guideline) applies to gossip algorithms only; it is silently inert for all-reduce, local SGD,
     DeTAG/DSGT (their own rounds) and exact-averaging phases. A ``mode`` set explicitly is checked
-    against the plan."""
+    against the plan. ``mode = "fixed"`` is not consensus control: every step of the controlled
+    phases runs exactly ``rounds`` gossip rounds (equal-budget comparisons)."""
 
-    mode: Literal["none", "constant", "adaptive"] = "adaptive"
+    mode: Literal["none", "constant", "adaptive", "fixed"] = "adaptive"
     factor: float = Field(default=0.25, gt=0)
     phases: list[int] = Field(default_factory=lambda: [1], description="controlled phases, 1-based")
     max_rounds: int = Field(default=20, ge=1)
@@ -165,6 +166,12 @@ class ControlSection(_Section):
     )
     ema: float = Field(default=0.9, ge=0, lt=1)
     statistic: Literal["theta", "xi"] = "theta"
+    rounds: int = Field(
+        default=1,
+        ge=1,
+        description="mode `fixed`: the gossip rounds every step of a controlled phase runs, "
+        "whatever the statistic (≤ `max_rounds`; must stay 1 with the other modes)",
+    )
 
     @model_validator(mode="after")
     def _lag_needs_lagged(self) -> ControlSection:
@@ -172,6 +179,21 @@ class ControlSection(_Section):
             raise ValueError(
                 f"lag = {self.lag} only applies to lagged control; set lagged = true (the barrier "
                 "protocol decides every round of the current step)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _rounds_need_fixed(self) -> ControlSection:
+        if self.rounds != 1 and self.mode != "fixed":
+            raise ValueError(
+                f"rounds = {self.rounds} only applies to mode = 'fixed' (mode {self.mode!r} "
+                "decides the rounds of a step from the consensus statistic); set mode = 'fixed' "
+                "or leave rounds unset"
+            )
+        if self.rounds > self.max_rounds:
+            raise ValueError(
+                f"rounds = {self.rounds} exceeds max_rounds = {self.max_rounds}, the bound on "
+                "gossip rounds per step; raise max_rounds"
             )
         return self
 
@@ -616,12 +638,26 @@ class RunConfig(_Section):
                 if not 1 <= k <= n_phases:
                     problems.append(f"control.phases: phase {k} does not exist (1..{n_phases})")
                 elif modes[k - 1] == "exact":
+                    what = (
+                        "a fixed number of gossip rounds"
+                        if self.control.mode == "fixed"
+                        else "consensus control"
+                    )
                     problems.append(
                         f"control.phases: phase {k} uses exact averaging under plan "
-                        f"{self.plan!r}; consensus control needs a gossip phase"
+                        f"{self.plan!r}; {what} needs a gossip phase"
                     )
             if spec.uncontrolled is not None:
-                problems.append(f"control.mode: {spec.uncontrolled}")
+                fixed = (
+                    "; mode 'fixed' does not apply either (it sets the gossip rounds per step)"
+                    if self.control.mode == "fixed"
+                    else ""
+                )
+                problems.append(f"control.mode: {spec.uncontrolled}{fixed}")
+            elif (
+                self.control.mode == "fixed" and self.control.rounds > 1 and not spec.repeats_rounds
+            ):
+                problems.append(_single_round_problem(self.algorithm, self.control.rounds))
             elif self.control.lagged and not spec.lagged_control:
                 problems.append(
                     f"control.lagged: algorithm {self.algorithm!r} needs the per-round barrier "
@@ -723,6 +759,27 @@ class RunConfig(_Section):
             return []
         modes = self.phase_modes()
         return [k for k in self.control.phases if 1 <= k <= len(modes) and modes[k - 1] == "gossip"]
+
+    def control_summary(self) -> dict[str, Any]:
+        """``control_mode`` and ``control_factor`` of a run's summary (factor None when no phase
+        is controlled, and for mode fixed, which has no target)."""
+        on = bool(self.controlled_phases())
+        factor = self.control.factor if on and self.control.mode != "fixed" else None
+        return {"control_mode": self.control.mode if on else "none", "control_factor": factor}
+
+
+def _single_round_problem(algorithm: str, rounds: int) -> str:
+    """Why ``control.rounds = rounds`` (> 1) does not apply to ``algorithm``, whose catalog spec
+    has ``repeats_rounds = False``."""
+    spec = spec_of(algorithm)
+    repeating = [n for n, s in CATALOG.items() if s.repeats_rounds]
+    return (
+        f"control.rounds = {rounds}: algorithm {algorithm!r} ({spec.title}) exchanges exactly "
+        "once per step by construction — its update is built around that one exchange, so it "
+        "never repeats a gossip round (repeats_rounds = false in its catalog spec) and mode "
+        f"'fixed' cannot give it {rounds} rounds per step; use rounds = 1, or an algorithm that "
+        f"repeats rounds: {', '.join(repeating)}"
+    )
 
 
 def _relay_and_push_problems(cfg: RunConfig) -> list[str]:

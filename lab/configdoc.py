@@ -103,7 +103,8 @@ DESCRIPTIONS: dict[str, str] = {
     "adaptive control of phase 1, is inert for algorithms and phases it does not apply to.",
     "control.mode": "`none`; `constant` (target = factor × Ξ_max of an automatic "
     "uncontrolled calibration pass); `adaptive` (target = factor × EMA of the mean local "
-    "gradient norm).",
+    "gradient norm); `fixed` (not consensus control: exactly `rounds` gossip rounds in every "
+    "step of the controlled phases, for equal-budget comparisons).",
     "control.factor": "Multiplier of the target (Ξ_max or the gradient-norm EMA).",
     "control.phases": "Controlled phases, 1-based.",
     "control.max_rounds": "Upper bound on gossip rounds per step.",

@@ -18,9 +18,10 @@ The run, as seen from here:
 2. publish the phase plan, schedule v1 and the manifest;
 3. constant targets: a ``calibrate`` stage — peers run the controlled phases uncontrolled, the
    max Θ per phase becomes the calibration (``calibration.json``);
-4. the ``train`` stage: statistics in, decisions out (barrier or lagged), metrics and decided
-   rounds recorded; in an ada-feedback run the statistics of uncontrolled steps go to the graph
-   book, and every decision point publishes a schedule version effective at its step + lag;
+4. the ``train`` stage: statistics in, decisions out (barrier or lagged; mode ``fixed``: none,
+   every peer runs ``control.rounds`` rounds on its own), metrics and decided rounds recorded;
+   in an ada-feedback run the statistics of uncontrolled steps go to the graph book, and every
+   decision point publishes a schedule version effective at its step + lag;
 5. liveness: a dropped peer (Last-Will, "failed", silence) is no longer waited for, and a
    repaired schedule over the live peers is published; a peer restarted with the same command
    announces "ready" again and is re-admitted: a new schedule version includes it, with its new

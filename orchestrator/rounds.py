@@ -10,7 +10,11 @@ complete, i.e. every *expected* peer (live and still training) reported it. Then
   repeat/stop after every round and the decision is published for that (step, round);
 * stage ``train``, lagged mode: peers run the rounds planned for the step without waiting; after
   the planned last round the controller's ``rounds_next`` is published and peers use it for step
-  + ``control.lag`` (also when the step is closed incomplete because the next one began).
+  + ``control.lag`` (also when the step is closed incomplete because the next one began);
+* stage ``train``, mode ``fixed`` (either protocol): every peer runs ``control.rounds`` rounds
+  per controlled step on its own (`concord.peer.control`) and sends the step's statistics with its
+  step record; the rounds go through the controller and into the records as above, but nothing
+  is published: nobody waits for a decision.
 
 Θ of a round is ``sqrt(mean_i θ_i)`` over the peers that reported, the adaptive target's gradient
 norm the mean of the peers' ‖g_i‖ of round 1 — both computed by core
@@ -103,6 +107,8 @@ class RoundBook:
         self._stats: list[float] = []
         self._latest: int | None = None  # newest step the controller began
         self.max_rounds = controller.config.max_rounds if controller is not None else 1
+        # mode fixed: rounds are recorded, no decision is published (module docstring)
+        self.silent = controller is not None and controller.config.mode == "fixed"
         self.ignored = 0  # duplicates, rounds already decided, steps outside the plan / stale
         self.refused = 0  # statistics for steps that are not open (module docstring)
         self._newest: int | None = None  # newest step a round was decided for
@@ -169,7 +175,9 @@ class RoundBook:
             del self.pending[key]
             self.decided.add(key)
             self._newest = p.step if self._newest is None else max(self._newest, p.step)
-            out.extend(self._decide(p, partial=not done))
+            decisions = self._decide(p, partial=not done)
+            if not self.silent:
+                out.extend(decisions)
         return out
 
     # -- decisions -----------------------------------------------------------------------------

@@ -48,6 +48,7 @@ def plan_message(
             "max_rounds": c.max_rounds,
             "lagged": c.lagged,
             "lag": c.lag,
+            "rounds": c.rounds,
             "phases": cfg.controlled_phases(),
         },
         store=store,

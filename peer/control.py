@@ -12,7 +12,10 @@ and, in barrier mode, waits for the orchestrator's repeat/stop; in lagged mode i
 planned by the decision that closed step t − lag (``control.lag``) without waiting between rounds
 — it needs that decision only after the step's first round, and it is normally in by then
 (`concord.core.control.controller`) — and the step's statistics ride on its metrics message
-(`publish_metrics`; the contract's docstring says why the control plane counts messages).
+(`publish_metrics`; the contract's docstring says why the control plane counts messages). With
+``control.mode = "fixed"`` (either protocol) nothing is asked: every controlled step runs exactly
+``control.rounds`` rounds, known from the config, and its statistics ride on its metrics message
+as in lagged mode, for the orchestrator's records; no timeout or fallback can change the rounds.
 
 When the broker is away, the orchestrator is offline (its presence, a Last-Will when it crashed),
 or a decision does not come within ``orchestrator.decision_timeout``, the peer keeps going on
@@ -397,13 +400,18 @@ class OrchestratedControl:
         timeout: float,
         bytes_sent: Callable[[], int],
         max_rounds: int = MAX_ROUNDS,
+        fixed_rounds: int | None = None,
     ) -> None:
         self.client = client
         self.loop = loop
         self.stage = stage
         self.max_rounds = max(1, max_rounds)  # control.max_rounds: no decision goes beyond
         self.clamped = 0  # decisions asking for more rounds than that (logged)
-        self.lagged = lagged and stage == "train"
+        # control.mode = "fixed": the rounds of every controlled step, decided by nobody
+        self.fixed = (
+            None if fixed_rounds is None or stage != "train" else min(fixed_rounds, self.max_rounds)
+        )
+        self.lagged = lagged and stage == "train" and self.fixed is None
         self.lag = lag
         self.timeout = timeout
         self.bytes_sent = bytes_sent
@@ -429,7 +437,9 @@ class OrchestratedControl:
         self.step, self.grad_norm = step, float(grad_norms[0])
         self.how = "orchestrator" if self.stage == "train" else "calibration"
         self._plan_of = None
-        if self.lagged:
+        if self.fixed is not None:
+            self.planned, self.how = self.fixed, "fixed"
+        elif self.lagged:
             if step - self.lag < phase.start:
                 self.planned = 1  # first `lag` steps of a controlled phase: one round
             else:
@@ -470,11 +480,11 @@ class OrchestratedControl:
             bytes_sent=self.bytes_sent(),
             stage=self.stage,
         )
-        if self.lagged:
+        if self.fixed is not None or self.lagged:
             # nothing is decided before the step's last round: its statistics ride on the
             # step's metrics message (`publish_metrics`), no message of their own
             self._held.append(stats)
-            self._take_plan(wait=True)
+            self._take_plan(wait=True)  # mode fixed: no plan to take (`_plan_of` is None)
             return round_index < self.planned
         self.loop.call_soon_threadsafe(self.client.send, "stats", stats)
         if self.stage != "train":

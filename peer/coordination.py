@@ -12,7 +12,8 @@ the config (``network.addresses``); one stage, ``train``.
    epoch of our partition and the model fingerprint; take the neighbours' addresses from the
    orchestrator's schedule;
 2. run each stage the orchestrator starts: ``calibrate`` (the controlled phases, uncontrolled,
-   reporting θ_i) and ``train`` (rounds decided by the orchestrator, `concord.peer.control`);
+   reporting θ_i) and ``train`` (rounds decided by the orchestrator, or with ``control.mode =
+   "fixed"`` by the config alone, `concord.peer.control`);
    data-plane step numbers of a stage start at its ``step_base`` so stages never share a frame key;
 3. apply a repaired schedule (a peer left) at its ``effective_step``; frames for a step are checked
    against the schedule in force at that step (`Membership`). Each phase's topology is taken from
@@ -618,6 +619,7 @@ class OrchestratedCoordination:
             timeout=cfg.orchestrator.decision_timeout,
             bytes_sent=bytes_sent,
             max_rounds=cfg.control.max_rounds,
+            fixed_rounds=cfg.control.rounds if cfg.control.mode == "fixed" else None,
         )
         graphs = None
         if cfg.spec.adaptive_graph == "feedback" and stage.name == "train":

@@ -7,7 +7,8 @@ and leaves a run directory behind (see `concord.runtime.rundir`).
 
 With ``control.mode = "constant"`` the target is factor × (max statistic of an *uncontrolled*
 pass over the same phases). That calibration pass is run automatically (and cached by the
-config's hash) — the user never supplies Ξ_max by hand.
+config's hash) — the user never supplies Ξ_max by hand. ``control.mode = "fixed"`` (every
+controlled step runs exactly ``control.rounds`` gossip rounds) has no target and no calibration.
 
 Checkpoints and resume: after every evaluation the run writes ``checkpoint.pt`` (atomically;
 `concord.runtime.rundir.RunWriter.save_checkpoint`) with the parameters, buffers, algorithm and
@@ -460,8 +461,7 @@ def run(
         "epochs": cfg.epochs,
         "seed": cfg.seed,
         "plan": cfg.plan_label(),
-        "control_mode": cfg.control.mode if cfg.controlled_phases() else "none",
-        "control_factor": cfg.control.factor if cfg.controlled_phases() else None,
+        **cfg.control_summary(),
         "accuracy_avg_model": last_eval.get("acc_avg_model"),
         "accuracy_worst_peer": last_eval.get("acc_worst_peer"),
         "accuracy_mean_peer": last_eval.get("acc_mean_peer"),

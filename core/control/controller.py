@@ -1,5 +1,8 @@
 """Consensus control: decide, round by round, whether to gossip again (torch-free).
 
+The same controller also runs the one controlled mode that is *not* consensus control, ``fixed``
+(below): a fixed number of gossip rounds per step.
+
 Procedure of Kong et al., "Consensus Control for Decentralized Deep Learning" (ICML 2021, §3.3
 "more gossip iterations", §4.2 "consensus distance control", Appendix A.2;
 docs/algorithms.md#consensus-control): in a controlled phase, after the local optimizer step every
@@ -18,6 +21,14 @@ Targets (``ControlConfig.mode``):
   (1/n) Σ_i ‖g_i‖ (paper Appendix E.3.1 / A.2; the EMA constant is not given in the paper):
   φ̂ ← ema · φ̂ + (1 − ema) · φ_t, reset at the first step of each phase and initialised with
   that step's value.
+* ``"fixed"`` — not consensus control: every step of a controlled phase runs exactly
+  ``ControlConfig.rounds`` gossip rounds (the phase's topology as for the repeat rounds above: the
+  same W each round on a static graph), whatever the statistic; no target and no calibration. It
+  exists to compare gossip algorithms at an equal communication budget (SGP with 2 rounds per step
+  as in its paper, D-SGD with as many rounds as DeTAG sends). Barrier protocol: ``after_round``
+  answers repeat while ``round_index < rounds``; lagged: ``begin_step`` plans ``rounds`` for every
+  step (also the first ``lag`` of a phase: nothing needs to be learned). The statistics are still
+  fed in order, for the records.
 * ``"none"`` — never repeat.
 
 With overlap (``overlap = true``, `concord.core.algorithms.overlap`) the first round of a step
@@ -88,7 +99,7 @@ _STATE_VERSION = 2  # controller state (2: lagged plans keyed by step, for any l
 class ControlConfig:
     """Consensus-control hyperparameters.
 
-    mode: "none" | "constant" | "adaptive" (see module docstring).
+    mode: "none" | "constant" | "adaptive" | "fixed" (see module docstring).
     factor: > 0; multiplies Ξ_max (constant) or the gradient-norm EMA (adaptive).
     max_rounds: ≥ 1; hard bound on gossip rounds per step.
     lagged: False = per-round barrier; True = rounds of step t from statistics of step t − lag.
@@ -96,6 +107,8 @@ class ControlConfig:
     ema: EMA coefficient in [0, 1) of the adaptive target (0 = no smoothing).
     statistic: "theta" (estimator Θ) or "xi" (exact Ξ, simulation only): what is fed to the
         controller; a constant-target calibration must be of the same kind.
+    rounds: in [1, max_rounds]; mode "fixed" only (must be 1 otherwise): the gossip rounds of
+        every controlled step.
     """
 
     mode: ControlMode = "none"
@@ -105,6 +118,7 @@ class ControlConfig:
     ema: float = 0.9
     statistic: Statistic = "theta"
     lag: int = 1
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in CONTROL_MODES:
@@ -128,6 +142,16 @@ class ControlConfig:
             raise ValueError(f"ema = {self.ema!r}; the EMA coefficient must be in [0, 1)")
         if self.statistic not in STATISTICS:
             raise ValueError(f"statistic = {self.statistic!r}; valid: {', '.join(STATISTICS)}")
+        if not is_int(self.rounds) or not 1 <= self.rounds <= self.max_rounds:
+            raise ValueError(
+                f"rounds = {self.rounds!r}; must be an integer in [1, max_rounds = "
+                f"{self.max_rounds}]"
+            )
+        if self.rounds != 1 and self.mode != "fixed":
+            raise ValueError(
+                f"rounds = {self.rounds} only applies to control mode 'fixed' (the mode is "
+                f"{self.mode!r}, whose rounds per step come from the statistic)"
+            )
 
 
 @dataclass(frozen=True)
@@ -137,7 +161,7 @@ class Decision:
     repeat: do another round in this step. target: the target compared against (None when the
     phase is uncontrolled). rounds_next: lagged mode only, on the step's last round — the
     rounds planned for step ``step + lag``. reason: "above-target", "at-target", "max-rounds",
-    "uncontrolled" or "lagged-plan".
+    "uncontrolled", "lagged-plan" or "fixed-rounds" (mode fixed).
     """
 
     repeat: bool
@@ -165,7 +189,8 @@ def lagged_rounds(statistics: Sequence[float], target: float, max_rounds: int) -
 
 
 class TargetPolicy(ABC):
-    """How a controlled phase's target is computed (one implementation per control mode)."""
+    """How a controlled phase's target is computed (one implementation per consensus-control
+    mode; modes "none" and "fixed" have no target)."""
 
     def __init__(self, config: ControlConfig, calibration: Calibration | None) -> None:
         self.config = config
@@ -249,7 +274,7 @@ class ConsensusController:
         if config.mode == "none" and controlled:
             raise ValueError(
                 f"the plan controls phase(s) {controlled} but the control mode is 'none'; "
-                "use 'constant' or 'adaptive'"
+                "use 'constant' or 'adaptive' (consensus control) or 'fixed'"
             )
         if config.mode == "constant":
             if calibration is None:
@@ -268,8 +293,12 @@ class ConsensusController:
                     f"{config.statistic!r}; calibrate on the statistic you control"
                 )
         self.calibration = calibration
+        # mode fixed: the rounds of every controlled step (no target policy); None otherwise
+        self._fixed: int | None = config.rounds if config.mode == "fixed" else None
         self._policy: TargetPolicy | None = (
-            None if config.mode == "none" else TARGET_POLICIES.get(config.mode)(config, calibration)
+            None
+            if config.mode in ("none", "fixed")
+            else TARGET_POLICIES.get(config.mode)(config, calibration)
         )
         self._step: int | None = None  # step begun and not yet ended
         self._planned = 1  # rounds planned for the current step (lagged)
@@ -281,13 +310,16 @@ class ConsensusController:
     def begin_step(self, step: int, mean_grad_norm: float) -> int:
         """Start ``step``; feed the mean local gradient norm (pass 0.0 if unused).
 
-        Returns the rounds planned for this step: lagged mode in a controlled phase → the
-        lagged rule's R; otherwise 1 (barrier mode: more rounds come from ``after_round``).
+        Returns the rounds planned for this step: mode fixed in a controlled phase → ``rounds``
+        (both protocols: it is known in advance); lagged mode in a controlled phase → the lagged
+        rule's R; otherwise 1 (barrier mode: more rounds come from ``after_round``).
         """
         g = check_stat("mean_grad_norm", mean_grad_norm)
         phase = self.plan.phase_at(step)
         planned = 1
-        if self._policy is not None and phase.controlled:
+        if self._fixed is not None and phase.controlled:
+            planned = self._fixed
+        elif self._policy is not None and phase.controlled:
             self._policy.observe(phase.index, g)
             due = [k for k in self._next if k <= step]
             if self.config.lagged and due:  # the newest plan due (a skipped step's, if any)
@@ -330,6 +362,11 @@ class ConsensusController:
         s = check_stat(f"statistic (step {step}, round {round_index})", statistic)
         self._stats.append(s)
         phase = self.plan.phase_at(step)
+        if self._fixed is not None and phase.controlled:
+            repeat = round_index < self._fixed
+            self._stopped = not repeat
+            nxt = self._fixed if self.config.lagged and not repeat else None
+            return Decision(repeat, None, rounds_next=nxt, reason="fixed-rounds")
         if self._policy is None or not phase.controlled:
             self._stopped = True
             return Decision(False, None, reason="uncontrolled")

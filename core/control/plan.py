@@ -6,7 +6,9 @@ the k-th decay (phase 1 starts at step 0, the last phase ends at ``total_steps``
 *not* a phase of its own, it belongs to phase 1. ``dec-phase-k`` = gossip (decentralized) only in
 phase k and exact averaging (all-reduce) in the others; "control phase 1 only" (the paper's
 guideline, Appendix A.2) = gossip everywhere with consensus control in phase 1. Both are plans
-built by `build_plan`, not special code.
+built by `build_plan`, not special code. A *controlled* phase is one whose gossip rounds per step
+the controller (`concord.core.control.controller`) sets: consensus control (modes ``constant``,
+``adaptive``) or a fixed number of rounds (mode ``fixed``).
 
 The orchestrator imports this module, so it must never import torch.
 """
@@ -32,7 +34,7 @@ __all__ = [
     "build_plan",
 ]
 
-ControlMode = Literal["none", "constant", "adaptive"]
+ControlMode = Literal["none", "constant", "adaptive", "fixed"]
 CONTROL_MODES: tuple[str, ...] = get_args(ControlMode)
 PhaseMode = Literal["exact", "gossip"]
 PHASE_MODES: tuple[str, ...] = get_args(PhaseMode)
@@ -181,8 +183,9 @@ class Phase:
         mode: "exact" = exact averaging (all-reduce); "gossip" = gossip on ``topology``.
         topology: topology name for gossip phases; None = the run's topology (always None for
             exact phases).
-        controlled: gossip with consensus control (repeat rounds until the target is met);
-            only meaningful (and only allowed) for gossip phases.
+        controlled: gossip whose rounds per step the controller sets (consensus control: repeat
+            rounds until the target is met; mode fixed: a fixed number of rounds); only
+            meaningful (and only allowed) for gossip phases.
     """
 
     index: int
@@ -359,11 +362,12 @@ def build_plan(
             "gossip", "exact", "dec-phase-K" (gossip only in phase K, exact elsewhere).
         topologies: one entry per phase (None = the run's topology); must be None for exact
             phases.
-        controlled_phases: 1-based indices of gossip phases run with consensus control. Empty
-            with ``control_mode`` ≠ "none" means every gossip phase is controlled.
-        control_mode: "none", "constant" or "adaptive" (see `concord.core.control.controller`);
-        "none" with a
-            non-empty ``controlled_phases`` is an error.
+        controlled_phases: 1-based indices of gossip phases whose rounds the controller sets
+            (consensus control, or a fixed number of rounds). Empty with ``control_mode`` ≠
+            "none" means every gossip phase is controlled.
+        control_mode: "none", "constant", "adaptive" or "fixed" (see
+            `concord.core.control.controller`); "none" with a non-empty ``controlled_phases``
+            is an error.
     """
     bounds = schedule.phase_bounds()
     k = len(bounds)
@@ -393,8 +397,8 @@ def build_plan(
         raise ValueError(f"controlled_phases = {tuple(ctrl)!r} lists a phase twice")
     if control_mode == "none" and ctrl:
         raise ValueError(
-            f"controlled_phases = {tuple(ctrl)!r} needs control_mode 'constant' or 'adaptive', "
-            "got 'none'"
+            f"controlled_phases = {tuple(ctrl)!r} needs control_mode 'constant' or 'adaptive' "
+            "(consensus control) or 'fixed' (a fixed number of rounds), got 'none'"
         )
     if control_mode != "none" and not ctrl:
         ctrl = [i for i in range(1, k + 1) if mode_list[i - 1] == "gossip"]

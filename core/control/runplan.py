@@ -59,6 +59,7 @@ def control_config(cfg: RunConfig) -> ControlConfig:
         lag=c.lag,
         ema=c.ema,
         statistic=c.statistic,
+        rounds=c.rounds,
     )
 
 

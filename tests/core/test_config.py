@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from concord.core.algorithms.catalog import spec_of
 from concord.core.config import (
     ALGORITHM_NAMES,
     DATASET_NAMES,
@@ -77,6 +78,53 @@ def test_cross_field_problems() -> None:
     with pytest.raises(ConfigError, match="lag = 2 only applies to lagged control"):
         load_config(None, ["control.lag=2"], environ={})
     assert load_config(None, ["control.lagged=true", "control.lag=2"], environ={}).control.lag == 2
+
+
+def test_fixed_rounds_config_errors_name_the_key() -> None:
+    cfg = load_config(None, ["control.mode=fixed", "control.rounds=3"], environ={})
+    assert (cfg.control.mode, cfg.control.rounds, cfg.controlled_phases()) == ("fixed", 3, [1])
+    assert load_config(None, ["control.mode=fixed"], environ={}).control.rounds == 1
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["control.rounds=2"], environ={})  # the default mode is adaptive
+    assert [k for k, _ in info.value.problems] == ["control"]
+    assert "rounds = 2 only applies to mode = 'fixed' (mode 'adaptive'" in str(info.value)
+    with pytest.raises(ConfigError, match="rounds = 2 only applies to mode = 'fixed'"):
+        load_config(None, ["control.mode=constant", "control.rounds=2"], environ={})
+    with pytest.raises(ConfigError, match="rounds = 9 exceeds max_rounds = 8"):
+        load_config(
+            None, ["control.mode=fixed", "control.rounds=9", "control.max_rounds=8"], environ={}
+        )
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["control.mode=fixed", "control.rounds=0"], environ={})
+    assert [k for k, _ in info.value.problems] == ["control.rounds"]
+    with pytest.raises(ConfigError, match="a fixed number of gossip rounds needs a gossip phase"):
+        load_config(None, ["control.mode=fixed", "plan=dec-phase-2"], environ={})
+    # the resolved file of any run (rounds = 1 written out) loads back into the same run
+    import tomllib
+
+    for extra in ([], ["control.mode=fixed", "control.rounds=4", "control.lagged=true"]):
+        cfg = load_config(None, extra, environ={})
+        assert RunConfig.model_validate(tomllib.loads(to_toml(cfg))) == cfg
+
+
+@pytest.mark.parametrize("name", ALGORITHM_NAMES)
+def test_fixed_rounds_refused_by_algorithms_that_never_repeat_a_round(name: str) -> None:
+    spec = spec_of(name)
+    overrides = [f"algorithm={name}", "control.mode=fixed", "control.rounds=2"]
+    if spec.controllable and spec.repeats_rounds:
+        assert load_config(None, overrides, environ={}).controlled_phases() == [1]
+        return
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides, environ={})
+    text = str(info.value)
+    if spec.uncontrolled is not None:  # the path that refuses every explicit mode
+        assert f"control.mode: {spec.uncontrolled}" in text
+        assert "mode 'fixed' does not apply either" in text
+    else:  # consensus control applies (θ reported once per step), repeated rounds do not
+        assert f"control.rounds = 2: algorithm {name!r} ({spec.title})" in text
+        assert "repeats_rounds = false" in text
+        one = load_config(None, [f"algorithm={name}", "control.mode=fixed"], environ={})
+        assert one.controlled_phases() == [1]  # one round per step: what it runs anyway
 
 
 def test_default_control_is_inert_where_it_cannot_apply() -> None:

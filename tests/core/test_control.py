@@ -290,7 +290,16 @@ def test_calibration_recorder_and_json() -> None:
         ({"ema": 1.0}, r"ema = 1.0; the EMA coefficient must be in \[0, 1\)"),
         ({"ema": -0.1}, "ema = -0.1"),
         ({"max_rounds": 0}, "max_rounds = 0; must be an integer ≥ 1"),
-        ({"mode": "fixed"}, "control mode = 'fixed'; valid: none, constant, adaptive"),
+        (
+            {"mode": "sometimes"},
+            "control mode = 'sometimes'; valid: none, constant, adaptive, fixed",
+        ),
+        (
+            {"mode": "fixed", "rounds": 0},
+            r"rounds = 0; must be an integer in \[1, max_rounds = 20\]",
+        ),
+        ({"mode": "fixed", "rounds": 4, "max_rounds": 3}, r"rounds = 4; .*max_rounds = 3\]"),
+        ({"mode": "adaptive", "rounds": 2}, "rounds = 2 only applies to control mode 'fixed'"),
         ({"statistic": "grad"}, "statistic = 'grad'"),
     ],
 )
@@ -321,7 +330,8 @@ def test_controller_construction_errors() -> None:
 
 
 def test_every_control_mode_has_an_implementation() -> None:
-    assert set(CONTROL_MODES) == {"none", *TARGET_POLICIES.names()}
+    # "none" and "fixed" have no target: the controller itself implements them
+    assert set(CONTROL_MODES) == {"none", "fixed", *TARGET_POLICIES.names()}
 
 
 def test_control_does_not_import_torch() -> None:
