@@ -1001,6 +1001,67 @@ def k8s_cmd(
         click.echo(f"{out}/secrets.yaml and {certs_dir} hold private keys: keep them out of git")
 
 
+@main.group("report")
+def report_group() -> None:
+    """Check the reports of preset sweeps (committed under docs/results/<preset>/)."""
+
+
+@report_group.command("verify")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", default=None, metavar="NAME", help="a run name of the CSV")
+@click.option("--row", default=None, metavar="KEY", help="the cell's row (key or label)")
+@click.option("--column", default=None, metavar="KEY", help="the cell's column (key or label)")
+@click.option("--seed", type=int, default=None, help="the cell's seed (default: its first)")
+@_out_option("directory of the re-run (default: a fresh temporary directory)")
+@click.option(
+    "--tol",
+    type=float,
+    default=0.5,
+    show_default=True,
+    help="tolerance of the accuracies, in percentage points",
+)
+@click.option(
+    "--count-tol",
+    type=float,
+    default=None,
+    metavar="FRACTION",
+    help="relative tolerance of gossip rounds and bytes (default: 0, exact, without consensus "
+    "control; 0.1 with it, since its rounds follow the float trajectory)",
+)
+def report_verify(
+    directory: Path,
+    run_name: str | None,
+    row: str | None,
+    column: str | None,
+    seed: int | None,
+    out: Path | None,
+    tol: float,
+    count_tol: float | None,
+) -> None:
+    """Re-run one cell of the report in DIRECTORY (table.csv, or consensus-control's runs.csv)
+    with its recorded configuration and compare accuracy, worst peer, gossip rounds and bytes
+    with the committed values; also compare the recorded torch, CPU and threads with this
+    machine's (float results are machine-dependent). Default cell: the CSV's first run.
+    Exit 0: every metric within tolerance; 1: a metric differs; 2: bad input."""
+    from concord.lab.verify import VerifyError, verify_main
+
+    try:
+        code = verify_main(
+            directory,
+            run=run_name,
+            row=row,
+            column=column,
+            seed=seed,
+            out=out,
+            tol=tol,
+            count_tol=count_tol,
+            echo=click.echo,
+        )
+    except VerifyError as exc:
+        _fail(str(exc))
+    sys.exit(code)
+
+
 main.add_command(config_group)
 
 if __name__ == "__main__":

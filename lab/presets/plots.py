@@ -1,5 +1,6 @@
 """PNG plots of a preset sweep's report (`concord.lab.presets.report`): the metric against the
-column setting, training curves per column, and the metric against the lr of a tuning sweep.
+column setting, the metric against the bytes sent per peer, training curves per column, and the
+metric against the lr of a tuning sweep.
 
 Only matplotlib's object API with the Agg canvas is used (as `concord.runtime.plots`), never pyplot.
 """
@@ -67,6 +68,43 @@ def plot_metric(preset: Preset, cells: Cells, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.set_title(f"{description}, mean ± std over seeds", fontsize=10)
     _legend(fig, axes[0])
+    fig.suptitle(preset.title, fontsize=10)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+_MARKERS = "osD^vP*Xhp<>"
+
+
+def plot_bytes(preset: Preset, cells: Cells, path: Path) -> Path:
+    """The preset's metric against the mean bytes sent per peer (log x; the cells' rows carry
+    ``bytes_per_peer``): one point per (row, column), mean ± std over seeds on both axes, a
+    marker and colour per row, each point labelled with its column."""
+    key, description = METRICS[preset.metric]
+    fig, (ax,) = _figure(1, width=7.0)
+    for i, row in enumerate(preset.rows):
+        marker, color = _MARKERS[i % len(_MARKERS)], f"C{i % 10}"
+        labelled = False
+        for col in preset.columns:
+            if not row.runs_in(col.key):
+                continue
+            acc = cells.stats(row.key, col.key, key)
+            sent = cells.stats(row.key, col.key, "bytes_per_peer")
+            if not acc.values or not sent.values or sent.mean <= 0:
+                continue  # nothing measured, or nothing sent (no place on a log axis)
+            x, y = sent.mean, 100 * acc.mean
+            label = None if labelled else row.label
+            ax.errorbar(x, y, xerr=sent.std, yerr=100 * acc.std, ls="none", ms=6, capsize=3,
+                        label=label, marker=marker, color=color)  # fmt: skip
+            labelled = True
+            ax.annotate(col.label, (x, y), xytext=(5, 4), textcoords="offset points",
+                        fontsize=7, color=color)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes sent per peer over the run (mean over seeds, log scale)")
+    ax.set_ylabel(f"test accuracy (%), {description}")
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title(f"{description} against communication, mean ± std over seeds", fontsize=10)
+    _legend(fig, ax)
     fig.suptitle(preset.title, fontsize=10)
     fig.savefig(path, dpi=_DPI)
     return path

@@ -11,14 +11,24 @@ output directory, next to its ``table.csv``.
 - ``curves-<column>.png``: per column, the averaged model's test accuracy and the training loss
   (mean over peers of the local mini-batch loss, averaged over 50 buckets of steps) against the
   step, one line per row, mean over seeds;
+- ``bytes.png``: the metric against the bytes each peer sent (log scale), one point per
+  (row, column) with error bars over seeds, a marker and colour per row — for compression studies;
 - ``lr.png`` (tuning only): the metric against the lr, a panel per column, a line per row.
 
 The plots are drawn by `concord.lab.presets.plots`.
+
+Every report ends with a "Reproducibility" section (`reproducibility_section`): the machine and
+versions that produced it (`environment`, recorded in the sweep's ``preset.json`` next to each run's
+configuration, `run_manifest`), why float results are machine-dependent, and the
+``concord report verify`` command (`concord.lab.verify`) that re-runs a cell and compares it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
+import shlex
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -26,12 +36,158 @@ from pathlib import Path
 from typing import Any
 
 from concord.lab.presets.cells import Cells, cell_value
-from concord.lab.presets.plots import plot_curves, plot_lr, plot_metric, tuned_columns
+from concord.lab.presets.plots import (
+    plot_bytes,
+    plot_curves,
+    plot_lr,
+    plot_metric,
+    tuned_columns,
+)
 from concord.lab.presets.spec import Preset, PresetGrid, Setup
 from concord.lab.report import format_duration, markdown_grid
-from concord.lab.sweep import METRICS
+from concord.lab.sweep import METRICS, SweepRun
 
 _DPI = 110
+
+# ---------------------------------------------------------------------------------------------
+# Reproducibility: what produced a report, and how to check one of its cells
+
+MACHINE_EXAMPLE = (
+    "one measured example: D-SGD (ring), α = 0.01, seed 2 of `relaysgd-dirichlet` gave 51.78 % "
+    "(averaged model) on one CPU against the 61.37 % committed"
+)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``model name`` in /proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def environment(
+    *, threads: int | None = None, jobs: int | None = None, engine: str = "vectorized"
+) -> dict[str, Any]:
+    """The machine and versions a sweep runs on, as a report records them (top-level keys of its
+    ``preset.json``): ``torch``, ``python``, ``platform``, ``cpu`` (model name), ``cores``
+    (logical), ``threads`` (torch threads per run: the config's ``threads``; None → what
+    `concord.lab.sweep.run_sweep` gives each of its ``jobs`` workers, cores // jobs), ``jobs``
+    (runs at a time) and ``engine``."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    return {
+        "torch": str(torch.__version__),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cores": cores,
+        "threads": threads if threads is not None else max(1, cores // (jobs or 1)),
+        "jobs": jobs,
+        "engine": engine,
+    }
+
+
+def run_manifest(
+    runs: Sequence[SweepRun],
+    *,
+    base: Sequence[str],
+    overrides: Sequence[str] = (),
+    engine: str = "vectorized",
+    keys: Mapping[str, tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """What re-creates each run's config (``concord report verify``), for a ``preset.json``:
+    ``engine``, ``base`` (the preset's "dotted.key=value" items), ``set`` (the command's
+    ``--set`` items, applied after ``base``) and ``runs``: every `SweepRun` (its fields; the
+    config of run r is ``base``, then ``set``, then ``r.overrides``) with ``row_key`` and
+    ``column_key`` from ``keys`` (run name → (row key, column key); None: ``run.row`` and
+    ``run.column``)."""
+    entries = []
+    for run in runs:
+        row_key, column_key = keys[run.name] if keys is not None else (run.row, run.column)
+        entries.append(
+            {
+                "name": run.name,
+                "row_key": row_key,
+                "column_key": column_key,
+                "kind": run.kind,
+                "row": run.row,
+                "column": run.column,
+                "plan": run.plan,
+                "topology": run.topology,
+                "factor": run.factor,
+                "control_mode": run.control_mode,
+                "seed": run.seed,
+                "overrides": dict(run.overrides),
+                "calibration_group": (
+                    None if run.calibration_group is None else list(run.calibration_group)
+                ),
+            }
+        )
+    return {"engine": engine, "base": list(base), "set": list(overrides), "runs": entries}
+
+
+def reproducibility_section(
+    env: Mapping[str, Any] | None, *, directory: str | Path, run: str | None
+) -> str:
+    """The "## Reproducibility" section of a report: the machine and versions in ``env`` (an
+    `environment` dict, or a ``preset.json`` holding its keys; None or missing keys: "not
+    recorded"), that float results are machine-dependent, and the ``concord report verify``
+    command that re-runs ``run`` of the report in ``directory`` (None: the command without
+    ``--run``, i.e. its first run)."""
+    env = env or {}
+
+    def get(key: str) -> str:
+        value = env.get(key)
+        return "not recorded" if value is None or value == "" else str(value)
+
+    if env.get("torch") is None:
+        machine = (
+            "The sweep that produced this report did not record its machine (it predates "
+            "recorded environments)."
+        )
+    else:
+        jobs = env.get("jobs")
+        machine = (
+            f"Produced with torch {get('torch')} and Python {get('python')} on {get('cpu')} "
+            f"({get('cores')} logical cores; {get('platform')}): {get('threads')} torch "
+            f"thread(s) per run"
+            + (f", {jobs} run(s) at a time" if jobs is not None else "")
+            + f", {get('engine')} engine. `preset.json` records these and every run's "
+            "configuration."
+        )
+    command = ["concord", "report", "verify", str(directory)]
+    if run is not None:
+        command += ["--run", run]
+    return "\n".join(
+        [
+            "## Reproducibility",
+            "",
+            machine,
+            "",
+            "Float results are machine-dependent. A run is deterministic for a given seed, torch "
+            "build, CPU and thread count, but the same cell re-run on another CPU can differ by "
+            "more than the spread over seeds: the BLAS kernels chosen there sum in another order "
+            f"and training amplifies the difference ({MACHINE_EXAMPLE}). Gossip rounds and bytes "
+            "are fixed by the configuration, unless consensus control (or another schedule that "
+            "follows the measurements) is on. Compare cells within one report; to compare "
+            "machines, re-run a cell.",
+            "",
+            "Check a cell on your machine: the command re-runs it with its recorded configuration "
+            "and compares accuracy, worst peer, gossip rounds and bytes with this report "
+            "(`--row`, `--column`, `--seed` pick another cell; give the directory this report "
+            "and its CSV were copied to, if not this one):",
+            "",
+            "```bash",
+            shlex.join(command),
+            "```",
+            "",
+        ]
+    )
 
 
 def _table(
@@ -158,8 +314,12 @@ def write_report(
     base: Any,
     wall_seconds: float,
     cores: int | None,
+    env: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write report.md and the PNGs into ``out``; returns the report's path."""
+    """Write report.md and the PNGs into ``out``; returns the report's path. ``env``: the
+    `environment` the runs ran in (None: not recorded), for the "Reproducibility" section."""
+    peers = {run.name: _peers(run, base) for run in grid.runs()}
+    rows = [{**r, "bytes_per_peer": _per_peer(r, peers.get(str(r.get("name"))))} for r in rows]
     cells = Cells(grid, rows)
     key, description = METRICS[preset.metric]
     seeds = ", ".join(str(s) for s in grid.seeds)
@@ -185,7 +345,8 @@ def write_report(
             if overrides
             else []
         ),
-        "Regenerate (then copy `report.md`, `table.csv` and `*.png` from the output directory):",
+        "Regenerate (then copy `report.md`, `table.csv`, `preset.json` and `*.png` from the output "
+        "directory):",
         "",
         "```bash",
         command,
@@ -237,6 +398,11 @@ def write_report(
             "",
         ]
         written.append(plot_metric(preset, cells, out / "metric.png"))
+        written.append(plot_bytes(preset, cells, out / "bytes.png"))
+        lines += [
+            f"![{description} against bytes sent per peer](bytes.png)",
+            "",
+        ]
         for col in preset.columns:
             name = f"curves-{col.key}.png"
             written.append(plot_curves(preset, cells, col, out / name))
@@ -246,9 +412,20 @@ def write_report(
         lines += ["## Failed runs", ""]
         lines += [f"- `{r['name']}`: {r.get('error') or r.get('status')}" for r in failed]
         lines.append("")
+    first = next((str(r["name"]) for r in rows if r.get("status") == "ok"), None)
+    lines.append(reproducibility_section(env, directory=out, run=first))
     path = out / "report.md"
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return path
+
+
+def _peers(run: SweepRun, base: Any) -> int:
+    return int(str(run.overrides.get("peers", base.peers)))
+
+
+def _per_peer(row: Mapping[str, Any], peers: int | None) -> float | None:
+    sent = cell_value(row, "bytes_sent_total")
+    return None if sent is None or not peers else sent / peers
 
 
 def _mean_wall(rows: Sequence[Mapping[str, Any]]) -> str:

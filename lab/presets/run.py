@@ -38,7 +38,7 @@ from rich.console import Console
 from concord.core.config import apply_overrides, load_config
 from concord.lab.presets import consensus
 from concord.lab.presets.catalog import get_preset
-from concord.lab.presets.report import write_report
+from concord.lab.presets.report import environment, run_manifest, write_report
 from concord.lab.presets.spec import PresetGrid, command_line, select
 from concord.lab.sweep import RunFn, SweepRun, csv_row, run_sweep, run_without_plots, write_csv
 from concord.runtime.records import read_summary
@@ -56,6 +56,11 @@ class _Runs:
 
     def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
         return self.runs(), {}
+
+
+def _cell_keys(grid: PresetGrid) -> dict[str, tuple[str, str]]:
+    """run name → (row key, column key)."""
+    return {name: (row, col) for name, (row, col, _) in grid.cell_of.items()}
 
 
 def _finished(grid: PresetGrid, out: Path) -> dict[str, dict[str, Any]]:
@@ -96,6 +101,11 @@ def preset_main(
     ``rows`` / ``columns`` (keys; ``--rows`` / ``--columns``) keep only those rows / columns of
     the preset. Raises ValueError (ConfigError) for an unknown preset, row or column,
     bad seeds or a base config that does not validate, before any run starts.
+
+    ``preset.json`` (next to table.csv) records the command, seeds, ``--set`` items, the
+    environment (`concord.lab.presets.report.environment`: torch, CPU, threads, …) and every
+    run's configuration (`concord.lab.presets.report.run_manifest`), which ``concord report
+    verify`` re-runs a cell from.
     """
     if name == consensus.NAME:  # its own grid (n × cells × seeds) and report
         if tune:
@@ -162,7 +172,12 @@ def preset_main(
             table = fresh
         meta = {"preset": name, "command": command, "wall_seconds": wall, "tune": tune,
                 "seeds": list(seed_list), "overrides": list(overrides),
-                "reused_runs": len(done)}  # fmt: skip
+                "rows": None if rows is None else list(rows),
+                "columns": None if columns is None else list(columns),
+                "reused_runs": len(done),
+                **environment(threads=base.threads, jobs=jobs, engine=base.engine),
+                **run_manifest(grid.runs(), base=preset.base, overrides=overrides,
+                               engine=base.engine, keys=_cell_keys(grid))}  # fmt: skip
         (out / "preset.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     report = write_report(
         preset,
@@ -173,7 +188,8 @@ def preset_main(
         overrides=overrides,
         base=base,
         wall_seconds=wall,
-        cores=os.cpu_count(),
+        cores=meta.get("cores", os.cpu_count()),
+        env=meta,
     )
     console.print(f"report: {report}")
     return out

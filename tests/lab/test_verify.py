@@ -1,0 +1,291 @@
+"""`concord report verify DIR`: tiny real reports (a generic preset's and consensus-control's) are
+built once, then a cell is re-run and compared; a tampered CSV fails naming the metric; bad input
+exits 2 with the problem and the valid choices; a report without a run manifest falls back to the
+preset catalog."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from concord.lab.cli import main
+from concord.lab.presets import preset_main
+from concord.lab.presets.report import environment, reproducibility_section, run_manifest
+from concord.lab.sweep import SweepRun
+from concord.lab.verify import VerifyError, load_target, parse_sweep_command
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY = ["peers=4", "dataset.samples=600", "epochs=1", "eval.every=0.5"]
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """relaysgd-dirichlet, 2 rows × 1 column × 2 seeds, 4 peers, a few steps (about 10 s)."""
+    out = tmp_path_factory.mktemp("verify") / "tiny"
+    preset_main(
+        "relaysgd-dirichlet",
+        seeds=[0, 1],
+        jobs=1,
+        out_dir=out,
+        overrides=TINY,
+        rows=["allreduce", "dsgd-ring"],
+        columns=["a0.01"],
+        console=Console(file=io.StringIO()),
+    )
+    return out
+
+
+def _copy(report: Path, dest: Path, names: tuple[str, ...]) -> Path:
+    dest.mkdir()
+    for name in names:
+        shutil.copy(report / name, dest / name)
+    return dest
+
+
+def _table(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _verify(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["report", "verify", *args])
+    return result.exit_code, result.output
+
+
+def test_the_report_records_its_machine_runs_and_bytes_plot(tiny_report: Path) -> None:
+    meta = json.loads((tiny_report / "preset.json").read_text())
+    env = environment(threads=1, jobs=1)
+    for key in ("torch", "cpu", "cores", "python"):
+        assert meta[key] == env[key], key
+    assert meta["threads"] == 1  # the preset's threads=1, not cores // jobs
+    assert meta["engine"] == "vectorized"
+    assert meta["set"] == TINY
+    assert "peers=16" in meta["base"]
+    runs = {r["name"]: r for r in meta["runs"]}
+    assert set(runs) == {r["name"] for r in _table(tiny_report / "table.csv")}
+    dsgd = runs["dsgd-ring_a0.01_s1"]
+    assert (dsgd["row_key"], dsgd["column_key"], dsgd["seed"]) == ("dsgd-ring", "a0.01", 1)
+    assert dsgd["overrides"] == {"partition.alpha": 0.01, "algorithm": "dsgd", "topology": "ring",
+                                 "optim.lr": 0.1, "seed": 1}  # fmt: skip
+    report = (tiny_report / "report.md").read_text()
+    section = report[report.index("## Reproducibility") :]
+    assert f"torch {env['torch']}" in section
+    assert env["cpu"] in section
+    assert "1 torch thread(s) per run" in section
+    assert "machine-dependent" in section
+    assert "51.78 %" in section
+    assert "61.37 %" in section
+    assert f"concord report verify {tiny_report} --run allreduce_a0.01_s0" in section
+    assert "](bytes.png)" in report
+    data = (tiny_report / "bytes.png").read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 10_000  # drawn points, not an empty canvas
+
+
+def test_verify_reruns_the_first_run_and_it_matches(tiny_report: Path, tmp_path: Path) -> None:
+    code, out = _verify(str(tiny_report), "--out", str(tmp_path / "rerun"))
+    assert code == 0, out
+    assert "run: allreduce_a0.01_s0 — the first run of" in out
+    assert "config: the configuration recorded in preset.json" in out
+    for metric in ("accuracy (averaged model)", "accuracy (worst peer)", "gossip rounds",
+                   "bytes sent (all peers)"):  # fmt: skip
+        line = next(ln for ln in out.splitlines() if ln.startswith(metric))
+        assert line.rstrip().endswith("ok"), line
+    assert "0.5 pp" in out
+    assert "exact" in out
+    torch_line = next(ln for ln in out.splitlines() if ln.startswith("torch "))
+    assert torch_line.rstrip().endswith("same")
+    assert "reproduces: every metric within tolerance" in out
+    assert (tmp_path / "rerun" / "runs" / "allreduce_a0.01_s0" / "summary.json").is_file()
+    # the same --out again would mix two re-runs
+    code, out = _verify(str(tiny_report), "--out", str(tmp_path / "rerun"))
+    assert code == 2
+    assert "already holds runs/allreduce_a0.01_s0" in out
+
+
+def test_a_tampered_accuracy_fails_naming_the_metric(tiny_report: Path, tmp_path: Path) -> None:
+    report = _copy(tiny_report, tmp_path / "copy", ("table.csv", "preset.json", "report.md"))
+    rows = _table(report / "table.csv")
+    target = next(r for r in rows if r["name"] == "dsgd-ring_a0.01_s1")
+    target["accuracy_avg_model"] = str(float(target["accuracy_avg_model"]) + 0.02)  # +2 pp
+    with open(report / "table.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    code, out = _verify(
+        str(report), "--row", "dsgd-ring", "--column", "a0.01", "--seed", "1", "--out",
+        str(tmp_path / "r1"),
+    )  # fmt: skip
+    assert code == 1, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("accuracy (averaged model)"))
+    assert "2.00 pp" in line
+    assert line.rstrip().endswith("DIFFERS")
+    worst = next(ln for ln in out.splitlines() if ln.startswith("accuracy (worst peer)"))
+    assert worst.rstrip().endswith("ok")
+    assert "DIFFERS in accuracy (averaged model)" in out
+    assert "on the recorded torch, CPU and thread count: not explained by the machine" in out
+    # a wider tolerance accepts it
+    code, out = _verify(
+        str(report), "--run", "dsgd-ring_a0.01_s1", "--tol", "2.5", "--out", str(tmp_path / "r2")
+    )
+    assert code == 0, out
+
+
+def test_bad_input_exits_2_naming_what_and_where(tiny_report: Path, tmp_path: Path) -> None:
+    code, out = _verify(str(tmp_path / "missing"))
+    assert code == 2
+    assert f"report directory {tmp_path / 'missing'} does not exist" in out
+    code, out = _verify(str(tmp_path))
+    assert code == 2
+    assert "holds no table.csv (a preset report's) nor runs.csv" in out
+    code, out = _verify(str(tiny_report), "--run", "nope_s0")
+    assert code == 2
+    assert f"no run 'nope_s0' in {tiny_report / 'table.csv'}; runs: allreduce_a0.01_s0," in out
+    assert "rows: allreduce, dsgd-ring; columns: a0.01; seeds: 0, 1" in out
+    code, out = _verify(str(tiny_report), "--row", "qgm-ring", "--column", "a0.01")
+    assert code == 2
+    assert "no row 'qgm-ring' in" in out
+    assert "rows: allreduce, dsgd-ring" in out
+    code, out = _verify(str(tiny_report), "--row", "allreduce", "--column", "a0.01", "--seed", "7")
+    assert code == 2
+    assert "row 'allreduce', column 'a0.01' has no seed 7" in out
+    assert "its seeds: 0, 1" in out
+    code, out = _verify(str(tiny_report), "--run", "allreduce_a0.01_s0", "--row", "allreduce")
+    assert code == 2
+    assert "either --run NAME or --row/--column/--seed" in out
+    code, out = _verify(str(tiny_report), "--row", "allreduce")
+    assert code == 2
+    assert "--row and --column go together" in out
+
+
+def test_without_a_manifest_the_catalog_gives_the_same_config(
+    tiny_report: Path, tmp_path: Path
+) -> None:
+    """A report committed before preset.json recorded runs: table.csv and report.md only."""
+    old = _copy(tiny_report, tmp_path / "old", ("table.csv", "report.md"))
+    for name in ("allreduce_a0.01_s0", "dsgd-ring_a0.01_s1"):
+        recorded = load_target(tiny_report, run=name)
+        rebuilt = load_target(old, run=name)
+        assert "current catalog" in rebuilt.source
+        assert rebuilt.preset == "relaysgd-dirichlet"
+        assert dict(rebuilt.run.overrides) == dict(recorded.run.overrides)
+        assert rebuilt.items == recorded.items  # base + the report command's --set items
+    by_label = load_target(old, row="D-SGD (ring)", column="α = 0.01", seed=1)
+    assert by_label.run.name == "dsgd-ring_a0.01_s1"
+    # an lr the catalog no longer gives: the committed one wins, and the output says so
+    rows = _table(old / "table.csv")
+    for r in rows:
+        r["lr"] = "0.3" if r["name"] == "dsgd-ring_a0.01_s1" else r["lr"]
+    with open(old / "table.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    changed = load_target(old, run="dsgd-ring_a0.01_s1")
+    assert changed.run.overrides["optim.lr"] == 0.3
+    assert "the re-run uses the committed 0.3" in changed.notes[0]
+    # a manifest without the run (e.g. written by another grid of the directory): rebuilt too
+    partial = _copy(tiny_report, tmp_path / "partial", ("table.csv", "report.md", "preset.json"))
+    meta = json.loads((partial / "preset.json").read_text())
+    meta["runs"] = [r for r in meta["runs"] if r["name"] != "dsgd-ring_a0.01_s1"]
+    (partial / "preset.json").write_text(json.dumps(meta))
+    rebuilt = load_target(partial, run="dsgd-ring_a0.01_s1")
+    assert dict(rebuilt.run.overrides) == dict(
+        load_target(tiny_report, run=rebuilt.run.name).run.overrides
+    )
+    assert "records no configuration for dsgd-ring_a0.01_s1: rebuilt" in rebuilt.notes[-1]
+    assert load_target(partial).source == "the configuration recorded in preset.json"
+    (old / "report.md").unlink()  # nothing says which preset: the directory's name does not
+    with pytest.raises(VerifyError, match="cannot tell which preset produced it"):
+        load_target(old)
+
+
+def test_a_consensus_control_constant_cell_reruns_with_its_calibration(tmp_path: Path) -> None:
+    out = preset_main(
+        "consensus-control",
+        seeds=[0],
+        jobs=1,
+        out_dir=tmp_path / "cc",
+        overrides=["dataset.samples=1000", "epochs=2", "eval.every=1"],
+        rows=["allreduce", "p1-1over4-xi"],
+        columns=["n16"],
+        console=Console(file=io.StringIO()),
+    )
+    code, text = _verify(
+        str(out), "--row", "p1-1over4-xi", "--column", "n16", "--out", str(tmp_path / "re")
+    )
+    assert code == 0, text
+    assert "run: n16-p1-1over4-xi-s0 — row 'p1-1over4-xi', column 'n16', seed 0" in text
+    assert "--set dataset.samples=1000 --set epochs=2 --set eval.every=1" in text
+    assert "re-running (with its calibration pass)" in text
+    assert "±10 %" in text  # rounds and bytes under consensus control
+    assert "bytes sent per peer" in text
+    code, text = _verify(str(out), "--run", "n16-p1-none-s0")
+    assert code == 2
+    assert "runs: n16-allreduce-s0, n16-p1-1over4-xi-s0" in text
+
+
+def test_sweep_commands_parse() -> None:
+    parsed = parse_sweep_command(
+        "concord sweep --preset relaysgd-dirichlet --tune --seeds 0,1 --jobs 1 --out runs/x \\\n"
+        "  --rows a,b --columns=c --set epochs=48 --set 'dataset.name=mnist1d'"
+    )
+    assert parsed == {"preset": "relaysgd-dirichlet", "seeds": [0, 1], "rows": ["a", "b"],
+                      "columns": ["c"], "set": ["epochs=48", "dataset.name=mnist1d"],
+                      "tune": True}  # fmt: skip
+
+
+def test_the_section_for_consensus_and_unrecorded_machines() -> None:
+    env = environment(threads=1, jobs=2)
+    assert env["jobs"] == 2
+    assert env["threads"] == 1
+    assert environment(jobs=2)["threads"] == max(1, env["cores"] // 2)
+    text = reproducibility_section(env, directory="docs/results/consensus-control",
+                                   run="n32-allreduce-s0")  # fmt: skip
+    assert text.startswith("## Reproducibility\n")
+    assert "2 run(s) at a time" in text
+    assert "concord report verify docs/results/consensus-control --run n32-allreduce-s0" in text
+    old = reproducibility_section(None, directory="d", run=None)
+    assert "did not record its machine" in old
+    assert "```bash\nconcord report verify d\n```" in old
+    run = SweepRun("r", "plan", "p1-none", "dec-phase-1", "ring", None, "none", 3,
+                   {"peers": 16, "seed": 3}, ("dec-phase-1/xi/n16", "ring", 3), "n16")  # fmt: skip
+    manifest = run_manifest([run], base=["epochs=60"], overrides=["epochs=2"])
+    assert manifest["base"] == ["epochs=60"]
+    assert manifest["set"] == ["epochs=2"]
+    (entry,) = manifest["runs"]
+    assert (entry["row_key"], entry["column_key"]) == ("p1-none", "n16")
+    assert entry["calibration_group"] == ["dec-phase-1/xi/n16", "ring", 3]
+    json.dumps(manifest)  # what preset.json holds
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("directory", "run", "expected"),
+    [
+        ("relaysgd-dirichlet", "dsgd-ring_a0.01_s2", {"partition.alpha": 0.01, "optim.lr": 0.1}),
+        ("relaysgd-dirichlet/lr-tuning", "dsgd-ring-lr0.4_a1_s100", {"optim.lr": 0.4}),
+        ("relaysgd-dirichlet/longer-budget", "allreduce_a0.01_s1", {"seed": 1}),
+        ("detag-unshuffled", "detag_x25_s0", {"hyper.rounds": 2, "optim.lr": 0.01}),
+        ("consensus-control", "n32-p1-1over4-xi-s2", {"control.factor": 0.25, "peers": 32}),
+    ],
+)
+def test_the_committed_reports_resolve_their_runs(
+    directory: str, run: str, expected: dict[str, object]
+) -> None:
+    """No re-run: each committed report names its preset and rebuilds the run's config."""
+    target = load_target(ROOT / "docs" / "results" / directory, run=run)
+    assert target.run.name == run
+    assert expected.items() <= dict(target.run.overrides).items()
+    assert target.metrics  # accuracy, worst peer, rounds, bytes
+    if directory.endswith("longer-budget"):
+        assert target.items[-1] == "epochs=48"  # the report command's --set
+    assert load_target(ROOT / "docs" / "results" / directory).cell.record  # the default run
