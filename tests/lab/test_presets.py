@@ -65,7 +65,10 @@ def test_every_run_of_the_preset_is_a_valid_config(name: str) -> None:
         cfg = apply_overrides(base, run.overrides)
         assert cfg.algorithm == run.overrides["algorithm"]
         assert cfg.optim.lr == run.overrides["optim.lr"]
-        assert cfg.control.mode == "none"
+        # no consensus control; a fixed number of rounds per step for equal-budget rows
+        fixed = run.overrides.get("control.mode") == "fixed"
+        assert cfg.control.mode == ("fixed" if fixed else "none")
+        assert cfg.control.rounds == run.overrides.get("control.rounds", 1)
         assert cfg.threads == 1  # sweeps run with --jobs 1 next to other work: one core
 
 
