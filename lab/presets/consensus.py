@@ -22,8 +22,6 @@ import csv
 import io
 import json
 import math
-import os
-import platform
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -31,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
+from concord.lab.presets.catalog import MNIST1D_RECIPE
+from concord.lab.presets.report import environment, reproducibility_section, run_manifest
 from concord.lab.presets.spec import command_line
 from concord.lab.sweep import (
     RunFn,
@@ -47,25 +46,7 @@ from concord.runtime.records import read_summary
 
 NAME = "consensus-control"
 TITLE = "Consensus control, Table 2 shape (MNIST-1D, ring, n = 16 to 128)"
-BASE = (
-    "dataset.name=mnist1d",
-    "dataset.samples=20000",
-    "model.name=cnn1d",
-    "topology=ring",
-    "algorithm=dsgd",
-    "epochs=60",
-    "optim.lr=0.1",
-    "optim.momentum=0.9",
-    "optim.nesterov=true",
-    "optim.weight_decay=1e-4",
-    "optim.batch_size=16",
-    "optim.warmup=0.05",
-    "optim.milestones=[0.5, 0.75]",
-    "optim.gamma=0.1",
-    "control.max_rounds=50",
-    "eval.every=5.0",
-    "threads=1",
-)
+BASE = (*MNIST1D_RECIPE, "topology=ring", "algorithm=dsgd", "control.max_rounds=50")
 SEEDS = (0, 1, 2, 3, 4)
 COLUMNS = {"n16": 16, "n32": 32, "n64": 64, "n128": 128}
 DEFAULT_COLUMNS = ("n32", "n64")  # n16 and n128 for the scaling in n (``--columns``)
@@ -205,17 +186,6 @@ def _row(run: SweepRun, out: Path) -> dict[str, Any]:
         "wall_seconds": summary.get("wall_seconds"), "status": "ok" if ok else "failed",
         "run": run.name,
     }  # fmt: skip
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def write_runs_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -476,6 +446,45 @@ def reading(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+BEFORE = "before-fix"
+"""Subdirectory of a report holding the same grid under the recipe before the baseline fix
+(its own ``runs.csv`` and report); `before_after` compares the two."""
+
+
+def before_after(out: Path, cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The "effect of the fix on every method" section: every cell of this report against the
+    same cell in ``out/before-fix/runs.csv`` (empty when there is none)."""
+    path = out / BEFORE / "runs.csv"
+    if not path.is_file():
+        return []
+    before = {
+        (c["n"], c["phase"], c["target"], c["statistic"]): c for c in summarize(read_runs_csv(path))
+    }
+    lines = [
+        "## Effect of the baseline fix on every cell",
+        "",
+        f"The same cells under the recipe before the fix ([`{BEFORE}/runs.csv`]({BEFORE}/runs.csv)"
+        f", its report: [`{BEFORE}/report.md`]({BEFORE}/report.md)); accuracy mean ± 95 % CI, "
+        "Δ the paired difference to all-reduce of the same recipe.",
+        "",
+        "| n | cell | accuracy before (%) | accuracy after (%) | change (pp) | Δ before (pp) | "
+        "Δ after (pp) | rounds before | rounds after |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for c in cells:
+        b = before.get((c["n"], c["phase"], c["target"], c["statistic"]))
+        if b is None:
+            continue
+        change = c["acc"][0] - b["acc"][0]
+        diffs = ("", "") if c["phase"] == "all" else (_pm(b["diff"]), _pm(c["diff"]))
+        lines.append(
+            f"| {c['n']} | {c['label']} | {_pm(b['acc'])} | {_pm(c['acc'])} | {change:+.2f} | "
+            f"{diffs[0]} | {diffs[1]} | {b['rounds']:.0f} | {c['rounds']:.0f} |"
+        )
+    lines.append("")
+    return lines
+
+
 def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
     cells = summarize(rows)
     plots = _plots(out, rows, cells) if cells else []
@@ -510,11 +519,6 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         f" min on {meta['cores']} core(s); torch {meta['torch']}, {meta['cpu']}, "
         f"{meta['threads']} torch thread(s) per run, {meta['jobs']} run(s) at a time.",
         "",
-        "**Machine dependence.** Float results depend on the CPU and the torch build (kernel "
-        "choice, summation order): the same cell re-run elsewhere can differ by more than its "
-        "confidence interval, most in runs near the edge of stability. Compare cells within "
-        "this report; re-run a cell to compare machines.",
-        "",
     ]
     for n in sorted({c["n"] for c in cells}):
         lines += [
@@ -542,10 +546,12 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
             lines.append(f"- {claim}: {verdict} ({numbers})")
         lines.append("")
     lines += reading(cells)
+    lines += before_after(out, cells)
     lines += [f"![accuracy against rounds]({p})" for p in plots if p == "accuracy-rounds.png"]
     lines += [f"![degradation against n]({p})" for p in plots if p == "scaling.png"]
     lines += [f"![Ξ over training]({p})" for p in plots if p.startswith("xi-")]
     lines.append("")
+    lines.append(reproducibility_section(meta, directory=out, run=rows[0]["run"] if rows else None))
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
@@ -605,11 +611,16 @@ def study_main(
             earlier = old.get("commands", [old["command"]])
             commands = earlier + ([] if command in earlier else [command])
             seeds_all = sorted(set(old.get("seeds", [])) | set(seed_list))
+        manifest = run_manifest(runs, base=BASE, overrides=overrides)
+        if resume and previous.is_file():  # the earlier grids' runs stay verifiable
+            mine = {r.name for r in runs}
+            manifest["runs"] = [e for e in old.get("runs", []) if e["name"] not in mine] + manifest[
+                "runs"
+            ]
         meta = {
             "preset": NAME, "command": command, "commands": commands, "wall_seconds": wall,
-            "seeds": seeds_all, "jobs": jobs, "overrides": list(overrides),
-            "cores": os.cpu_count(), "torch": torch.__version__, "cpu": cpu_model(),
-            "threads": 1,
+            "seeds": seeds_all, "overrides": list(overrides),
+            **environment(threads=1, jobs=jobs), **manifest,
         }  # fmt: skip
         (out / "preset.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         table = [_row(r, out) for r in runs]

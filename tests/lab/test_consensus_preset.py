@@ -12,12 +12,15 @@ import pytest
 
 from concord.lab.presets import preset_main
 from concord.lab.presets.consensus import (
+    BEFORE,
     CELLS,
+    before_after,
     checks,
     grid,
     mean_ci,
     read_runs_csv,
     summarize,
+    write_runs_csv,
 )
 
 
@@ -59,6 +62,27 @@ def test_summaries_and_claims_follow_the_runs() -> None:
     assert found["uncontrolled ≥ 1 pp below all-reduce"] is True
     assert found["¼ · max theta within 0.5 pp of all-reduce"] is True
     assert found["¼ · max theta: rounds ≤ 4 × uncontrolled"] is True
+
+
+def test_the_fix_section_compares_every_cell_with_the_grid_before_it(tmp_path: Path) -> None:
+    def grid_rows(shift: float) -> list[dict]:
+        rows = []
+        for seed, base in enumerate([0.94, 0.95, 0.93]):
+            rows.append(_row("all", "allreduce", "", seed, base + shift, 0))
+            rows.append(_row("1", "none", "", seed, base - 0.02, 480))
+        return rows
+
+    after = summarize(grid_rows(0.01))  # the fix lifts all-reduce by 1 pp, not gossip
+    assert before_after(tmp_path, after) == []  # nothing to compare with
+    (tmp_path / BEFORE).mkdir()
+    full = [{**r, "mode": "none"} for r in grid_rows(0.0)]
+    write_runs_csv(tmp_path / BEFORE / "runs.csv", full)
+    lines = before_after(tmp_path, after)
+    table = [line for line in lines if line.startswith("| 64 |")]
+    assert len(table) == 2
+    assert table[0].startswith("| 64 | all-reduce | 94.00 ± 2.48 | 95.00 ± 2.48 | +1.00 |")
+    # gossip unchanged; its paired gap to all-reduce widens from −2 to −3 pp
+    assert "| +0.00 | -2.00 ± 0.00 | -3.00 ± 0.00 | 480 | 480 |" in table[1]
 
 
 def test_a_tiny_sweep_writes_the_csv_the_report_and_the_plots(tmp_path: Path) -> None:

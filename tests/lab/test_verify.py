@@ -222,7 +222,7 @@ def test_a_consensus_control_constant_cell_reruns_with_its_calibration(tmp_path:
     )
     assert code == 0, text
     assert "run: n16-p1-1over4-xi-s0 — row 'p1-1over4-xi', column 'n16', seed 0" in text
-    assert "--set dataset.samples=1000 --set epochs=2 --set eval.every=1" in text
+    assert "config: the configuration recorded in preset.json" in text  # the sweep's manifest
     assert "re-running (with its calibration pass)" in text
     assert "±10 %" in text  # rounds and bytes under consensus control
     assert "bytes sent per peer" in text
