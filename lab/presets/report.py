@@ -325,13 +325,19 @@ def write_report(
     seeds = ", ".join(str(s) for s in grid.seeds)
     runs = len(grid.runs())
     steps = _steps(rows)
+    sizes = sorted(set(peers.values()))
+    if len(sizes) > 1:  # the columns (or rows) set the number of peers
+        steps = "see the curves (it depends on n)"
+        replicas = f"all n replicas (n = {', '.join(map(str, sizes))})"
+    else:
+        replicas = f"all {sizes[0] if sizes else base.peers} replicas"
     lines = [
         f"# {preset.title}" + (" — lr tuning" if grid.tune else ""),
         "",
         preset.setup,
         "",
         f"Seeds: {seeds}. Runs: {runs}. Steps per run: {steps}. Engine: vectorized (one process "
-        f"trains all {base.peers} replicas batched). Generated {time.strftime('%Y-%m-%d')}, sweep "
+        f"trains {replicas} batched). Generated {time.strftime('%Y-%m-%d')}, sweep "
         f"wall time {format_duration(wall_seconds)} on {cores} core(s) "
         f"({len({r['name'] for r in rows if r.get('status') == 'ok'})} runs ok; mean wall time "
         f"per run {_mean_wall(rows)}).",
