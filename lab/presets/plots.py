@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from concord.lab.presets.cells import Cells
 from concord.lab.presets.spec import Preset, Setting
@@ -77,11 +78,15 @@ _MARKERS = "osD^vP*Xhp<>"
 
 
 def plot_bytes(preset: Preset, cells: Cells, path: Path) -> Path:
-    """The preset's metric against the mean bytes sent per peer (log x; the cells' rows carry
-    ``bytes_per_peer``): one point per (row, column), mean ± std over seeds on both axes, a
-    marker and colour per row, each point labelled with its column."""
+    """The preset's metric against the mean MB sent per peer (log x when the points span more
+    than a decade; the cells' rows carry ``bytes_per_peer``): one point per (row, column),
+    mean ± std over seeds on both axes, a marker and colour per row, each point labelled with
+    its column."""
     key, description = METRICS[preset.metric]
-    fig, (ax,) = _figure(1, width=7.0)
+    fig = Figure(figsize=(8.0, 5.6), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    xs: list[float] = []
     for i, row in enumerate(preset.rows):
         marker, color = _MARKERS[i % len(_MARKERS)], f"C{i % 10}"
         labelled = False
@@ -92,19 +97,26 @@ def plot_bytes(preset: Preset, cells: Cells, path: Path) -> Path:
             sent = cells.stats(row.key, col.key, "bytes_per_peer")
             if not acc.values or not sent.values or sent.mean <= 0:
                 continue  # nothing measured, or nothing sent (no place on a log axis)
-            x, y = sent.mean, 100 * acc.mean
+            x, y = sent.mean / 1e6, 100 * acc.mean
+            xs.append(x)
             label = None if labelled else row.label
-            ax.errorbar(x, y, xerr=sent.std, yerr=100 * acc.std, ls="none", ms=6, capsize=3,
-                        label=label, marker=marker, color=color)  # fmt: skip
+            ax.errorbar(x, y, xerr=sent.std / 1e6, yerr=100 * acc.std, ls="none", ms=6,
+                        capsize=3, label=label, marker=marker, color=color)  # fmt: skip
             labelled = True
-            ax.annotate(col.label, (x, y), xytext=(5, 4), textcoords="offset points",
-                        fontsize=7, color=color)  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_xlabel("bytes sent per peer over the run (mean over seeds, log scale)")
+            if len(preset.columns) > 1:
+                ax.annotate(col.label, (x, y), xytext=(5, 4), textcoords="offset points",
+                            fontsize=7, color=color)  # fmt: skip
+    if xs and max(xs) > 10 * min(xs):
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xlabel("MB sent per peer over the run (mean over seeds)")
     ax.set_ylabel(f"test accuracy (%), {description}")
     ax.grid(alpha=0.3, which="both")
     ax.set_title(f"{description} against communication, mean ± std over seeds", fontsize=10)
-    _legend(fig, ax)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=8)
     fig.suptitle(preset.title, fontsize=10)
     fig.savefig(path, dpi=_DPI)
     return path
