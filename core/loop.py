@@ -21,6 +21,7 @@ while this thread computes forward and backward), and `Algorithm.step` finishes 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +45,44 @@ from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules, make_lr_schedule, make_plan
 from concord.core.graphs.topology import exponential_k
 from concord.core.task import ClassificationTask
+
+
+class DivergedError(RuntimeError):
+    """Training produced a non-finite loss or consensus statistic: the run cannot go on. The
+    message names the step, the phase, the learning rate and the replicas concerned."""
+
+    def __init__(
+        self,
+        step: int,
+        phase: int,
+        lr: float,
+        losses: torch.Tensor,
+        thetas: torch.Tensor | None,
+        replicas: list[int],
+    ) -> None:
+        bad_loss = [replicas[i] for i in (~losses.isfinite()).nonzero().flatten().tolist()]
+        bad_theta = (
+            []
+            if thetas is None
+            else [replicas[i] for i in (~thetas.isfinite()).nonzero().flatten().tolist()]
+        )
+        what = []
+        if bad_loss:
+            what.append(f"the loss of replica(s) {_ids(bad_loss)}")
+        if bad_theta:
+            what.append(f"the consensus statistic θ_i of replica(s) {_ids(bad_theta)}")
+        super().__init__(
+            f"training diverged at step {step} (phase {phase}, lr {lr:g}): "
+            + " and ".join(what)
+            + " is not finite; lower optim.lr, clip gradients (optim.clip_norm) or, with a lossy "
+            "codec, lower compression.gamma"
+        )
+        self.step = step
+
+
+def _ids(ids: list[int], most: int = 8) -> str:
+    shown = ", ".join(map(str, ids[:most]))
+    return shown + (f" … ({len(ids)} in all)" if len(ids) > most else "")
 
 
 class ControlHook(Protocol):
@@ -187,13 +226,17 @@ class StepRunner:
         report = self.algorithm.step(x, out.grad, ctx)
         self.rounds_total += report.rounds
         target = hook.end(step) if hook is not None else None
+        loss = float(out.loss.mean())
+        stats = report.theta_local
+        if not math.isfinite(loss) or (stats is not None and not bool(stats.isfinite().all())):
+            raise DivergedError(step, phase.index, lr, out.loss, stats, task.ranks)
         record = {
             "kind": "step",
             "step": step,
             "epoch": (step + 1) / task.steps_per_epoch,
             "phase": phase.index,
             "lr": lr,
-            "loss": float(out.loss.mean()),
+            "loss": loss,
             "train_acc": float(out.correct.sum()) / (out.correct.numel() * task.batch_size),
             "rounds": report.rounds,
             "theta": theta(report.theta_local) if report.theta_local is not None else None,
