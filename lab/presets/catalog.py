@@ -65,7 +65,7 @@ RELAYSGD_DIRICHLET = Preset(
             "all-reduce",
             {"algorithm": "allreduce", "topology": "complete"},
             _per_alpha(0.1, 0.2, 0.1),
-            (0.05, 0.1, 0.2),
+            (0.05, 0.1, 0.2, 0.4),
         ),
         Setup(
             "dsgd-ring",
@@ -107,7 +107,7 @@ RELAYSGD_DIRICHLET = Preset(
             "RelaySGD (chain)",
             {"algorithm": "relaysgd", "topology": "chain"},
             _per_alpha(1.0, 0.5, 1.0),
-            (0.125, 0.25, 0.5, 1.0),
+            (0.125, 0.25, 0.5, 1.0, 2.0),
         ),
         # Stability checks: one tune seed put two choices at the edge of stability (all-reduce
         # 0.2 at α = 0.1, chain 1.0 at α = 1 and 0.01; see the report); the next grid value down.
