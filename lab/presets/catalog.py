@@ -463,25 +463,7 @@ CHOCO_COMPRESSION = Preset(
         "bytes sent per peer (codec parts: top-k values + int32 indices, rand-k values only, "
         "int8 + a scale, sign bits + a scale). Metric: the averaged model's test accuracy."
     ),
-    base=(
-        "peers=16",
-        "topology=ring",
-        "dataset.name=mnist1d",
-        "dataset.samples=20000",
-        "model.name=cnn1d",
-        "partition.scheme=dirichlet",
-        "epochs=16",
-        "optim.batch_size=16",
-        "optim.momentum=0.9",
-        "optim.nesterov=true",
-        "optim.weight_decay=1e-4",
-        "optim.warmup=0.05",
-        "optim.milestones=[0.5, 0.75]",
-        "plan=gossip",
-        "control.mode=none",
-        "eval.every=2.0",
-        "threads=1",
-    ),
+    base=(*RELAYSGD_DIRICHLET.base, "topology=ring", "eval.every=2.0"),
     rows=(
         Setup("dsgd", "D-SGD (float32)", {"algorithm": "dsgd"}, _CHOCO_LR, (0.1, 0.2)),
         Setup(
