@@ -582,7 +582,7 @@ def _fixed(rounds: int) -> dict[str, object]:
 
 _SORTED_RINGS = (("n8", "ring of 8", 8), ("n16", "ring of 16", 16))
 _WIDE_GRID = (0.003, 0.01, 0.03, 0.1, 0.3)
-_NO_LR = {"n8": 0.1, "n16": 0.1}  # placeholders until --tune: every row is tuned per column
+_NO_LR = {"n8": 0.1, "n16": 0.1}  # the --tune choice where it is 0.1 on both rings
 
 DETAG_BUDGET = Preset(
     name="detag-budget",
@@ -623,15 +623,21 @@ DETAG_BUDGET = Preset(
         "threads=1",
     ),
     rows=(
-        Setup("dsgd", "D-SGD, 1 round (equal samples)", {"algorithm": "dsgd"}, _NO_LR, _WIDE_GRID),
+        Setup(
+            "dsgd",
+            "D-SGD, 1 round (equal samples)",
+            {"algorithm": "dsgd"},
+            {"n8": 0.1, "n16": 0.3},
+            (*_WIDE_GRID, 1.0),
+        ),
         Setup(
             "dsgd-r4",
             "D-SGD, 4 rounds (equal bytes)",
             {"algorithm": "dsgd", **_fixed(4)},
-            _NO_LR,
-            _WIDE_GRID,
+            {"n8": 0.1, "n16": 0.3},
+            (*_WIDE_GRID, 1.0),
         ),
-        Setup("dsgt", "DSGT, 1 round", {"algorithm": "dsgt"}, _NO_LR, _WIDE_GRID),
+        Setup("dsgt", "DSGT, 1 round", {"algorithm": "dsgt"}, _NO_LR, _WIDE_GRID),  # 0.1 both
         Setup(
             "gt-r2",
             "gradient tracking, 2 rounds (equal bytes)",
@@ -643,7 +649,7 @@ DETAG_BUDGET = Preset(
             "detag",
             "DeTAG (R = 2, η = 0.2)",
             {"algorithm": "detag", "hyper.rounds": 2, "hyper.eta": 0.2},
-            _NO_LR,
+            {"n8": 0.01, "n16": 0.03},
             (0.001, *_WIDE_GRID),
         ),
         Setup(
