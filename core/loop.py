@@ -95,6 +95,25 @@ class ControlHook(Protocol):
         ...
 
 
+class FixedRounds:
+    """The `ControlHook` of ``control.mode = "fixed"`` where no controller runs (static peers):
+    every controlled step gossips exactly ``rounds`` rounds, known from the config."""
+
+    def __init__(self, rounds: int) -> None:
+        if rounds < 1:
+            raise ValueError(f"rounds = {rounds!r}; must be ≥ 1")
+        self.rounds = rounds
+
+    def begin(self, step: int, phase: Phase, grad_norms: torch.Tensor) -> RoundControl:
+        return self
+
+    def after_round(self, round_index: int, x: torch.Tensor, theta_local: torch.Tensor) -> bool:
+        return round_index < self.rounds
+
+    def end(self, step: int) -> float | None:
+        return None  # no target
+
+
 class GraphHook(Protocol):
     def observe(
         self, step: int, phase: Phase, grad_norms: torch.Tensor, report: StepReport

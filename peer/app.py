@@ -98,7 +98,7 @@ def check_static(cfg: RunConfig, peer_id: int) -> list[str]:
         )
     if not 0 <= peer_id < cfg.peers:
         raise PeerConfigError(f"--id {peer_id} is not a peer of this run (0..{cfg.peers - 1})")
-    if cfg.controlled_phases():
+    if cfg.controlled_phases() and cfg.control.mode != "fixed":  # fixed: the config decides
         raise PeerConfigError(
             f"consensus control (control.mode = {cfg.control.mode!r}, phases "
             f"{cfg.controlled_phases()}) needs the orchestrator; set control.mode = 'none' "

@@ -71,7 +71,7 @@ from concord.core.graphs.topology import (
     make_schedule,
     max_exponential_k,
 )
-from concord.core.loop import StepRunner
+from concord.core.loop import ControlHook, FixedRounds, StepRunner
 from concord.core.task import ClassificationTask
 from concord.peer.comm import RoundComm
 from concord.peer.control import ControlClient, GraphStats, OrchestratedControl
@@ -150,8 +150,10 @@ class StaticCoordination:
 
     def round_hooks(
         self, stage: Stage, comm: RoundComm, loop: asyncio.AbstractEventLoop
-    ) -> tuple[OrchestratedControl | None, GraphStats | None]:
-        return None, None
+    ) -> tuple[ControlHook | None, GraphStats | None]:
+        # control.mode = "fixed" needs nobody's decision: the config fixes the rounds
+        fixed = self.cfg.control.mode == "fixed" and self.cfg.controlled_phases()
+        return (FixedRounds(self.cfg.control.rounds) if fixed else None), None
 
     def begin(self, stage: Stage, runner: StepRunner) -> None:
         # ada-schedule's per-phase graphs: from the config here (no orchestrator publishes them)

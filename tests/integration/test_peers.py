@@ -77,6 +77,32 @@ def test_four_peers_end_with_the_vectorized_engines_parameters(
         }
 
 
+def test_static_peers_run_fixed_rounds_like_the_vectorized_engine(
+    tmp_path: Path, peers_cleanup: list[Peers]
+) -> None:
+    # control.mode = "fixed" needs no orchestrator: 3 rounds per step of phase 1 (steps 0-24 of
+    # 50 with the default milestones 0.5, 0.75), one round after
+    extra = "epochs = 5\n" + TINY.replace('mode = "none"', 'mode = "fixed"\nrounds = 3')
+    config = write_config(tmp_path / "run.toml", 4, extra)
+    peers = Peers(config, tmp_path, [0, 1, 2, 3])
+    peers_cleanup.append(peers)
+    assert peers.wait() == {0: 0, 1: 0, 2: 0, 3: 0}
+    torch.set_num_threads(1)
+    trainer = Trainer(load_config(config, environ={}))
+    for step in range(trainer.total_steps):
+        trainer.train_step(step)
+    assert trainer.runner.rounds_total == 25 * 3 + 25
+    for i in range(4):
+        state = torch.load(tmp_path / f"peer-{i}" / "checkpoint.pt", weights_only=True)
+        # as above: float32 differences of ~1e-7 per step, kept < 1e-5 over 50 steps
+        torch.testing.assert_close(state["params"][0], trainer.task.x[i], rtol=0, atol=1e-5)
+        summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
+        assert summary["gossip_rounds_total"] == 100
+        rounds = [r["rounds"] for r in _metrics(tmp_path / f"peer-{i}" / "metrics.jsonl")
+                  if r.get("kind") == "step"]  # fmt: skip
+        assert rounds == [3] * 25 + [1] * 25
+
+
 def test_peers_survive_a_neighbour_killed_mid_run(
     tmp_path: Path, peers_cleanup: list[Peers]
 ) -> None:
