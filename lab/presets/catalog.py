@@ -517,8 +517,8 @@ ADA_GRAPHS = Preset(
     title="Ada-style adaptive graphs vs static ring / exponential graphs (MNIST-1D, n = 32, 64)",
     setup=(
         "The two Ada interpretations (docs/algorithms.md#ada-interpretations; the paper's exact "
-        "rule is not published) against the static graphs they move between, on the "
-        "consensus-control recipe (MNIST-1D, 20 000 samples, `cnn1d`, random partition, local "
+        "rule is not published) against the static graphs they move between, on the paper "
+        "recipe of baseline-stability (LR 0.1, no clipping; MNIST-1D, 20 000 samples, `cnn1d`, random partition, local "
         "batch 16, Nesterov 0.9, weight decay 1e-4, LR 0.1, 5 % warm-up, ×0.1 at 50 % and "
         "75 %, 60 epochs, gossip in every phase, one round per step): D-SGD on the ring "
         "(`exponential:1`), on `exponential:2` and on the densest `exponential` (K = ⌈log2 n⌉: "
@@ -566,7 +566,7 @@ ADA_GRAPHS = Preset(
         "ada-schedule at most 0.5 pt below the densest static graph — averaged-model accuracy, "
         "mean over seeds; the bytes table shows what each saves against the densest graph."
     ),
-    lr_note="No tuning: the consensus-control recipe's LR 0.1 for every row.",
+    lr_note="No tuning: the paper recipe's LR 0.1 for every row.",
     log_x=True,
 )
 
@@ -688,7 +688,7 @@ DETAG_BUDGET = Preset(
 )
 
 _SGP_GRID = (0.05, 0.1, 0.2, 0.4, 0.8)
-_SGP_NO_LR = {"a1": 0.2, "a0.1": 0.2, "a0.01": 0.1}  # relaysgd-dirichlet's SGP lrs until --tune
+_SGP_LR = {"a1": 0.2, "a0.1": 0.2, "a0.01": 0.1}  # SGP, 1 round: the --tune choices
 
 SGP_BUDGET = Preset(
     name="sgp-budget",
@@ -711,36 +711,36 @@ SGP_BUDGET = Preset(
             "allreduce",
             "all-reduce",
             {"algorithm": "allreduce", "topology": "complete"},
-            _SGP_NO_LR,
+            {"a1": 0.1, "a0.1": 0.1, "a0.01": 0.1},
             (0.05, 0.1, 0.2),
         ),
         Setup(
             "sgp",
             "SGP, 1 round",
             {"algorithm": "sgp", "topology": "exponential-one-peer-directed"},
-            _SGP_NO_LR,
+            _SGP_LR,
             _SGP_GRID,
         ),
         Setup(
             "sgp-r2",
             "SGP, 2 rounds",
             {"algorithm": "sgp", "topology": "exponential-one-peer-directed", **_fixed(2)},
-            _SGP_NO_LR,
+            {"a1": 0.2, "a0.1": 0.2, "a0.01": 0.2},
             _SGP_GRID,
         ),
         Setup(
             "dsgd",
             "D-SGD (ring), 1 round",
             {"algorithm": "dsgd", "topology": "ring"},
-            _SGP_NO_LR,
-            _SGP_GRID,
+            {"a1": 0.2, "a0.1": 0.2, "a0.01": 0.05},
+            (0.025, *_SGP_GRID),
         ),
         Setup(
             "dsgd-r2",
             "D-SGD (ring), 2 rounds",
             {"algorithm": "dsgd", "topology": "ring", **_fixed(2)},
-            _SGP_NO_LR,
-            _SGP_GRID,
+            {"a1": 0.4, "a0.1": 0.2, "a0.01": 0.1},
+            (0.025, *_SGP_GRID),
         ),
     ),
     columns=RELAYSGD_DIRICHLET.columns,
