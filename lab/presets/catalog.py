@@ -518,8 +518,9 @@ ADA_GRAPHS = Preset(
     setup=(
         "The two Ada interpretations (docs/algorithms.md#ada-interpretations; the paper's exact "
         "rule is not published) against the static graphs they move between, on the paper "
-        "recipe of baseline-stability (LR 0.1, no clipping; MNIST-1D, 20 000 samples, `cnn1d`, random partition, local "
-        "batch 16, Nesterov 0.9, weight decay 1e-4, LR 0.1, 5 % warm-up, ×0.1 at 50 % and "
+        "recipe of baseline-stability (no clipping; MNIST-1D, 20 000 samples, `cnn1d`, "
+        "i.i.d. partition, local batch 16, Nesterov 0.9, weight decay 1e-4, LR 0.1, 5 % "
+        "warm-up, ×0.1 at 50 % and "
         "75 %, 60 epochs, gossip in every phase, one round per step): D-SGD on the ring "
         "(`exponential:1`), on `exponential:2` and on the densest `exponential` (K = ⌈log2 n⌉: "
         "2K neighbours); `ada-schedule` (exponential:⌈log2 n⌉ → K halved per phase → ring) and "
