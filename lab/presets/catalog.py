@@ -644,8 +644,8 @@ DETAG_BUDGET = Preset(
             "gt-r3",
             "gradient tracking, 3 rounds (equal bytes)",
             {"algorithm": "gradient-tracking", **_fixed(3)},
-            _NO_LR,
-            _WIDE_GRID,
+            {"n8": 0.1, "n16": 0.3},
+            (*_WIDE_GRID, 1.0),
         ),
         Setup(
             "detag",
