@@ -1007,12 +1007,18 @@ def report_group() -> None:
 
 
 @report_group.command("verify")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directories", nargs=-1, required=True, metavar="DIR[::RUN]...")
 @click.option("--run", "run_name", default=None, metavar="NAME", help="a run name of the CSV")
 @click.option("--row", default=None, metavar="KEY", help="the cell's row (key or label)")
 @click.option("--column", default=None, metavar="KEY", help="the cell's column (key or label)")
 @click.option("--seed", type=int, default=None, help="the cell's seed (default: its first)")
-@_out_option("directory of the re-run (default: a fresh temporary directory)")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="directory of the re-runs (default: a fresh temporary directory); with several DIRs, "
+    "one sub-directory <i>-<name> per DIR",
+)
 @click.option(
     "--tol",
     type=float,
@@ -1028,33 +1034,72 @@ def report_group() -> None:
     help="relative tolerance of gossip rounds and bytes (default: 0, exact, without consensus "
     "control; 0.1 with it, since its rounds follow the float trajectory)",
 )
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="PATH",
+    help="write the reproducibility record: one row per directory, run and metric (overwritten)",
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="PATH",
+    help="write a markdown report generated from the --csv rows (needs --csv; overwritten)",
+)
+@click.pass_context
 def report_verify(
-    directory: Path,
+    ctx: click.Context,
+    directories: tuple[str, ...],
     run_name: str | None,
     row: str | None,
     column: str | None,
     seed: int | None,
-    out: Path | None,
+    out: str | None,
     tol: float,
     count_tol: float | None,
+    csv_path: str | None,
+    markdown_path: str | None,
 ) -> None:
-    """Re-run one cell of the report in DIRECTORY (table.csv, or consensus-control's runs.csv)
+    """Re-run one cell of the report in each DIR (table.csv, or consensus-control's runs.csv)
     with its recorded configuration and compare accuracy, worst peer, gossip rounds and bytes
     with the committed values; also compare the recorded torch, CPU and threads with this
-    machine's (float results are machine-dependent). Default cell: the CSV's first run.
+    machine's (float results are machine-dependent). Default cell: the CSV's first run that
+    succeeded; DIR::RUN picks the run RUN of DIR; --run, or --row/--column/--seed, only with a
+    single DIR. --csv and --markdown write a reproducibility record of all the cells.
     Exit 0: every metric within tolerance; 1: a metric differs; 2: bad input."""
-    from concord.lab.verify import VerifyError, verify_main
+    from click.core import ParameterSource
 
+    from concord.lab.verify import VerifyError, command_line, parse_directories, verify_reports
+
+    given = [
+        (option, value)
+        for option, name, value in (
+            ("--run", "run_name", run_name),
+            ("--row", "row", row),
+            ("--column", "column", column),
+            ("--seed", "seed", seed),
+            ("--out", "out", out),
+            ("--tol", "tol", tol),
+            ("--count-tol", "count_tol", count_tol),
+            ("--csv", "csv_path", csv_path),
+            ("--markdown", "markdown_path", markdown_path),
+        )
+        if value is not None and ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    ]
     try:
-        code = verify_main(
-            directory,
-            run=run_name,
-            row=row,
-            column=column,
-            seed=seed,
+        choices = parse_directories(directories, run=run_name, row=row, column=column, seed=seed)
+        code = verify_reports(
+            choices,
             out=out,
             tol=tol,
             count_tol=count_tol,
+            csv_path=csv_path,
+            markdown_path=markdown_path,
+            command=command_line(directories, given),
             echo=click.echo,
         )
     except VerifyError as exc:

@@ -29,13 +29,21 @@ It also compares the recorded machine (torch, CPU, torch threads per run; `envir
 this one: float results are machine-dependent, so a mismatch is reported as the likely reason of
 a difference, not as an error. Exit codes (`verify_main`): 0 all within tolerance, 1 a metric
 differs (or the re-run failed), 2 bad input (`VerifyError`).
+
+Several reports in one command (`verify_reports`): ``DIR [DIR ...]``, each ``DIR`` or
+``DIR::RUN`` (`parse_directories`; ``--run`` and ``--row/--column/--seed`` only with a single
+``DIR``). ``--csv`` writes the reproducibility record, one row per directory, run and metric
+(`record_rows`, `RECORD_COLUMNS`), and ``--markdown`` a report generated from those rows
+(`render_markdown`: the command, the date, this machine, a table per directory, a summary).
 """
 
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import math
+import os
 import re
 import shlex
 import tempfile
@@ -52,12 +60,22 @@ from concord.lab.sweep import RunFn, SweepRun, hold_for_calibration, run_sweep, 
 __all__ = [
     "ACCURACY_TOL_PP",
     "CONTROLLED_COUNT_TOL",
+    "RECORD_COLUMNS",
     "Check",
+    "Choice",
+    "Outcome",
     "Target",
     "VerifyError",
+    "command_line",
     "load_target",
+    "parse_directories",
     "parse_sweep_command",
+    "record_rows",
+    "render_markdown",
+    "summarize",
     "verify_main",
+    "verify_reports",
+    "write_record_csv",
 ]
 
 ACCURACY_TOL_PP = 0.5
@@ -83,6 +101,7 @@ class Metric:
     column: str
     accuracy: bool
     read: Callable[[Mapping[str, Any], int], float | None]
+    unit: str = "%"  # of the reproducibility record (`record_rows`): %, rounds or bytes
 
 
 def _number(value: object) -> float | None:
@@ -107,14 +126,14 @@ def _per_peer(summary: Mapping[str, Any], peers: int) -> float | None:
 GENERIC_METRICS = (
     Metric("accuracy (averaged model)", "accuracy_avg_model", True, _key("accuracy_avg_model")),
     Metric("accuracy (worst peer)", "accuracy_worst_peer", True, _key("accuracy_worst_peer")),
-    Metric("gossip rounds", "gossip_rounds_total", False, _key("gossip_rounds_total")),
-    Metric("bytes sent (all peers)", "bytes_sent_total", False, _key("bytes_sent_total")),
+    Metric("gossip rounds", "gossip_rounds_total", False, _key("gossip_rounds_total"), "rounds"),
+    Metric("bytes sent (all peers)", "bytes_sent_total", False, _key("bytes_sent_total"), "bytes"),
 )
 CONSENSUS_METRICS = (
     Metric("accuracy (averaged model)", "accuracy", True, _key("accuracy_avg_model")),
     Metric("accuracy (worst peer)", "worst_peer", True, _key("accuracy_worst_peer")),
-    Metric("gossip rounds", "gossip_rounds", False, _key("gossip_rounds_total")),
-    Metric("bytes sent per peer", "bytes_per_peer", False, _per_peer),
+    Metric("gossip rounds", "gossip_rounds", False, _key("gossip_rounds_total"), "rounds"),
+    Metric("bytes sent per peer", "bytes_per_peer", False, _per_peer, "bytes"),
 )
 
 
@@ -655,40 +674,48 @@ def _machine(recorded: Mapping[str, Any], here: Mapping[str, Any]) -> tuple[list
     return lines, ("differs: " + ", ".join(differs)) if differs else "same"
 
 
-def verify_main(
-    directory: str | Path,
-    *,
-    run: str | None = None,
-    row: str | None = None,
-    column: str | None = None,
-    seed: int | None = None,
-    out: str | Path | None = None,
-    tol: float = ACCURACY_TOL_PP,
-    count_tol: float | None = None,
-    echo: Callable[[str], None] = print,
-    run_fn: RunFn | None = None,
-    console: Console | None = None,
-) -> int:
-    """Re-run a cell of the report in ``directory`` and print the comparison; returns the exit
-    code: 0 every metric within tolerance, 1 a metric differs or the re-run failed. Raises
-    `VerifyError` for bad input (exit 2). ``tol``: accuracy tolerance in pp; ``count_tol``:
-    relative tolerance of rounds and bytes (None: 0, or `CONTROLLED_COUNT_TOL` when consensus
-    control is on). ``run_fn``: the engine's run (default: the sweep's, without plots)."""
+def _check_tolerances(tol: float, count_tol: float | None) -> None:
     if not math.isfinite(tol) or tol < 0:
         raise VerifyError(f"--tol must be a number of percentage points >= 0, got {tol}")
     if count_tol is not None and (not math.isfinite(count_tol) or count_tol < 0):
         raise VerifyError(f"--count-tol must be a fraction >= 0, got {count_tol}")
-    target = load_target(directory, run=run, row=row, column=column, seed=seed)
-    base, cfg = _config(target)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A verified cell: the directory as given, its `Target`, the checks (those of a re-run that
+    failed have no re-run values; ``error`` says why), the relative tolerance of its rounds and
+    bytes, this machine (`environment`) and `_machine`'s state ("same", "differs: …", "not
+    recorded")."""
+
+    given: str
+    target: Target
+    checks: tuple[Check, ...]
+    count_tol: float
+    error: str | None
+    here: Mapping[str, Any]
+    state: str
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.checks) and all(c.ok for c in self.checks)
+
+
+def _rerun(
+    given: str,
+    target: Target,
+    base: Any,
+    cfg: Any,
+    out_dir: Path,
+    *,
+    tol: float,
+    count_tol: float | None,
+    echo: Callable[[str], None],
+    run_fn: RunFn | None,
+    console: Console | None,
+) -> Outcome:
+    """Re-run ``target`` into ``out_dir``, print the comparison and the verdict."""
     name = target.run.name
-    if out is None:
-        out_dir = Path(tempfile.mkdtemp(prefix="concord-verify-"))
-    else:
-        out_dir = Path(out)
-        if (out_dir / "runs" / name).exists():
-            raise VerifyError(
-                f"--out {out_dir} already holds runs/{name}; choose another directory"
-            )
     controlled = _controlled(cfg)
     if count_tol is None:
         count_tol = CONTROLLED_COUNT_TOL if controlled else 0.0
@@ -721,14 +748,18 @@ def verify_main(
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     here = environment(threads=cfg.threads, jobs=1, engine=cfg.engine)
     machine, state = _machine(target.recorded, here)
+    peers = int(cfg.peers)
     echo("")
     if outcome.get("status") != "ok" or not summary:
-        echo(f"the re-run failed: {outcome.get('error') or outcome.get('status')}")
+        error = str(outcome.get("error") or outcome.get("status") or "no summary.json")
+        echo(f"the re-run failed: {error}")
         echo(f"(its directory: {out_dir / 'runs' / name})")
         for line in machine:
             echo(line)
-        return 1
-    checks = compare(target, summary, int(cfg.peers), tol, count_tol)
+        checks = compare(target, {}, peers, tol, count_tol)
+        return Outcome(given, target, tuple(checks), count_tol, error, here, state)
+    checks = compare(target, summary, peers, tol, count_tol)
+    result = Outcome(given, target, tuple(checks), count_tol, None, here, state)
     body = [
         [c.metric.label, _fmt_value(c.metric, c.committed), _fmt_value(c.metric, c.rerun),
          _fmt_delta(c), _fmt_tol(c), "ok" if c.ok else "DIFFERS"]
@@ -747,12 +778,12 @@ def verify_main(
     failed = [c.metric.label for c in checks if not c.ok]
     if not checks:
         echo(f"verdict: {target.csv_name} records none of the compared metrics for {name}")
-        return 1
+        return result
     if not failed:
         echo(f"verdict: {name} reproduces: every metric within tolerance")
         if state.startswith("differs"):
             echo(f"(on a machine that {state}; float results are machine-dependent)")
-        return 0
+        return result
     text = f"verdict: {name} DIFFERS in {', '.join(failed)}"
     if state.startswith("differs"):
         echo(
@@ -771,4 +802,494 @@ def verify_main(
             "torch build, that is the likely reason (float results are machine-dependent)."
         )
     echo(f"(the re-run: {out_dir / 'runs' / name})")
-    return 1
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Several reports, and the reproducibility record (CSV and markdown)
+
+SEPARATOR = "::"
+"""``DIR::RUN``: the run ``RUN`` of the report in ``DIR``."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A report directory as given on the command line and how its run is chosen (the arguments
+    of `load_target`; all None: its first run that succeeded)."""
+
+    directory: str
+    run: str | None = None
+    row: str | None = None
+    column: str | None = None
+    seed: int | None = None
+
+
+def _split(arg: str) -> tuple[str, str | None]:
+    if SEPARATOR not in arg or Path(arg).is_dir():
+        return arg, None
+    directory, _, name = arg.rpartition(SEPARATOR)
+    if not directory or not name:
+        raise VerifyError(f"{arg!r}: expected DIR or DIR::RUN (a run name of the CSV after '::')")
+    return directory, name
+
+
+def parse_directories(
+    args: Sequence[str],
+    *,
+    run: str | None = None,
+    row: str | None = None,
+    column: str | None = None,
+    seed: int | None = None,
+) -> list[Choice]:
+    """The `Choice` of each ``DIR`` or ``DIR::RUN`` argument. The options ``run`` / ``row`` /
+    ``column`` / ``seed`` (``--run`` …) choose the run of a single ``DIR``; with several, each
+    directory's run is its ``::RUN`` (default: its first run that succeeded). Raises
+    `VerifyError`: the options with several directories, a run chosen twice, an empty ``::RUN``."""
+    if not args:
+        raise VerifyError("give at least one report directory (DIR or DIR::RUN)")
+    options = (("--run", run), ("--row", row), ("--column", column), ("--seed", seed))
+    given = [option for option, value in options if value is not None]
+    if len(args) > 1 and given:
+        verb = "applies" if len(given) == 1 else "apply"
+        first = args[0].split(SEPARATOR)[0]
+        raise VerifyError(
+            f"{'/'.join(given)} {verb} to a single DIR, and {len(args)} directories were given: "
+            f"choose each directory's run as DIR::RUN (e.g. {first}::NAME), or verify one "
+            "directory per command"
+        )
+    choices = []
+    for arg in args:
+        directory, name = _split(arg)
+        if name is None:
+            choices.append(Choice(directory, run, row, column, seed))
+        elif given:
+            raise VerifyError(
+                f"{arg}: the run is chosen twice, as DIR::RUN and with {'/'.join(given)}: give one"
+            )
+        else:
+            choices.append(Choice(directory, name))
+    return choices
+
+
+def command_line(directories: Sequence[str], options: Sequence[tuple[str, object]] = ()) -> str:
+    """``concord report verify`` with ``directories`` (as given) and ``options`` (name, value;
+    True: a flag), quoted for a shell."""
+    words = ["concord", "report", "verify", *directories]
+    for option, value in options:
+        words += [option] if value is True else [option, str(value)]
+    return shlex.join(words)
+
+
+def _default_command(
+    choices: Sequence[Choice],
+    out: str | Path | None,
+    tol: float,
+    count_tol: float | None,
+    csv_path: str | Path | None,
+    markdown_path: str | Path | None,
+) -> str:
+    args = [
+        c.directory + (SEPARATOR + c.run if c.run and len(choices) > 1 else "") for c in choices
+    ]
+    options: list[tuple[str, object]] = []
+    if len(choices) == 1:
+        c = choices[0]
+        options += [(o, v) for o, v in (("--run", c.run), ("--row", c.row),
+                    ("--column", c.column), ("--seed", c.seed)) if v is not None]  # fmt: skip
+    for option, value in (("--out", out), ("--count-tol", count_tol), ("--csv", csv_path),
+                          ("--markdown", markdown_path)):  # fmt: skip
+        if value is not None:
+            options.append((option, value))
+    if tol != ACCURACY_TOL_PP:
+        options.append(("--tol", tol))
+    return command_line(args, options)
+
+
+RECORD_COLUMNS = (
+    "directory",
+    "run",
+    "metric",
+    "unit",
+    "committed",
+    "rerun",
+    "abs_delta",
+    "tolerance",
+    "verdict",
+    "recorded_torch",
+    "recorded_cpu",
+    "recorded_threads",
+    "this_torch",
+    "this_cpu",
+    "this_threads",
+    "same_machine",
+)
+"""The reproducibility record's columns (`record_rows`)."""
+
+
+def _plain(x: float | None) -> str:
+    if x is None:
+        return ""
+    if float(x).is_integer():
+        return str(int(x))
+    return f"{x:.4f}".rstrip("0").rstrip(".")
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def record_rows(outcomes: Sequence[Outcome]) -> list[dict[str, str]]:
+    """One row (`RECORD_COLUMNS`, all text) per verified cell and metric: ``directory`` as given,
+    ``run``, ``metric``, ``unit`` ("%": ``committed`` / ``rerun`` in percent, ``abs_delta`` and
+    ``tolerance`` in percentage points; "rounds" or "bytes": absolute counts, ``tolerance`` the
+    largest ``abs_delta`` allowed, 0 exact), ``verdict`` (ok, DIFFERS, FAILED: the re-run failed,
+    no ``rerun``), the recorded torch / CPU / threads (empty: not recorded), this machine's and
+    ``same_machine`` (true: all three equal)."""
+    rows = []
+    for o in outcomes:
+        recorded, here = o.target.recorded, o.here
+        common = {"directory": o.given, "run": o.target.cell.name}
+        machine = {
+            **{f"recorded_{k}": _text(recorded.get(k)) for k in ("torch", "cpu", "threads")},
+            **{f"this_{k}": _text(here.get(k)) for k in ("torch", "cpu", "threads")},
+            "same_machine": "true" if o.state == "same" else "false",
+        }
+        if not o.checks:
+            rows.append({**common, "metric": "(none compared)", "unit": "", "committed": "",
+                         "rerun": "", "abs_delta": "", "tolerance": "", "verdict": "FAILED",
+                         **machine})  # fmt: skip
+        for c in o.checks:
+            if c.metric.accuracy:
+                values = {
+                    "committed": f"{100 * c.committed:.4f}",
+                    "rerun": "" if c.rerun is None else f"{100 * c.rerun:.4f}",
+                    "abs_delta": "" if c.delta is None else f"{c.delta:.4f}",
+                    "tolerance": f"{c.tolerance:g}",
+                }
+            else:
+                values = {
+                    "committed": _plain(c.committed),
+                    "rerun": _plain(c.rerun),
+                    "abs_delta": _plain(c.delta),
+                    "tolerance": _plain(c.tolerance * abs(c.committed)),
+                }
+            verdict = "FAILED" if o.error is not None else "ok" if c.ok else "DIFFERS"
+            rows.append({**common, "metric": c.metric.label, "unit": c.metric.unit, **values,
+                         "verdict": verdict, **machine})  # fmt: skip
+    return rows
+
+
+def write_record_csv(path: str | Path, rows: Sequence[Mapping[str, str]]) -> None:
+    """Write (overwrite) the record's rows to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(RECORD_COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _cells_of(rows: Sequence[Mapping[str, str]]) -> list[list[Mapping[str, str]]]:
+    cells: dict[tuple[str, str], list[Mapping[str, str]]] = {}
+    for r in rows:
+        cells.setdefault((r["directory"], r["run"]), []).append(r)
+    return list(cells.values())
+
+
+def _differing_machine(row: Mapping[str, str]) -> list[str]:
+    return [
+        label
+        for key, label in (("torch", "torch"), ("cpu", "CPU"), ("threads", "threads"))
+        if row[f"recorded_{key}"] != row[f"this_{key}"]
+    ]
+
+
+def _reason(row: Mapping[str, str]) -> str:
+    """Why a differing cell differs, from its machine columns: "machine", "same", "unknown"."""
+    if not row["recorded_torch"]:
+        return "unknown"
+    return "same" if row["same_machine"] == "true" else "machine"
+
+
+_REASONS = {
+    "machine": "on a machine other than the recorded one (torch, CPU or threads differ): the "
+    "machine is the likely reason",
+    "same": "on the recorded machine (same torch, CPU and threads): not explained by the machine "
+    "(the code, the data or the configuration changed since the report?)",
+    "unknown": "whose report does not record its machine: if it came from another CPU or torch "
+    "build, that is the likely reason",
+}
+
+
+def summarize(rows: Sequence[Mapping[str, str]]) -> tuple[str, list[str]]:
+    """The summary line of the record's rows (cells within tolerance, cells that differ and why)
+    and one line per differing cell."""
+    cells = _cells_of(rows)
+    ok = [c for c in cells if all(r["verdict"] == "ok" for r in c)]
+    differ = [c for c in cells if c not in ok]
+    n = len(cells)
+    line = f"{len(ok)} of {n} cell{'s' if n != 1 else ''} reproduced within tolerance"
+    elsewhere = sum(_reason(c[0]) == "machine" for c in ok)
+    if elsewhere:
+        line += f" ({elsewhere} of them on a machine other than the recorded one)"
+    line += f", {len(differ)} differ{'s' if len(differ) == 1 else ''}"
+    if not differ:
+        return line + ".", []
+    counts = {reason: sum(_reason(c[0]) == reason for c in differ) for reason in _REASONS}
+    line += ": " + "; ".join(f"{k} {_REASONS[r]}" for r, k in counts.items() if k) + "."
+    details = []
+    for c in differ:
+        first = c[0]
+        failed = [r["metric"] for r in c if r["verdict"] == "DIFFERS"]
+        what = "the re-run failed" if any(r["verdict"] == "FAILED" for r in c) else ""
+        what = what or "differs in " + ", ".join(failed)
+        reason = _reason(first)
+        why = {
+            "machine": f"the recorded machine differs ({', '.join(_differing_machine(first))}): "
+            "the likely reason",
+            "same": "on the recorded machine: not explained by the machine",
+            "unknown": "the report does not record its machine",
+        }[reason]
+        details.append(f"`{first['directory']}` run `{first['run']}` {what}; {why}")
+    return line, details
+
+
+def _md_count(text: str) -> str:
+    try:
+        return f"{int(text):,}"
+    except ValueError:
+        return text
+
+
+def _md_cells(r: Mapping[str, str]) -> list[str]:
+    """A record row as the markdown table shows it: the CSV's numbers with their units (counts
+    with thousands separators)."""
+    percent = r["unit"] == "%"
+
+    def value(text: str) -> str:
+        return "—" if not text else f"{text} %" if percent else _md_count(text)
+
+    if percent:
+        delta = f"{r['abs_delta']} pp" if r["abs_delta"] else "—"
+        tolerance = f"{r['tolerance']} pp"
+    else:
+        delta = _md_count(r["abs_delta"]) if r["abs_delta"] else "—"
+        tol = r["tolerance"]
+        if not tol:
+            tolerance = "—"
+        elif float(tol) == 0:
+            tolerance = "exact"
+        else:
+            committed = _number(r["committed"])
+            rel = f" ({100 * float(tol) / abs(committed):.3g} %)" if committed else ""
+            tolerance = f"±{_md_count(tol)}{rel}"
+    return [r["metric"], value(r["committed"]), value(r["rerun"]), delta, tolerance, r["verdict"]]
+
+
+MACHINE_DEPENDENT = (
+    "Float results are machine-dependent: the vectorized engine is deterministic for a given "
+    "seed, torch build, CPU and thread count, but the same configuration on another CPU or torch "
+    "build can end elsewhere (the BLAS kernels sum in another order and training amplifies it). "
+    "Gossip rounds and bytes are fixed by the configuration, except under consensus control, "
+    "whose rounds follow the float trajectory."
+)
+
+
+def render_markdown(
+    rows: Sequence[Mapping[str, str]],
+    *,
+    command: str,
+    csv_name: str,
+    date: str,
+    python: str,
+    cores: object,
+) -> str:
+    """The reproducibility report of the record's ``rows``: every number and machine field from
+    them (``csv_name``: the CSV they were written to, relative to the markdown), besides the
+    command, the date and this machine's Python and logical cores."""
+
+    def unique(key: str) -> str:
+        return ", ".join(dict.fromkeys(r[key] for r in rows if r[key])) or "—"
+
+    lines = [
+        "# Reproducibility check",
+        "",
+        f"Re-runs of committed report cells by `concord report verify` on {date}, every number "
+        f"from `{csv_name}`. The command:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"This machine: torch {unique('this_torch')}, Python {python}, CPU {unique('this_cpu')}, "
+        f"{cores} logical cores, {unique('this_threads')} torch thread(s) per run.",
+    ]
+    for cell in _cells_of(rows):
+        first = cell[0]
+        lines += ["", f"## `{first['directory']}`: run `{first['run']}`", ""]
+        if not first["recorded_torch"]:
+            lines.append("The report does not record its machine.")
+        else:
+            recorded = (
+                f"Recorded machine: torch {first['recorded_torch']}, CPU {first['recorded_cpu']}, "
+                f"{first['recorded_threads'] or '—'} torch thread(s) per run"
+            )
+            differs = _differing_machine(first)
+            lines.append(
+                f"{recorded}: differs from this machine ({', '.join(differs)})."
+                if differs
+                else f"{recorded}: the same as this machine."
+            )
+        lines += [
+            "",
+            "| metric | committed | re-run | \\|Δ\\| | tolerance | verdict |",
+            "| --- | ---: | ---: | ---: | ---: | --- |",
+        ]
+        lines += ["| " + " | ".join(_md_cells(r)) + " |" for r in cell]
+    line, details = summarize(rows)
+    lines += ["", "## Summary", "", line]
+    if details:
+        lines += ["", *(f"- {d}" for d in details)]
+    lines += ["", MACHINE_DEPENDENT, ""]
+    return "\n".join(lines)
+
+
+def _slug(directory: Path) -> str:
+    name = directory.resolve().name or "report"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+
+
+def verify_reports(
+    choices: Sequence[Choice],
+    *,
+    out: str | Path | None = None,
+    tol: float = ACCURACY_TOL_PP,
+    count_tol: float | None = None,
+    csv_path: str | Path | None = None,
+    markdown_path: str | Path | None = None,
+    command: str | None = None,
+    today: str | None = None,
+    echo: Callable[[str], None] = print,
+    run_fn: RunFn | None = None,
+    console: Console | None = None,
+) -> int:
+    """Re-run the chosen cell of each report (`Choice`s; `parse_directories`) and print each
+    comparison; with ``csv_path``, write the reproducibility record (`record_rows`), with
+    ``markdown_path`` too (needs ``csv_path``) its report (`render_markdown`; ``command``: the
+    command line it shows, default rebuilt from the arguments; ``today``: its date, default
+    today's). Every input is checked before the first re-run. ``out``: one report's re-run goes
+    to ``out/runs/NAME``, several to ``out/<i>-<directory name>/runs/NAME`` (default: a fresh
+    temporary directory). Returns 0 every metric of every cell within tolerance, 1 any differs
+    or a re-run failed; raises `VerifyError` for bad input (exit 2)."""
+    _check_tolerances(tol, count_tol)
+    if not choices:
+        raise VerifyError("give at least one report directory (DIR or DIR::RUN)")
+    csv_file = None if csv_path is None else Path(csv_path)
+    md_file = None if markdown_path is None else Path(markdown_path)
+    if md_file is not None and csv_file is None:
+        raise VerifyError(
+            "--markdown needs --csv: the markdown is generated from the CSV's rows and names it"
+        )
+    for path, option in ((csv_file, "--csv"), (md_file, "--markdown")):
+        if path is not None and path.is_dir():
+            raise VerifyError(f"{option} {path} is a directory: give a file path")
+    if csv_file is not None and md_file is not None and csv_file.resolve() == md_file.resolve():
+        raise VerifyError("--csv and --markdown name the same file")
+    prepared = []
+    seen: dict[tuple[Path, str], str] = {}
+    for choice in choices:
+        target = load_target(
+            choice.directory, run=choice.run, row=choice.row, column=choice.column,
+            seed=choice.seed,
+        )  # fmt: skip
+        key = (target.directory.resolve(), target.cell.name)
+        if key in seen:
+            raise VerifyError(
+                f"run {target.cell.name!r} of {choice.directory} is chosen twice "
+                f"({seen[key]} and {choice.directory}): verify each cell once"
+            )
+        seen[key] = choice.directory
+        base, cfg = _config(target)
+        prepared.append((choice, target, base, cfg))
+    several = len(prepared) > 1
+    root = Path(tempfile.mkdtemp(prefix="concord-verify-")) if out is None else Path(out)
+    out_dirs = []
+    for i, (_, target, _, _) in enumerate(prepared, 1):
+        out_dir = root / f"{i}-{_slug(target.directory)}" if several else root
+        if (out_dir / "runs" / target.run.name).exists():
+            where = f"--out {root}" + (f": {out_dir}" if several else "")
+            raise VerifyError(
+                f"{where} already holds runs/{target.run.name}; choose another directory"
+            )
+        out_dirs.append(out_dir)
+    outcomes = []
+    for i, ((choice, target, base, cfg), out_dir) in enumerate(
+        zip(prepared, out_dirs, strict=True), 1
+    ):
+        if several:
+            if i > 1:
+                echo("")
+            echo(f"=== {i}/{len(prepared)}: {choice.directory} ===")
+        outcomes.append(
+            _rerun(choice.directory, target, base, cfg, out_dir, tol=tol, count_tol=count_tol,
+                   echo=echo, run_fn=run_fn, console=console)
+        )  # fmt: skip
+    rows = record_rows(outcomes)
+    if several:
+        echo("")
+        echo(f"summary: {summarize(rows)[0]}")
+    if csv_file is not None:
+        write_record_csv(csv_file, rows)
+        echo(f"wrote {csv_file} ({len(rows)} rows)")
+    if csv_file is not None and md_file is not None:
+        here = outcomes[0].here
+        text = render_markdown(
+            rows,
+            command=command
+            or _default_command(choices, out, tol, count_tol, csv_path, markdown_path),
+            csv_name=Path(os.path.relpath(csv_file.resolve(), md_file.resolve().parent)).as_posix(),
+            date=today or datetime.date.today().isoformat(),
+            python=str(here.get("python")),
+            cores=here.get("cores"),
+        )
+        md_file.parent.mkdir(parents=True, exist_ok=True)
+        md_file.write_text(text, encoding="utf-8")
+        echo(f"wrote {md_file}")
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def verify_main(
+    directory: str | Path,
+    *,
+    run: str | None = None,
+    row: str | None = None,
+    column: str | None = None,
+    seed: int | None = None,
+    out: str | Path | None = None,
+    tol: float = ACCURACY_TOL_PP,
+    count_tol: float | None = None,
+    csv_path: str | Path | None = None,
+    markdown_path: str | Path | None = None,
+    command: str | None = None,
+    echo: Callable[[str], None] = print,
+    run_fn: RunFn | None = None,
+    console: Console | None = None,
+) -> int:
+    """Re-run a cell of the report in ``directory`` and print the comparison; returns the exit
+    code: 0 every metric within tolerance, 1 a metric differs or the re-run failed. Raises
+    `VerifyError` for bad input (exit 2). ``tol``: accuracy tolerance in pp; ``count_tol``:
+    relative tolerance of rounds and bytes (None: 0, or `CONTROLLED_COUNT_TOL` when consensus
+    control is on). ``run_fn``: the engine's run (default: the sweep's, without plots). The
+    record: `verify_reports`."""
+    return verify_reports(
+        [Choice(str(directory), run, row, column, seed)],
+        out=out,
+        tol=tol,
+        count_tol=count_tol,
+        csv_path=csv_path,
+        markdown_path=markdown_path,
+        command=command,
+        echo=echo,
+        run_fn=run_fn,
+        console=console,
+    )

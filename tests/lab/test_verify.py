@@ -19,7 +19,7 @@ from concord.lab.cli import main
 from concord.lab.presets import preset_main
 from concord.lab.presets.report import environment, reproducibility_section, run_manifest
 from concord.lab.sweep import SweepRun
-from concord.lab.verify import VerifyError, load_target, parse_sweep_command
+from concord.lab.verify import RECORD_COLUMNS, VerifyError, load_target, parse_sweep_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = ["peers=4", "dataset.samples=600", "epochs=1", "eval.every=0.5"]
@@ -163,6 +163,175 @@ def test_bad_input_exits_2_naming_what_and_where(tiny_report: Path, tmp_path: Pa
     code, out = _verify(str(tiny_report), "--row", "allreduce")
     assert code == 2
     assert "--row and --column go together" in out
+
+
+def _tamper(report: Path, dest: Path, run: str, cpu: str | None = None) -> Path:
+    """A copy of ``report`` whose ``run`` claims 2 pp more accuracy (averaged model); ``cpu``:
+    the machine its preset.json records instead of this one."""
+    copy = _copy(report, dest, ("table.csv", "preset.json", "report.md"))
+    rows = _table(copy / "table.csv")
+    target = next(r for r in rows if r["name"] == run)
+    target["accuracy_avg_model"] = str(float(target["accuracy_avg_model"]) + 0.02)
+    with open(copy / "table.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    if cpu is not None:
+        meta = json.loads((copy / "preset.json").read_text())
+        meta["cpu"] = cpu
+        (copy / "preset.json").write_text(json.dumps(meta))
+    return copy
+
+
+def _markdown_tables(text: str) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """(directory, run) → metric → the cells of its row, from the record's markdown."""
+    tables: dict[tuple[str, str], dict[str, list[str]]] = {}
+    section: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("## `"):
+            directory, _, run = line.removeprefix("## `").partition("`: run `")
+            section = tables.setdefault((directory, run.removesuffix("`")), {})
+        elif line.startswith("| ") and not line.startswith(("| metric", "| ---")):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            section[cells[0]] = cells[1:]
+    return tables
+
+
+def _number_of(cell: str) -> str:
+    """A markdown table cell as the CSV writes it: no unit, no thousands separators."""
+    return cell.removesuffix(" %").removesuffix(" pp").replace(",", "")
+
+
+def test_several_reports_write_one_record(tiny_report: Path, tmp_path: Path) -> None:
+    second = _copy(tiny_report, tmp_path / "second", ("table.csv", "preset.json", "report.md"))
+    record = tmp_path / "record"
+    args = [str(tiny_report), f"{second}::dsgd-ring_a0.01_s1", "--out", str(tmp_path / "re"),
+            "--csv", str(record / "verify.csv"), "--markdown",
+            str(record / "verify.md")]  # fmt: skip
+    code, out = _verify(*args)
+    assert code == 0, out
+    assert f"=== 1/2: {tiny_report} ===" in out
+    assert f"=== 2/2: {second} ===" in out
+    assert "summary: 2 of 2 cells reproduced within tolerance, 0 differ." in out
+    assert (tmp_path / "re" / "1-tiny" / "runs" / "allreduce_a0.01_s0" / "summary.json").is_file()
+    assert (tmp_path / "re" / "2-second" / "runs" / "dsgd-ring_a0.01_s1" / "summary.json").is_file()
+    with open(record / "verify.csv", newline="", encoding="utf-8") as f:
+        assert next(csv.reader(f)) == list(RECORD_COLUMNS)
+    rows = _table(record / "verify.csv")
+    metrics = ["accuracy (averaged model)", "accuracy (worst peer)", "gossip rounds",
+               "bytes sent (all peers)"]  # fmt: skip
+    assert [(r["directory"], r["run"], r["metric"]) for r in rows] == [
+        *((str(tiny_report), "allreduce_a0.01_s0", m) for m in metrics),
+        *((str(second), "dsgd-ring_a0.01_s1", m) for m in metrics),
+    ]
+    committed = {r["name"]: r for r in _table(tiny_report / "table.csv")}
+    env = environment(threads=1, jobs=1)
+    for r in rows:
+        source = committed[r["run"]]
+        assert r["verdict"] == "ok", r
+        assert (r["recorded_torch"], r["recorded_cpu"], r["recorded_threads"]) == (
+            env["torch"], env["cpu"], "1")  # fmt: skip
+        assert (r["this_torch"], r["this_cpu"], r["this_threads"]) == (
+            env["torch"],
+            env["cpu"],
+            "1",
+        )
+        assert r["same_machine"] == "true"
+        if r["metric"].startswith("accuracy"):
+            column = "accuracy_avg_model" if "averaged" in r["metric"] else "accuracy_worst_peer"
+            assert r["unit"] == "%"
+            assert r["committed"] == f"{100 * float(source[column]):.4f}"
+            assert float(r["abs_delta"]) <= float(r["tolerance"]) == 0.5
+        else:
+            column = "gossip_rounds_total" if "rounds" in r["metric"] else "bytes_sent_total"
+            assert r["unit"] == ("rounds" if "rounds" in r["metric"] else "bytes")
+            assert r["committed"] == source[column] == r["rerun"]
+            assert (r["abs_delta"], r["tolerance"]) == ("0", "0")  # exact
+    text = (record / "verify.md").read_text()
+    assert text.startswith("# Reproducibility check\n")
+    assert "every number from `verify.csv`" in text
+    assert f"```bash\nconcord report verify {' '.join(args)}\n```" in text
+    assert f"torch {env['torch']}, Python {env['python']}, CPU {env['cpu']}" in text
+    assert f"{env['cores']} logical cores, 1 torch thread(s) per run" in text
+    assert "2 of 2 cells reproduced within tolerance, 0 differ." in text
+    assert "machine-dependent" in text
+    tables = _markdown_tables(text)
+    assert list(tables) == [(str(tiny_report), "allreduce_a0.01_s0"),
+                            (str(second), "dsgd-ring_a0.01_s1")]  # fmt: skip
+    for r in rows:
+        shown = tables[r["directory"], r["run"]][r["metric"]]
+        assert [_number_of(c) for c in shown[:3]] == [r["committed"], r["rerun"], r["abs_delta"]]
+        assert shown[3] == ("0.5 pp" if r["unit"] == "%" else "exact")
+        assert shown[4] == r["verdict"]
+
+
+def test_a_tampered_value_differs_in_the_record(tiny_report: Path, tmp_path: Path) -> None:
+    run = "dsgd-ring_a0.01_s1"
+    here = _tamper(tiny_report, tmp_path / "here", run)
+    there = _tamper(tiny_report, tmp_path / "there", run, cpu="Another CPU @ 1.0GHz")
+    csv_path, md_path = tmp_path / "verify.csv", tmp_path / "out" / "verify.md"
+    csv_path.write_text("stale\n")  # overwritten
+    code, out = _verify(f"{here}::{run}", f"{there}::{run}", "--out", str(tmp_path / "re"),
+                        "--csv", str(csv_path), "--markdown", str(md_path))  # fmt: skip
+    assert code == 1, out
+    rows = _table(csv_path)
+    assert len(rows) == 8
+    for r in rows:
+        differs = r["metric"] == "accuracy (averaged model)"
+        assert r["verdict"] == ("DIFFERS" if differs else "ok"), r
+        if differs:
+            assert r["abs_delta"] == "2.0000"
+    assert {r["same_machine"] for r in rows if r["directory"] == str(here)} == {"true"}
+    assert {
+        (r["recorded_cpu"], r["same_machine"]) for r in rows if r["directory"] == str(there)
+    } == {("Another CPU @ 1.0GHz", "false")}
+    text = md_path.read_text()
+    assert "every number from `../verify.csv`" in text  # relative to the markdown
+    tables = _markdown_tables(text)
+    for directory in (here, there):
+        line = tables[str(directory), run]["accuracy (averaged model)"]
+        assert line[2:] == ["2.0000 pp", "0.5 pp", "DIFFERS"]
+        assert tables[str(directory), run]["accuracy (worst peer)"][-1] == "ok"
+    assert "Another CPU @ 1.0GHz" in text
+    assert "differs from this machine (CPU)" in text
+    summary = (
+        "0 of 2 cells reproduced within tolerance, 2 differ: 1 on a machine other than the "
+        "recorded one (torch, CPU or threads differ): the machine is the likely reason; 1 on the "
+        "recorded machine (same torch, CPU and threads): not explained by the machine"
+    )
+    assert summary in text
+    assert f"summary: {summary}" in out
+    assert f"- `{there}` run `{run}` differs in accuracy (averaged model); the recorded " in text
+
+
+def test_several_directories_reject_single_run_options(tiny_report: Path, tmp_path: Path) -> None:
+    record = tmp_path / "verify.csv"
+    code, out = _verify(str(tiny_report), str(tiny_report), "--run", "allreduce_a0.01_s0")
+    assert code == 2
+    assert "--run applies to a single DIR, and 2 directories were given" in out
+    assert f"as DIR::RUN (e.g. {tiny_report}::NAME)" in out
+    code, out = _verify(str(tiny_report), str(tmp_path), "--row", "allreduce", "--column", "a0.01")
+    assert code == 2
+    assert "--row/--column apply to a single DIR" in out
+    code, out = _verify(f"{tiny_report}::allreduce_a0.01_s0", "--run", "allreduce_a0.01_s0")
+    assert code == 2
+    assert "the run is chosen twice, as DIR::RUN and with --run" in out
+    code, out = _verify(f"{tiny_report}::", "--csv", str(record))
+    assert code == 2
+    assert "expected DIR or DIR::RUN" in out
+    # every directory is checked before the first re-run: nothing runs, nothing is written
+    code, out = _verify(str(tiny_report), f"{tiny_report}::nope_s0", "--csv", str(record))
+    assert code == 2
+    assert f"no run 'nope_s0' in {tiny_report / 'table.csv'}" in out
+    code, out = _verify(str(tiny_report), f"{tiny_report}::allreduce_a0.01_s0")
+    assert code == 2
+    assert "run 'allreduce_a0.01_s0' of" in out
+    assert "is chosen twice" in out
+    code, out = _verify(str(tiny_report), "--markdown", str(tmp_path / "verify.md"))
+    assert code == 2
+    assert "--markdown needs --csv" in out
+    assert not record.exists()
+    assert "re-running" not in out
 
 
 def test_without_a_manifest_the_catalog_gives_the_same_config(
