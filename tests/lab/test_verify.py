@@ -207,7 +207,7 @@ def test_several_reports_write_one_record(tiny_report: Path, tmp_path: Path) -> 
     record = tmp_path / "record"
     args = [str(tiny_report), f"{second}::dsgd-ring_a0.01_s1", "--out", str(tmp_path / "re"),
             "--csv", str(record / "verify.csv"), "--markdown",
-            str(record / "verify.md")]  # fmt: skip
+            str(record / "report.md")]  # fmt: skip
     code, out = _verify(*args)
     assert code == 0, out
     assert f"=== 1/2: {tiny_report} ===" in out
@@ -247,7 +247,7 @@ def test_several_reports_write_one_record(tiny_report: Path, tmp_path: Path) -> 
             assert r["unit"] == ("rounds" if "rounds" in r["metric"] else "bytes")
             assert r["committed"] == source[column] == r["rerun"]
             assert (r["abs_delta"], r["tolerance"]) == ("0", "0")  # exact
-    text = (record / "verify.md").read_text()
+    text = (record / "report.md").read_text()
     assert text.startswith("# Reproducibility check\n")
     assert "every number from `verify.csv`" in text
     assert f"```bash\nconcord report verify {' '.join(args)}\n```" in text
@@ -269,7 +269,7 @@ def test_a_tampered_value_differs_in_the_record(tiny_report: Path, tmp_path: Pat
     run = "dsgd-ring_a0.01_s1"
     here = _tamper(tiny_report, tmp_path / "here", run)
     there = _tamper(tiny_report, tmp_path / "there", run, cpu="Another CPU @ 1.0GHz")
-    csv_path, md_path = tmp_path / "verify.csv", tmp_path / "out" / "verify.md"
+    csv_path, md_path = tmp_path / "verify.csv", tmp_path / "out" / "report.md"
     csv_path.write_text("stale\n")  # overwritten
     code, out = _verify(f"{here}::{run}", f"{there}::{run}", "--out", str(tmp_path / "re"),
                         "--csv", str(csv_path), "--markdown", str(md_path))  # fmt: skip
@@ -327,7 +327,7 @@ def test_several_directories_reject_single_run_options(tiny_report: Path, tmp_pa
     assert code == 2
     assert "run 'allreduce_a0.01_s0' of" in out
     assert "is chosen twice" in out
-    code, out = _verify(str(tiny_report), "--markdown", str(tmp_path / "verify.md"))
+    code, out = _verify(str(tiny_report), "--markdown", str(tmp_path / "report.md"))
     assert code == 2
     assert "--markdown needs --csv" in out
     assert not record.exists()
