@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from concord.lab.presets.recipes import MNIST1D_RECIPE
 from concord.lab.presets.spec import Preset, Relation, Setting, Setup
 
 # ---------------------------------------------------------------------------------------------
@@ -300,25 +301,6 @@ DETAG_UNSHUFFLED = Preset(
 # ---------------------------------------------------------------------------------------------
 # The all-reduce baseline of consensus-control (issue 16 item 2): why it is unstable, what fixes it
 
-MNIST1D_RECIPE = (
-    "dataset.name=mnist1d",
-    "dataset.samples=20000",
-    "model.name=cnn1d",
-    "epochs=60",
-    "optim.lr=0.1",
-    "optim.momentum=0.9",
-    "optim.nesterov=true",
-    "optim.weight_decay=1e-4",
-    "optim.batch_size=16",
-    "optim.warmup=0.05",
-    "optim.milestones=[0.5, 0.75]",
-    "optim.gamma=0.1",
-    "eval.every=5.0",
-    "threads=1",
-)
-"""The recipe of ``examples/paper-mnist1d.toml`` that consensus-control runs (its ``BASE`` adds
-the ring, D-SGD and the control bounds)."""
-
 _PEERS = (("n32", "n = 32", 32), ("n64", "n = 64", 64), ("n128", "n = 128", 128))
 
 
@@ -329,9 +311,6 @@ def _every_n(lr: float) -> Mapping[str, float]:
 _ALLREDUCE = {"algorithm": "allreduce", "topology": "complete", "plan": "exact"}
 FIX = "clip2-lr0.2"
 """The row of baseline-stability that consensus-control's recipe adopts (`BASELINE_FIX`)."""
-BASELINE_FIX = ("optim.lr=0.2", "optim.clip_norm=2.0")
-"""What consensus-control adds to `MNIST1D_RECIPE`: clip every replica's gradient at norm 2 and
-double the LR (baseline-stability's row `FIX`)."""
 
 BASELINE_STABILITY = Preset(
     name="baseline-stability",

@@ -3,7 +3,7 @@ scale, with every number of its report generated from its own ``runs.csv``.
 
 Grid (vectorized engine, the recipe of ``examples/paper-mnist1d.toml``: MNIST-1D, cnn1d, a ring,
 local batch 16, Nesterov 0.9, weight decay 1e-4, 5 % warm-up, LR ×0.1 at 50 % and 75 %, plus
-`concord.lab.presets.catalog.BASELINE_FIX`: gradients clipped at norm 2, LR 0.2): for each
+`concord.lab.presets.recipes.BASELINE_FIX`: gradients clipped at norm 2, LR 0.2): for each
 n (``--columns n32,n64``; default both) and each seed, the all-reduce baseline and, for each
 phase k (``dec-phase-k``: gossip in phase k only, exact averaging elsewhere), the uncontrolled
 run and constant targets ½, ¼ (and ⅛) × the max of the statistic over phase k of an uncontrolled
@@ -33,7 +33,7 @@ from typing import Any
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
-from concord.lab.presets.catalog import BASELINE_FIX, MNIST1D_RECIPE
+from concord.lab.presets.recipes import BASELINE_FIX, MNIST1D_RECIPE
 from concord.lab.presets.report import environment, reproducibility_section, run_manifest
 from concord.lab.presets.spec import command_line
 from concord.lab.sweep import (
