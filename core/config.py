@@ -16,6 +16,7 @@ import difflib
 import itertools
 import os
 import tomllib
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -959,11 +960,31 @@ def build_config(
 ) -> RunConfig:
     tree: dict[str, Any] = dict(data)
     for key, value in (overrides or {}).items():
+        if isinstance(value, str) and value.lower() in ("none", "null") and _unsettable(key):
+            value = None  # `--set optim.clip_norm=none`: back to unset
         _set_dotted(tree, key, value)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(_problems(exc), source) from None
+
+
+def _unsettable(key: str) -> bool:
+    """Whether ``key`` names an optional field that takes no string (so "none" can only mean
+    unset: ``optim.clip_norm``, not ``compression.codec`` whose value "none" is a codec)."""
+    model: type[BaseModel] = RunConfig
+    parts = key.split(".")
+    for part in parts[:-1]:
+        field = model.model_fields.get(part)
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return False
+        model = ann
+    field = model.model_fields.get(parts[-1])
+    if field is None:
+        return False
+    args = typing.get_args(field.annotation)
+    return type(None) in args and not any(a is str or typing.get_origin(a) is Literal for a in args)
 
 
 def _problems(exc: ValidationError) -> list[tuple[str, str]]:

@@ -17,6 +17,7 @@ from concord.core.config import (
     apply_overrides,
     env_overrides,
     load_config,
+    parse_overrides,
     parse_value,
     to_toml,
 )
@@ -232,3 +233,16 @@ def test_the_torch_data_plane_refuses_what_it_cannot_keep() -> None:
         load_config(None, ["network.torch.init=udp://x:1"], environ={})
     cfg = load_config(None, ["network.transport=torch"], environ={})
     assert (cfg.network.torch.backend, cfg.network.torch.init) == ("auto", "auto")
+
+
+def test_none_unsets_an_optional_key_and_stays_a_value_where_it_is_one() -> None:
+    cfg = load_config(None, ["optim.clip_norm=2"], environ={})
+    assert cfg.optim.clip_norm == 2.0
+    for word in ("none", "null", "None"):
+        unset = apply_overrides(cfg, parse_overrides([f"optim.clip_norm={word}"]))
+        assert unset.optim.clip_norm is None
+    # "none" is a codec and a control mode: a value, not "unset"
+    cfg = load_config(None, ["compression.codec=none", "control.mode=none"], environ={})
+    assert (cfg.compression.codec, cfg.control.mode) == ("none", "none")
+    with pytest.raises(ConfigError, match="optim.lr"):  # a required number: still an error
+        load_config(None, ["optim.lr=none"], environ={})
