@@ -584,25 +584,7 @@ DETAG_BUDGET = Preset(
         "test accuracy; the worst peer's and the final training loss are reported too, and "
         "the curves show whether a row stalls."
     ),
-    base=(
-        "topology=ring",
-        "dataset.name=mnist1d",
-        "dataset.samples=20000",
-        "model.name=cnn1d",
-        "partition.scheme=sorted",
-        "partition.shuffled_fraction=0.0",
-        "epochs=8",
-        "optim.batch_size=16",
-        "optim.momentum=0.9",
-        "optim.nesterov=false",
-        "optim.weight_decay=1e-4",
-        "optim.warmup=0.05",
-        "optim.milestones=[0.5, 0.75]",
-        "plan=gossip",
-        "control.mode=none",
-        "eval.every=0.5",
-        "threads=1",
-    ),
+    base=(*DETAG_UNSHUFFLED.base, "partition.shuffled_fraction=0.0"),  # columns set peers
     rows=(
         Setup(
             "dsgd",
