@@ -108,6 +108,8 @@ def _fresh_run_id(cfg: RunConfig) -> str:
 def _label(cfg: RunConfig) -> str:
     control = cfg.control.mode if cfg.controlled_phases() else "none"
     extra = f" {control}×{cfg.control.factor:g}" if control != "none" else ""
+    if control == "fixed":  # no target: the rounds per controlled step
+        extra = f" fixed {cfg.control.rounds} rounds"
     return f"{cfg.algorithm} {cfg.topology}{extra}"
 
 
