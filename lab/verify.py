@@ -1095,6 +1095,51 @@ MACHINE_DEPENDENT = (
 )
 
 
+def plot_record(rows: Sequence[Mapping[str, str]], path: str | Path) -> Path:
+    """The record's averaged-model accuracies, re-run against committed, one point per cell
+    (filled: the recorded machine is this one; open: another or unrecorded), with the line
+    re-run = committed and the band of its tolerance; written to ``path`` (PNG)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 5.6), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    points = [
+        r
+        for r in rows
+        if r["metric"] == "accuracy (averaged model)" and r["rerun"] and r["committed"]
+    ]
+    values = [float(r[k]) for r in points for k in ("committed", "rerun")]
+    lo, hi = (min(values) - 2, max(values) + 2) if values else (0.0, 100.0)
+    ax.plot([lo, hi], [lo, hi], color="0.4", lw=1, label="re-run = committed")
+    tol = max((float(r["tolerance"]) for r in points if r["tolerance"]), default=0.0)
+    if tol > 0:
+        ax.fill_between([lo, hi], [lo - tol, hi - tol], [lo + tol, hi + tol], color="0.85",
+                        label=f"± {tol:g} pp (tolerance)")  # fmt: skip
+    for same in (True, False):
+        mine = [r for r in points if (r["same_machine"] == "true") is same]
+        if not mine:
+            continue
+        ax.scatter([float(r["committed"]) for r in mine], [float(r["rerun"]) for r in mine],
+                   s=36, marker="o", facecolors="C0" if same else "none", edgecolors="C0",
+                   label="recorded on this machine" if same else "recorded elsewhere / not "
+                   "recorded")  # fmt: skip
+        for r in mine:
+            ax.annotate(Path(r["directory"]).name, (float(r["committed"]), float(r["rerun"])),
+                        xytext=(4, -10), textcoords="offset points", fontsize=7)  # fmt: skip
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("committed test accuracy (%), averaged model")
+    ax.set_ylabel("re-run here (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title("concord report verify: one cell per report", fontsize=10)
+    out = Path(path)
+    fig.savefig(out)
+    return out
+
+
 def render_markdown(
     rows: Sequence[Mapping[str, str]],
     *,
@@ -1103,6 +1148,7 @@ def render_markdown(
     date: str,
     python: str,
     cores: object,
+    plot: str | None = None,
 ) -> str:
     """The reproducibility report of the record's ``rows``: every number and machine field from
     them (``csv_name``: the CSV they were written to, relative to the markdown), besides the
@@ -1150,6 +1196,8 @@ def render_markdown(
     lines += ["", "## Summary", "", line]
     if details:
         lines += ["", *(f"- {d}" for d in details)]
+    if plot is not None:
+        lines += ["", f"![re-run against committed accuracy]({plot})"]
     lines += ["", MACHINE_DEPENDENT, ""]
     return "\n".join(lines)
 
@@ -1243,6 +1291,9 @@ def verify_reports(
         echo(f"wrote {csv_file} ({len(rows)} rows)")
     if csv_file is not None and md_file is not None:
         here = outcomes[0].here
+        md_file.parent.mkdir(parents=True, exist_ok=True)
+        figure = plot_record(rows, md_file.with_suffix(".png"))
+        echo(f"wrote {figure}")
         text = render_markdown(
             rows,
             command=command
@@ -1251,8 +1302,8 @@ def verify_reports(
             date=today or datetime.date.today().isoformat(),
             python=str(here.get("python")),
             cores=here.get("cores"),
+            plot=figure.name,
         )
-        md_file.parent.mkdir(parents=True, exist_ok=True)
         md_file.write_text(text, encoding="utf-8")
         echo(f"wrote {md_file}")
     return 0 if all(o.ok for o in outcomes) else 1
