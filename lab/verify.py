@@ -1096,44 +1096,33 @@ MACHINE_DEPENDENT = (
 
 
 def plot_record(rows: Sequence[Mapping[str, str]], path: str | Path) -> Path:
-    """The record's averaged-model accuracies, re-run against committed, one point per cell
-    (filled: the recorded machine is this one; open: another or unrecorded), with the line
-    re-run = committed and the band of its tolerance; written to ``path`` (PNG)."""
+    """The record's averaged-model accuracy differences (re-run − committed, pp), one row per
+    cell (filled: recorded on this machine; open: elsewhere or unrecorded), against the band of
+    the tolerance; written to ``path`` (PNG)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 5.6), dpi=120, layout="constrained")
+    metric = "accuracy (averaged model)"
+    points = [r for r in rows if r["metric"] == metric and r["rerun"] and r["committed"]]
+    fig = Figure(figsize=(7.0, 1.6 + 0.4 * max(len(points), 1)), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    points = [
-        r
-        for r in rows
-        if r["metric"] == "accuracy (averaged model)" and r["rerun"] and r["committed"]
-    ]
-    values = [float(r[k]) for r in points for k in ("committed", "rerun")]
-    lo, hi = (min(values) - 2, max(values) + 2) if values else (0.0, 100.0)
-    ax.plot([lo, hi], [lo, hi], color="0.4", lw=1, label="re-run = committed")
     tol = max((float(r["tolerance"]) for r in points if r["tolerance"]), default=0.0)
     if tol > 0:
-        ax.fill_between([lo, hi], [lo - tol, hi - tol], [lo + tol, hi + tol], color="0.85",
-                        label=f"± {tol:g} pp (tolerance)")  # fmt: skip
-    for same in (True, False):
-        mine = [r for r in points if (r["same_machine"] == "true") is same]
-        if not mine:
-            continue
-        ax.scatter([float(r["committed"]) for r in mine], [float(r["rerun"]) for r in mine],
-                   s=36, marker="o", facecolors="C0" if same else "none", edgecolors="C0",
-                   label="recorded on this machine" if same else "recorded elsewhere / not "
-                   "recorded")  # fmt: skip
-        for r in mine:
-            ax.annotate(Path(r["directory"]).name, (float(r["committed"]), float(r["rerun"])),
-                        xytext=(4, -10), textcoords="offset points", fontsize=7)  # fmt: skip
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("committed test accuracy (%), averaged model")
-    ax.set_ylabel("re-run here (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+        ax.axvspan(-tol, tol, color="0.88", label=f"± {tol:g} pp (tolerance)")
+    ax.axvline(0.0, color="0.4", lw=1)
+    for i, r in enumerate(points):
+        same = r["same_machine"] == "true"
+        delta = float(r["rerun"]) - float(r["committed"])
+        ax.scatter([delta], [i], s=40, facecolors="C0" if same else "none", edgecolors="C0")
+    ax.scatter([], [], facecolors="C0", edgecolors="C0", label="recorded on this machine")
+    ax.scatter([], [], facecolors="none", edgecolors="C0", label="recorded elsewhere / not")
+    ax.set_yticks(range(len(points)), [f"{Path(r['directory']).name}: {r['run']}" for r in points],
+                  fontsize=8)  # fmt: skip
+    ax.invert_yaxis()
+    ax.set_xlabel("re-run here − committed, test accuracy of the averaged model (pp)")
+    ax.grid(alpha=0.3, axis="x")
+    fig.legend(fontsize=7, loc="outside lower center", ncols=3)
     ax.set_title("concord report verify: one cell per report", fontsize=10)
     out = Path(path)
     fig.savefig(out)
@@ -1197,7 +1186,7 @@ def render_markdown(
     if details:
         lines += ["", *(f"- {d}" for d in details)]
     if plot is not None:
-        lines += ["", f"![re-run against committed accuracy]({plot})"]
+        lines += ["", f"![re-run minus committed accuracy]({plot})"]
     lines += ["", MACHINE_DEPENDENT, ""]
     return "\n".join(lines)
 

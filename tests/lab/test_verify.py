@@ -255,7 +255,7 @@ def test_several_reports_write_one_record(tiny_report: Path, tmp_path: Path) -> 
     assert f"{env['cores']} logical cores, 1 torch thread(s) per run" in text
     assert "2 of 2 cells reproduced within tolerance, 0 differ." in text
     assert "machine-dependent" in text
-    assert "![re-run against committed accuracy](report.png)" in text
+    assert "![re-run minus committed accuracy](report.png)" in text
     assert (record / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     tables = _markdown_tables(text)
     assert list(tables) == [(str(tiny_report), "allreduce_a0.01_s0"),
