@@ -301,11 +301,21 @@ DETAG_UNSHUFFLED = Preset(
 # ---------------------------------------------------------------------------------------------
 # The all-reduce baseline of consensus-control (issue 16 item 2): why it is unstable, what fixes it
 
-_PEERS = (("n32", "n = 32", 32), ("n64", "n = 64", 64), ("n128", "n = 128", 128))
+
+def _peer_columns(sizes: tuple[int, ...], label: str = "n = {}") -> tuple[Setting, ...]:
+    """One column per number of peers: key ``n<N>``, ``label`` formatted with N."""
+    return tuple(Setting(f"n{n}", label.format(n), {"peers": n}, n) for n in sizes)
+
+
+def _lr_everywhere(columns: tuple[Setting, ...], lr: float) -> Mapping[str, float]:
+    return {c.key: lr for c in columns}
+
+
+_PEERS = _peer_columns((32, 64, 128))
 
 
 def _every_n(lr: float) -> Mapping[str, float]:
-    return {key: lr for key, _, _ in _PEERS}
+    return _lr_everywhere(_PEERS, lr)
 
 
 _ALLREDUCE = {"algorithm": "allreduce", "topology": "complete", "plan": "exact"}
@@ -388,13 +398,13 @@ BASELINE_STABILITY = Preset(
             (0.2,),
         ),
     ),
-    columns=tuple(Setting(key, label, {"peers": n}, n) for key, label, n in _PEERS),
+    columns=_PEERS,
     column_name="peers",
     metric="avg",
     seeds=(0, 1, 2, 3, 4),
     expected=tuple(
         rel
-        for col, _, _ in _PEERS
+        for col in (c.key for c in _PEERS)
         for rel in (Relation(col, FIX, "shipped"), Relation(col, FIX, "clip5-lr0.2", -0.005))
     ),
     expected_text=(
@@ -488,8 +498,8 @@ CHOCO_COMPRESSION = Preset(
 # Ada-style adaptive graphs against the static graphs they move between
 # (docs/algorithms.md#ada-interpretations)
 
-_ADA_PEERS = (("n32", "n = 32", 32), ("n64", "n = 64", 64))
-_ADA_LR = {"n32": 0.1, "n64": 0.1}
+_ADA_PEERS = _peer_columns((32, 64))
+_ADA_LR = _lr_everywhere(_ADA_PEERS, 0.1)
 
 ADA_GRAPHS = Preset(
     name="ada-graphs",
@@ -528,12 +538,12 @@ ADA_GRAPHS = Preset(
         Setup("ada-schedule", "ada-schedule", {"algorithm": "ada-schedule"}, _ADA_LR, (0.1,)),
         Setup("ada-feedback", "ada-feedback", {"algorithm": "ada-feedback"}, _ADA_LR, (0.1,)),
     ),
-    columns=tuple(Setting(key, label, {"peers": n}, n) for key, label, n in _ADA_PEERS),
+    columns=_ADA_PEERS,
     column_name="peers",
     metric="avg",
     expected=tuple(
         rel
-        for col, _, _ in _ADA_PEERS
+        for col in (c.key for c in _ADA_PEERS)
         for rel in (
             Relation(col, "ada-schedule", "ring"),
             Relation(col, "ada-feedback", "ring"),
@@ -560,7 +570,7 @@ def _fixed(rounds: int) -> dict[str, object]:
     return {"control.mode": "fixed", "control.rounds": rounds, "control.phases": [1, 2, 3]}
 
 
-_SORTED_RINGS = (("n8", "ring of 8", 8), ("n16", "ring of 16", 16))
+_SORTED_RINGS = _peer_columns((8, 16), "ring of {}")
 _WIDE_GRID = (0.003, 0.01, 0.03, 0.1, 0.3)
 _NO_LR = {"n8": 0.1, "n16": 0.1}  # the --tune choice where it is 0.1 on both rings
 
@@ -623,12 +633,12 @@ DETAG_BUDGET = Preset(
             (0.001, *_WIDE_GRID),
         ),
     ),
-    columns=tuple(Setting(key, label, {"peers": n}, n) for key, label, n in _SORTED_RINGS),
+    columns=_SORTED_RINGS,
     column_name="peers (ring, sorted data)",
     metric="avg",
     expected=tuple(
         rel
-        for col, _, _ in _SORTED_RINGS
+        for col in (c.key for c in _SORTED_RINGS)
         for rel in (
             Relation(col, "detag", "dsgd"),
             Relation(col, "detag", "dsgd-r4"),

@@ -36,6 +36,7 @@ from concord.core.config import apply_overrides, load_config
 from concord.lab.presets.recipes import BASELINE_FIX, MNIST1D_RECIPE
 from concord.lab.presets.report import environment, reproducibility_section, run_manifest
 from concord.lab.presets.spec import command_line
+from concord.lab.report import markdown_grid
 from concord.lab.sweep import (
     RunFn,
     SweepRun,
@@ -482,21 +483,19 @@ def before_after(out: Path, cells: Sequence[Mapping[str, Any]]) -> list[str]:
         f", its report: [`{BEFORE}/report.md`]({BEFORE}/report.md)); accuracy mean ± 95 % CI, "
         "Δ the paired difference to all-reduce of the same recipe.",
         "",
-        "| n | cell | accuracy before (%) | accuracy after (%) | change (pp) | Δ before (pp) | "
-        "Δ after (pp) | rounds before | rounds after |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    header = ["n", "cell", "accuracy before (%)", "accuracy after (%)", "change (pp)",
+              "Δ before (pp)", "Δ after (pp)", "rounds before", "rounds after"]  # fmt: skip
+    body = []
     for c in cells:
         b = before.get((c["n"], c["phase"], c["target"], c["statistic"]))
         if b is None:
             continue
-        change = c["acc"][0] - b["acc"][0]
         diffs = ("", "") if c["phase"] == "all" else (_pm(b["diff"]), _pm(c["diff"]))
-        lines.append(
-            f"| {c['n']} | {c['label']} | {_pm(b['acc'])} | {_pm(c['acc'])} | {change:+.2f} | "
-            f"{diffs[0]} | {diffs[1]} | {b['rounds']:.0f} | {c['rounds']:.0f} |"
-        )
-    lines.append("")
+        body.append([str(c["n"]), c["label"], _pm(b["acc"]), _pm(c["acc"]),
+                     f"{c['acc'][0] - b['acc'][0]:+.2f}", *diffs, f"{b['rounds']:.0f}",
+                     f"{c['rounds']:.0f}"])  # fmt: skip
+    lines += [*markdown_grid(header, body).splitlines(), ""]
     return lines
 
 
