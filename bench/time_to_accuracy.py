@@ -15,11 +15,13 @@ switch, `overlap_key`):
   default bucketing, without / with PyTorch's ``fp16_compress_hook`` (``bench/_ddp.py``);
 * ``dsgd_<graph>_<control>_<wire>``: Concord D-SGD (``concord peer`` × 8 + ``concord
   orchestrator`` + Mosquitto) on the ring and on the one-peer exponential graph, with consensus
-  control off (``none``) and adaptive (``adaptive``, ``control.max_rounds`` = `MAX_ROUNDS`), fp32
-  and bf16 on the wire;
+  control off (``none``) and adaptive in phase 1 (``adaptive``: ``control.factor`` =
+  `ADAPTIVE_FACTOR`, ``control.max_rounds`` = `MAX_ROUNDS`), fp32 and bf16 on the wire;
 * ``choco_topk``: CHOCO-SGD on the ring with top-k (1 %) compression, γ = 0.1;
 * ``dsgd_exp_none_bf16_overlap``: D-SGD's combine-then-adapt form, gossip overlapped with the
-  gradient (``overlap = true``), when the config has that switch.
+  gradient (``overlap = true``), when the config has that switch;
+* only when named with ``--contenders``: ``dsgd_exp_{none,adaptive}_bf16_torch``, the same gossip
+  over the torch.distributed data plane (``network.transport = "torch"``, gloo).
 
 Each is run twice: as is, and with one straggler (peer / rank 3 computing `STRAGGLER_FACTOR`
 times slower: ``network.straggler`` for Concord, `concord.peer.pace.Straggler`; the same sleep in
@@ -77,9 +79,19 @@ from bench.step_overhead import HIDDEN
 TARGET_MARGIN_PP = 0.5
 STRAGGLER_PEER = 3
 STRAGGLER_FACTOR = 4.0
-MAX_ROUNDS = 4  # adaptive control: at most this many gossip rounds per step
+# adaptive control, phase 1 (the config's default phases): target = ADAPTIVE_FACTOR × the EMA of
+# the gradient norm, at most MAX_ROUNDS[graph] rounds per step (3 rounds of the one-peer
+# exponential graph average 8 peers exactly; more would repeat the cycle). The factor was chosen
+# on this task in the vectorized engine (`concord sim --engine vectorized`, seeds 0 and 1, the
+# bench's settings): the config's default 0.25 ran ~70 rounds in 62 steps and ended 1.7–2.1 pp
+# below all-reduce; 0.1 and 0.05 run ~119 and end within 0.1 pp of it on the exponential graph.
+ADAPTIVE_FACTOR = 0.1
+MAX_ROUNDS = {"ring": 4, "exp": 3}
 RUN_TIMEOUT = 900.0  # seconds one run may take
 DDP_PORT = 29500
+STORE_PORT = 29501  # the orchestrator's TCPStore for the torch data plane
+TORCH_PLANE = ("network.transport=torch", "network.torch.init=orchestrator",
+               f"network.torch.store_port={STORE_PORT}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -97,7 +109,7 @@ def _dsgd(graph: str, topology: str, control: str, wire: str, *extra: str) -> Co
     codec = {"fp32": "none", "bf16": "bf16"}[wire]
     sets = [f"topology={topology}", f"control.mode={control}", f"compression.codec={codec}"]
     if control == "adaptive":
-        sets.append(f"control.max_rounds={MAX_ROUNDS}")
+        sets += [f"control.max_rounds={MAX_ROUNDS[graph]}", f"control.factor={ADAPTIVE_FACTOR}"]
     suffix = "_overlap" if extra else ""
     return Contender(f"dsgd_{graph}_{control}_{wire}{suffix}", "concord", (*sets, *extra))
 
@@ -140,6 +152,16 @@ def contenders() -> list[Contender]:
     key = overlap_key()
     if key is not None:  # combine-then-adapt D-SGD, gossip overlapped with compute
         out.append(_dsgd("exp", "exponential-one-peer", "none", "bf16", f"{key}=true"))
+    return out
+
+
+def extra_contenders() -> list[Contender]:
+    """Run only when named (``--contenders``; the default matrix keeps to 30 minutes): the
+    exponential-graph gossip over the torch.distributed data plane (gloo, as the DDP ranks)."""
+    out = []
+    for control in ("none", "adaptive"):
+        c = _dsgd("exp", "exponential-one-peer", control, "bf16", *TORCH_PLANE)
+        out.append(Contender(c.name.removesuffix("_overlap") + "_torch", c.kind, c.sets))
     return out
 
 
@@ -257,10 +279,13 @@ def run_concord(s: Settings, c: Contender, straggler: bool) -> Run:
     if straggler:
         sets += [f"network.straggler.peer={STRAGGLER_PEER % s.peers}",
                  f"network.straggler.factor={STRAGGLER_FACTOR}"]  # fmt: skip
-    config = write_config(d / "run.toml", sets)
     peers = [f"p{i}" for i in range(s.peers)]
     with _netns.Net(["broker", "orch", *peers]) as net:
         _cap_all(net, s.mbit)
+        if "network.transport=torch" in sets:  # peers reach the store at the orchestrator's
+            sets.append(f"network.torch.store_host={net['orch'].ip}")  # address; gloo binds eth0
+        config = write_config(d / "run.toml", sets)
+        os.environ["GLOO_SOCKET_IFNAME"] = "eth0"  # inherited by the peers (torch plane)
         mosq = _netns.mosquitto(net["broker"], d / "logs")
         run_id = f"tta-{c.name}-{os.getpid()}".replace("_", "-")
         dep = Deployment(d, config, f"mqtt://{net['broker'].ip}:1883", run_id, s.peers, net)
@@ -445,9 +470,10 @@ def main(argv: list[str] | None = None) -> int:
         samples=args.samples or (2000 if args.quick else 5000),
         eval_every=args.eval_every,
     )
-    every = contenders()
+    default = contenders()
+    every = [*default, *extra_contenders()]
     names = args.contenders.split(",") if args.contenders else (QUICK if args.quick else None)
-    chosen = [c for c in every if names is None or c.name in names]
+    chosen = [c for c in (every if names else default) if names is None or c.name in names]
     unknown = set(names or ()) - {c.name for c in every}
     if unknown:
         print(f"unknown contenders {sorted(unknown)}; valid: {[c.name for c in every]}")

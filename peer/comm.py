@@ -130,6 +130,10 @@ class RoundComm(Comm):
     def _done(self, r: _Round) -> bool:
         """Whether a started round has ended; never blocks."""
 
+    def _release(self, r: _Round) -> None:
+        """A finished round's received tensors are no longer read (its handle's ``finish`` has
+        returned): a plane may reuse their buffers. Nothing to do by default."""
+
     def _ended(self, r: _Round, t1: float, outcome: MixOutcome, *, overlapped: bool) -> None:
         """Account a round that ended: `Breakdown` (``t1``: when `_finish` was called),
         counters, `last_outcome`."""
@@ -455,4 +459,5 @@ class RoundHandle(Pending[T]):
         (its time is all ``wait_ms``, none ``overlap_ms``)."""
         if self._result is None:
             self._result = (self._finish(self.comm._finish(self.round, overlapped=overlapped)),)
+            self.comm._release(self.round)  # ``finish`` keeps nothing it received
         return self._result[0]

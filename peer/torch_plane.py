@@ -85,6 +85,7 @@ log = structlog.get_logger("concord.peer.torch_plane")
 MAGIC = 0x434F4E43  # "CONC"
 HEADER = 6  # int64 fields of a header
 _TAG_HEADER, _TAG_PAYLOAD = 1, 2
+_POOL = 8  # receive buffers kept per size (a peer receives one per in-neighbour and round)
 
 
 def _f64_bits(value: float | None) -> int:
@@ -278,6 +279,25 @@ class TorchComm(RoundComm):
         self.device = plane.device
         cfg = plane.cfg
         self.max_abs_value = cfg.network.max_abs_value
+        # receive buffers of finished rounds, by (dtype, length), for the next rounds: a fresh
+        # multi-MB buffer per round costs its page faults on every round
+        self._free: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
+
+    def _buffer(self, dtype: torch.dtype, length: int) -> torch.Tensor:
+        """A receive buffer (contents undefined): a released one of this size, or a new one."""
+        free = self._free.get((dtype, length))
+        if free:
+            return free.pop()
+        return torch.empty(length, dtype=dtype, device=self.device)
+
+    def _release(self, r: _Round) -> None:
+        """Keep the round's receive buffers for later rounds (at most `_POOL` per size)."""
+        assert isinstance(r, _TorchRound)
+        for buf in (*r.headers.values(), *r.payloads.values()):
+            free = self._free.setdefault((buf.dtype, buf.numel()), [])
+            if len(free) < _POOL:
+                free.append(buf)
+        r.headers, r.payloads = {}, {}
 
     def _header(
         self, step: int, round: int, tensor_id: int, nbytes: int, push: float | None
@@ -346,12 +366,8 @@ class TorchComm(RoundComm):
         payload = self._payload(values, encoded) if send_to else torch.empty(0)
         parts, nbytes = self._layout(values, encoded)
         header = self._header(step, round, tensor_id, nbytes, push_weight)
-        headers = {
-            j: torch.empty(HEADER, dtype=torch.int64, device=self.device) for j in receive_from
-        }
-        payloads = {
-            j: torch.empty(nbytes, dtype=torch.uint8, device=self.device) for j in receive_from
-        }
+        headers = {j: self._buffer(torch.int64, HEADER) for j in receive_from}
+        payloads = {j: self._buffer(torch.uint8, nbytes) for j in receive_from}
         ops: list[dist.P2POp] = []
         for j in send_to:
             ops.append(dist.P2POp(dist.isend, header, j, tag=_TAG_HEADER))

@@ -60,6 +60,7 @@ def _check(got: list[dict[str, torch.Tensor]]) -> None:
     push = vec.mix(X, directed(N), step=3, round=3, push=weights)
     assert push.push is not None
     expected["overlap"] = expected["mix"]
+    expected["mix-again"] = vec.mix(rows(N, 1), ring(N), step=8, round=8).x
     for r in range(N):
         g = got[r]
         for key, want in expected.items():
@@ -79,12 +80,13 @@ def _check(got: list[dict[str, torch.Tensor]]) -> None:
             torch.testing.assert_close(g["nan-x"][0], want, **tol)
         else:
             assert g["nan-rejected"].tolist() == []
-        # messages: 6 mixes to two ring neighbours, the push round to one, two all-reduces
+        assert bool(g["reused"][0]), f"rank {r} allocated new receive buffers"
+        # messages: 7 mixes to two ring neighbours, the push round to one, two all-reduces
         # (the vector, the scalar) over 3 edges, 3 per-edge messages; and their bytes: float32
         # payloads of D values, top-k's (k values + k indices), int8's (scale + D), bf16's
-        assert int(g["bytes"][1]) == 6 * 2 + 1 + 2 * 3 + 3
+        assert int(g["bytes"][1]) == 7 * 2 + 1 + 2 * 3 + 3
         k = int(0.1 * D + 0.999999)
-        wire = 4 * D * (3 * 2 + 1 + 3) + 2 * (8 * k + (4 + D) + 2 * D) + 4 * 3
+        wire = 4 * D * (4 * 2 + 1 + 3) + 2 * (8 * k + (4 + D) + 2 * D) + 4 * 3
         wire += 4 * sum(r + 1 + j for j in range(N) if j != r)
         assert int(g["bytes"][0]) == wire
 

@@ -15,7 +15,7 @@ import torch
 
 from concord.core.compress import make_codec
 from concord.core.config import build_config
-from concord.peer.torch_plane import TorchComm, TorchPlane
+from concord.peer.torch_plane import TorchComm, TorchPlane, _TorchRound
 
 D = 1000
 
@@ -87,6 +87,14 @@ def main() -> None:
     res = comm.mix(bad, ring(n), step=7, round=7)
     got["nan-x"] = res.x
     got["nan-rejected"] = torch.tensor([j for j, _ in res.outcome.rejected[0]], dtype=torch.int64)
+    # receive buffers of finished rounds are reused (`TorchComm._release`): the next round
+    # receives new values into the very buffers that held the rejected NaN
+    before = {b.data_ptr() for b in comm._free[(torch.uint8, 4 * D)]}
+    handle = comm.start_mix(rows(n, 1)[rank : rank + 1].to(device), ring(n), step=8, round=8)
+    assert isinstance(handle.round, _TorchRound)
+    reused = {b.data_ptr() for b in handle.round.payloads.values()} == before
+    got["mix-again"] = handle.wait().x
+    got["reused"] = torch.tensor([reused and len(before) == 2])
     got["bytes"] = torch.tensor([comm.counters.bytes_wire, comm.counters.messages])
     got["backend"] = torch.tensor([plane.backend == "nccl"])
     torch.save({k: v.cpu() for k, v in got.items()}, out / f"rank-{rank}.pt")
