@@ -21,6 +21,7 @@ from concord.core.models import (
     evaluate,
     loss_and_grad,
 )
+from concord.core.models.layers import ReplicaConv1d
 from concord.core.registry import UnknownNameError
 
 torch.set_num_threads(1)
@@ -239,6 +240,38 @@ def test_forward_grad_and_buffers_match_separate_models(
             out = ref(x[0])
         assert_close_scaled(mean_loss[i], F.cross_entropy(out, y[0]))
         assert acc[i].item() == pytest.approx((out.argmax(1) == y[0]).float().mean().item())
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "padding", "length"),
+    [(5, 2, 1, 40), (3, 2, 1, 19), (3, 1, 0, 7), (3, 1, 2, 6), (4, 3, 3, 11), (1, 1, 0, 5)],
+)
+def test_channels_last_conv1d_matches_conv1d_with_gradients(
+    kernel: int, stride: int, padding: int, length: int
+) -> None:
+    """`ReplicaConv1d.forward_channels_last` (im2col + bmm, its own backward) against
+    ``F.conv1d`` per replica: output, input gradient and weight/bias gradients, with padding
+    wider than some taps reach (float32 sums in another order: 1e-5 relative)."""
+    k, b, c_in, c_out = 3, 4, 2, 5
+    conv = ReplicaConv1d(k, c_in, c_out, kernel, stride=stride, padding=padding)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in conv.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    h = torch.randn(k, b, length, c_in, generator=gen, requires_grad=True)
+    out = conv.forward_channels_last(h)
+    probe = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * probe).sum(), [h, conv.weight, conv.bias])
+    for i in range(k):
+        hi = h[i].detach().transpose(1, 2).clone().requires_grad_(True)  # [B, C, L]
+        w, bias = conv.weight[i].detach().requires_grad_(True), conv.bias[i].detach()
+        bias.requires_grad_(True)
+        ref = F.conv1d(hi, w, bias, stride=stride, padding=padding)  # [B, C', L']
+        assert_close_scaled(out[i].detach(), ref.detach().transpose(1, 2))
+        want = torch.autograd.grad((ref * probe[i].transpose(1, 2)).sum(), [hi, w, bias])
+        assert_close_scaled(grads[0][i], want[0].transpose(1, 2))
+        assert_close_scaled(grads[1][i], want[1])
+        assert_close_scaled(grads[2][i], want[2])
 
 
 def test_batchnorm_running_stats_are_per_replica() -> None:
