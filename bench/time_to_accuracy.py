@@ -17,6 +17,9 @@ switch, `overlap_key`):
   orchestrator`` + Mosquitto) on the ring and on the one-peer exponential graph, with consensus
   control off (``none``) and adaptive in phase 1 (``adaptive``: ``control.factor`` =
   `ADAPTIVE_FACTOR`, ``control.max_rounds`` = `MAX_ROUNDS`), fp32 and bf16 on the wire;
+* ``dsgd_exp_fixed3_bf16``: D-SGD on the one-peer exponential graph, bf16, exactly
+  `FIXED_ROUNDS` gossip rounds in every step of phase 1 (``control.mode = "fixed"``) — the
+  rounds adaptive control settles on here, without its per-round decisions;
 * ``choco_topk``: CHOCO-SGD on the ring with top-k (1 %) compression, γ = 0.1;
 * ``dsgd_exp_none_bf16_overlap``: D-SGD's combine-then-adapt form, gossip overlapped with the
   gradient (``overlap = true``), when the config has that switch;
@@ -43,7 +46,7 @@ directories. Last stdout line: one JSON object with ``tta_ratio_vs_ddp`` and
 Concord ÷ the faster DDP, both with the straggler), ``target_acc`` and ``contenders`` (the
 per-run figures).
 
-Sizing, so that the whole bench (24 runs, ~17 s of start-up and teardown each) ends within
+Sizing, so that the whole bench (26 runs, ~17 s of start-up and teardown each) ends within
 30 minutes on this 2-core machine: links at 100 Mbit/s (DDP fp32 ~0.95 s/step there), 2 epochs
 (62 steps of 8 × 16 samples), evaluations every 0.2 epoch (6 steps); measured wall time in
 docs/performance.md#time-to-accuracy. ``--quick``: 1 epoch of 2,000 samples, 4 contenders (DDP
@@ -86,6 +89,7 @@ STRAGGLER_FACTOR = 4.0
 # bench's settings): the config's default 0.25 ran ~70 rounds in 62 steps and ended 1.7–2.1 pp
 # below all-reduce; 0.1 and 0.05 run ~119 and end within 0.1 pp of it on the exponential graph.
 ADAPTIVE_FACTOR = 0.1
+FIXED_ROUNDS = 3  # dsgd_exp_fixed3_bf16: the one-peer exponential graph's exact average of 8
 MAX_ROUNDS = {"ring": 4, "exp": 3}
 RUN_TIMEOUT = 900.0  # seconds one run may take
 DDP_PORT = 29500
@@ -149,6 +153,16 @@ def contenders() -> list[Contender]:
             ),
         )
     )
+    # equal-budget control: exactly FIXED_ROUNDS rounds in every phase-1 step, no decisions to
+    # wait for (what adaptive control converges to here, without its per-round barrier)
+    fixed = _dsgd("exp", "exponential-one-peer", "none", "bf16")
+    sets = (
+        *fixed.sets[:1],
+        "control.mode=fixed",
+        f"control.rounds={FIXED_ROUNDS}",
+        *fixed.sets[2:],
+    )
+    out.append(Contender(f"dsgd_exp_fixed{FIXED_ROUNDS}_bf16", "concord", sets))
     key = overlap_key()
     if key is not None:  # combine-then-adapt D-SGD, gossip overlapped with compute
         out.append(_dsgd("exp", "exponential-one-peer", "none", "bf16", f"{key}=true"))

@@ -185,8 +185,8 @@ def _tap_range(tap: int, stride: int, padding: int, length: int, out_len: int) -
 
 class _Im2Col(torch.autograd.Function):
     """im2col of channels-last 1-D activations: ``[k, B, L, C]`` → ``[k, B, L', K·C]`` in (tap,
-    channel) order, zero padding included. Forward: one strided copy per tap into one buffer
-    (only the padded positions zeroed); backward: one zero buffer and one strided add per tap.
+    channel) order, zero padding included. Forward: one copy of a strided view of the padded
+    input; backward: one zero buffer and one strided add per tap.
     Slicing a padded copy and concatenating instead (autograd's way) allocates and zero-fills a
     full-size gradient per tap and per padding: ~15-20 % of a cnn1d step at k = 64."""
 
@@ -200,15 +200,12 @@ class _Im2Col(torch.autograd.Function):
         out_len: int,
     ) -> Tensor:
         k, b, length, c = h.shape
-        cols = h.new_empty(k, b, out_len, size * c)
-        for tap in range(size):
-            lo, hi = _tap_range(tap, stride, padding, length, out_len)
-            block = cols[:, :, :, tap * c : (tap + 1) * c]
-            if hi > lo:
-                first = lo * stride + tap - padding
-                block[:, :, lo:hi] = h[:, :, first : first + (hi - lo - 1) * stride + 1 : stride]
-            block[:, :, :lo] = 0.0  # output positions that read the zero padding
-            block[:, :, hi:] = 0.0
+        hp = F.pad(h, (0, 0, padding, padding)) if padding else h.contiguous()
+        # window o, tap j, channel c ↦ hp[o·stride + j, c]: a strided view, one copy
+        windows = hp.as_strided(
+            (k, b, out_len, size, c), (hp.stride(0), hp.stride(1), stride * c, c, 1)
+        )
+        cols = windows.reshape(k, b, out_len, size * c)
         ctx.meta = (size, stride, padding, out_len, length, c)  # type: ignore[attr-defined]
         return cols
 
