@@ -364,11 +364,14 @@ def plot(path: Path, runs: Sequence[Run], target: float | None) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
+    names = list(dict.fromkeys(r.name for r in runs))  # one colour per contender, both panels
+    colours = plt.get_cmap("tab20")
     for ax, straggler in zip(axes, (False, True), strict=True):
         for r in runs:
             if r.straggler == straggler and r.curve:
                 style = "--" if r.name.startswith("ddp") else "-"
-                ax.plot([t for _, t, _ in r.curve], [a for *_, a in r.curve], style, label=r.name)
+                ax.plot([t for _, t, _ in r.curve], [a for *_, a in r.curve], style,
+                        label=r.name, color=colours(names.index(r.name) % 20))  # fmt: skip
         if target is not None:
             ax.axhline(target, color="black", lw=0.8, ls=":", label=f"target {target:.3f}")
         ax.set_title("one straggler" if straggler else "no straggler")
