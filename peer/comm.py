@@ -440,7 +440,9 @@ class _GrpcRound(_Round):
 class RoundHandle(Pending[T]):
     """A round of a `RoundComm` in flight on its data plane (`concord.core.comm.Pending`):
     ``done`` polls it without blocking; ``wait`` (training thread) blocks until it has ended,
-    then runs ``finish`` — the decoding and arithmetic — on what arrived, once."""
+    then runs ``finish`` — the decoding and arithmetic — on what arrived, once. ``finish`` must
+    not keep a received tensor (or a view of one) beyond its return: the plane may reuse their
+    buffers for later rounds (`RoundComm._release`)."""
 
     def __init__(self, comm: RoundComm, round: _Round, finish: Callable[[Received], T]) -> None:
         self.comm = comm

@@ -185,13 +185,14 @@ def _tap_range(tap: int, stride: int, padding: int, length: int, out_len: int) -
 
 class _Im2Col(torch.autograd.Function):
     """im2col of channels-last 1-D activations: ``[k, B, L, C]`` → ``[k, B, L', K·C]`` in (tap,
-    channel) order, zero padding included. Forward: one copy of a strided view of the padded
-    input; backward: one zero buffer and one strided add per tap.
-    Slicing a padded copy and concatenating instead (autograd's way) allocates and zero-fills a
-    full-size gradient per tap and per padding: ~15-20 % of a cnn1d step at k = 64."""
+    channel) order, zero padding included. Forward: the padded input (one copy, only when
+    padded), then one copy of its overlapping windows — a strided view; backward: one zero buffer
+    and one strided add per tap. Slicing a padded copy and concatenating instead (autograd's
+    way) allocates and zero-fills a full-size gradient per tap and per padding (the speed-up
+    measured: docs/performance.md#the-vectorized-engine)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         h: Tensor,
         size: int,
@@ -200,17 +201,19 @@ class _Im2Col(torch.autograd.Function):
         out_len: int,
     ) -> Tensor:
         k, b, length, c = h.shape
-        hp = F.pad(h, (0, 0, padding, padding)) if padding else h.contiguous()
-        # window o, tap j, channel c ↦ hp[o·stride + j, c]: a strided view, one copy
+        # row-major [k, B, L + 2p, C] whatever h's layout (F.pad keeps a channels_last format)
+        hp = (F.pad(h, (0, 0, padding, padding)) if padding else h).contiguous()
+        # window o, tap j, channel c ↦ hp[o·stride + j, c]: overlapping rows of a strided view,
+        # copied once into a tensor of its own (never a view of the input)
         windows = hp.as_strided(
             (k, b, out_len, size, c), (hp.stride(0), hp.stride(1), stride * c, c, 1)
         )
-        cols = windows.reshape(k, b, out_len, size * c)
+        cols = windows.contiguous().view(k, b, out_len, size * c)
         ctx.meta = (size, stride, padding, out_len, length, c)  # type: ignore[attr-defined]
         return cols
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: Tensor
     ) -> tuple[Tensor, None, None, None, None]:
         size, stride, padding, out_len, length, c = ctx.meta  # type: ignore[attr-defined]
@@ -237,14 +240,14 @@ class ReplicaConv1d(_ReplicaConvNd):
     def forward_channels_last(self, h: Tensor) -> Tensor:
         """The same convolution on channels-last activations ``[k, B, L, C]`` → ``[k, B, L', C']``.
 
-        im2col (`_Im2Col`: one strided copy per tap, the same in backward), then one batched
-        matrix product per layer. For the small kernels and short sequences of 1-D models this
-        is ~1.5× faster on CPU than a grouped ``F.conv1d`` (measured on cnn1d, k = 16, forward +
-        backward) and needs no layout copies between layers."""
+        im2col (`_Im2Col`: one copy of a strided window view; backward one add per tap), then
+        one batched matrix product per layer. For the small kernels and short sequences of 1-D
+        models this is ~1.5× faster on CPU than a grouped ``F.conv1d`` (measured on cnn1d,
+        k = 16, forward + backward) and needs no layout copies between layers."""
         k, b, length, c_in = h.shape
         size, s, p = self.kernel_size, self.stride, self.padding
         out_len = (length + 2 * p - size) // s + 1
-        cols = _Im2Col.apply(h, size, s, p, out_len)
+        cols: Tensor = _Im2Col.apply(h, size, s, p, out_len)  # type: ignore[no-untyped-call]
         # weight [k, C', C, K] → [k, K·C, C'] in the (tap, channel) order of ``cols``
         w = self.weight.permute(0, 3, 2, 1).reshape(k, size * c_in, self.out_channels)
         cols = cols.reshape(k, b * out_len, size * c_in)

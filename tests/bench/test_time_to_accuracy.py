@@ -78,3 +78,21 @@ def test_tiny_time_to_accuracy(tmp_path: Path) -> None:
     assert (tmp_path / "tta.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     mine = f"{_netns.PREFIX}{os.getpid()}-"
     assert not [n for n in _netns.namespaces() if n.startswith(mine)]  # all torn down
+
+
+@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+def test_tiny_torch_plane_contender(tmp_path: Path) -> None:
+    """The opt-in torch-plane contender runs in the namespaces too: the peers reach the
+    orchestrator's TCPStore at its namespace address and gloo binds their eth0 (the variable is
+    set only for the run's processes)."""
+    s = tta.Settings(out=tmp_path, peers=2, mbit=200.0, epochs=0.25, samples=1000, eval_every=0.1)
+    chosen = [c for c in tta.extra_contenders() if c.name == "dsgd_exp_none_bf16_torch"]
+    before = os.environ.get("GLOO_SOCKET_IFNAME")
+    (run,) = tta.run_all(s, chosen, [False])
+    assert os.environ.get("GLOO_SOCKET_IFNAME") == before
+    assert run.ok, run.detail
+    assert [step for step, _, _ in run.curve] == [1, 3, 5]
+    config = (tmp_path / "plain" / run.name / "run.toml").read_text()
+    assert 'transport = "torch"' in config
+    assert run.bytes_per_peer is not None
+    assert run.bytes_per_peer > 6 * 2 * 1_090_000  # 6 steps of the bf16 model over eth0

@@ -243,22 +243,40 @@ def test_forward_grad_and_buffers_match_separate_models(
 
 
 @pytest.mark.parametrize(
-    ("kernel", "stride", "padding", "length"),
-    [(5, 2, 1, 40), (3, 2, 1, 19), (3, 1, 0, 7), (3, 1, 2, 6), (4, 3, 3, 11), (1, 1, 0, 5)],
+    ("kernel", "stride", "padding", "length", "b", "c_in", "layout"),
+    [
+        (5, 2, 1, 40, 4, 2, "rows"),
+        (3, 2, 1, 19, 4, 2, "rows"),
+        (3, 1, 0, 7, 4, 2, "rows"),
+        (3, 1, 2, 6, 4, 2, "rows"),
+        (4, 3, 3, 11, 4, 2, "rows"),
+        (1, 1, 0, 5, 4, 2, "rows"),
+        (2, 3, 4, 7, 1, 1, "rows"),  # stride > kernel, padding ≥ kernel, B = C = 1
+        (5, 1, 6, 3, 2, 3, "rows"),  # some taps read only padding
+        (1, 2, 2, 5, 3, 1, "rows"),
+        (3, 2, 1, 12, 3, 3, "channels_last"),  # the input in torch.channels_last format
+        (3, 2, 0, 12, 3, 3, "transposed"),  # a non-contiguous view as input
+    ],
 )
 def test_channels_last_conv1d_matches_conv1d_with_gradients(
-    kernel: int, stride: int, padding: int, length: int
+    kernel: int, stride: int, padding: int, length: int, b: int, c_in: int, layout: str
 ) -> None:
     """`ReplicaConv1d.forward_channels_last` (im2col + bmm, its own backward) against
     ``F.conv1d`` per replica: output, input gradient and weight/bias gradients, with padding
-    wider than some taps reach (float32 sums in another order: 1e-5 relative)."""
-    k, b, c_in, c_out = 3, 4, 2, 5
+    wider than some taps reach and inputs in any memory layout (float32 sums in another order:
+    1e-5 relative)."""
+    k, c_out = 3, 5
     conv = ReplicaConv1d(k, c_in, c_out, kernel, stride=stride, padding=padding)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in conv.parameters():
             p.copy_(torch.randn(p.shape, generator=gen))
-    h = torch.randn(k, b, length, c_in, generator=gen, requires_grad=True)
+    h = torch.randn(k, b, length, c_in, generator=gen)
+    if layout == "channels_last":
+        h = h.to(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        h = h.transpose(2, 3).contiguous().transpose(2, 3)
+    h.requires_grad_(True)
     out = conv.forward_channels_last(h)
     probe = torch.randn(out.shape, generator=gen)
     grads = torch.autograd.grad((out * probe).sum(), [h, conv.weight, conv.bias])
@@ -272,6 +290,24 @@ def test_channels_last_conv1d_matches_conv1d_with_gradients(
         assert_close_scaled(grads[0][i], want[0].transpose(1, 2))
         assert_close_scaled(grads[1][i], want[1])
         assert_close_scaled(grads[2][i], want[2])
+
+
+def test_im2col_gradients_pass_gradcheck() -> None:
+    """The im2col function's hand-written backward (and its backward's backward) against finite
+    differences in float64."""
+    from concord.core.models.layers import _Im2Col
+
+    gen = torch.Generator().manual_seed(2)
+    for size, stride, padding, length in [(3, 2, 1, 7), (2, 3, 4, 5), (4, 1, 0, 6)]:
+        out_len = (length + 2 * padding - size) // stride + 1
+        h = torch.randn(2, 2, length, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+
+        def f(x: Tensor, size: int = size, stride: int = stride, padding: int = padding,
+              out_len: int = out_len) -> Tensor:  # fmt: skip
+            return _Im2Col.apply(x, size, stride, padding, out_len)  # type: ignore[no-any-return]
+
+        assert torch.autograd.gradcheck(f, (h,))
+        assert torch.autograd.gradgradcheck(f, (h,))
 
 
 def test_batchnorm_running_stats_are_per_replica() -> None:
