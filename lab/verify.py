@@ -55,6 +55,7 @@ from typing import Any
 from rich.console import Console
 
 from concord.lab.presets.report import environment
+from concord.lab.report import markdown_grid
 from concord.lab.sweep import RunFn, SweepRun, hold_for_calibration, run_sweep, run_without_plots
 
 __all__ = [
@@ -823,6 +824,13 @@ class Choice:
     column: str | None = None
     seed: int | None = None
 
+    def selectors(self) -> list[tuple[str, object]]:
+        """The options that choose the run (``--run``, ``--row``, ``--column``, ``--seed``) set
+        on this choice, with their values."""
+        options = (("--run", self.run), ("--row", self.row), ("--column", self.column),
+                   ("--seed", self.seed))  # fmt: skip
+        return [(option, value) for option, value in options if value is not None]
+
 
 def _split(arg: str) -> tuple[str, str | None]:
     if SEPARATOR not in arg or Path(arg).is_dir():
@@ -847,8 +855,7 @@ def parse_directories(
     `VerifyError`: the options with several directories, a run chosen twice, an empty ``::RUN``."""
     if not args:
         raise VerifyError("give at least one report directory (DIR or DIR::RUN)")
-    options = (("--run", run), ("--row", row), ("--column", column), ("--seed", seed))
-    given = [option for option, value in options if value is not None]
+    given = [option for option, _ in Choice("", run, row, column, seed).selectors()]
     if len(args) > 1 and given:
         verb = "applies" if len(given) == 1 else "apply"
         first = args[0].split(SEPARATOR)[0]
@@ -893,9 +900,7 @@ def _default_command(
     ]
     options: list[tuple[str, object]] = []
     if len(choices) == 1:
-        c = choices[0]
-        options += [(o, v) for o, v in (("--run", c.run), ("--row", c.row),
-                    ("--column", c.column), ("--seed", c.seed)) if v is not None]  # fmt: skip
+        options += choices[0].selectors()
     for option, value in (("--out", out), ("--count-tol", count_tol), ("--csv", csv_path),
                           ("--markdown", markdown_path)):  # fmt: skip
         if value is not None:
@@ -1175,12 +1180,8 @@ def render_markdown(
                 if differs
                 else f"{recorded}: the same as this machine."
             )
-        lines += [
-            "",
-            "| metric | committed | re-run | \\|Δ\\| | tolerance | verdict |",
-            "| --- | ---: | ---: | ---: | ---: | --- |",
-        ]
-        lines += ["| " + " | ".join(_md_cells(r)) + " |" for r in cell]
+        header = ["metric", "committed", "re-run", "|Δ|", "tolerance", "verdict"]
+        lines += ["", markdown_grid(header, [_md_cells(r) for r in cell]).rstrip("\n")]
     line, details = summarize(rows)
     lines += ["", "## Summary", "", line]
     if details:
