@@ -405,7 +405,10 @@ def sweep(
     """Run a grid (plans × factors × topologies × seeds) and print a Table-2-shaped summary.
 
     With --preset NAME: run a named grid of algorithm setups × data settings × seeds and write
-    report.md, table.csv and PNG plots into --out."""
+    report.md, table.csv and PNG plots into --out.
+
+    Exit 0: every run succeeded; 1: one run or more failed (the tables are written all the same,
+    each run's error in table.csv and its error.txt); 2: bad input, nothing ran."""
     from concord.core.config import load_config
     from concord.lab.sweep import sweep_main
 
@@ -432,7 +435,7 @@ def sweep(
         _fail(f"--seeds must be comma-separated integers; got {seeds!r}")
     topo_list = [t.strip() for t in topologies.split(",")] if topologies else [cfg.topology]
     try:
-        sweep_main(
+        swept = sweep_main(
             config_path=config,
             overrides=list(overrides),
             plans=[p.strip() for p in plans.split(",") if p.strip()],
@@ -447,6 +450,16 @@ def sweep(
         )
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
+    _exit_if_runs_failed(swept)
+
+
+def _exit_if_runs_failed(out: Path) -> None:
+    """Exit 1 naming the failed runs of the sweep in ``out``, if any (`concord.lab.sweep`)."""
+    from concord.lab.sweep import read_failures
+
+    table = out / "table.csv"  # a --resume with nothing left to run may have none
+    if table.is_file() and (message := read_failures(table).message()) is not None:
+        _fail(message, 1)
 
 
 def _keys(text: str | None) -> list[str] | None:
@@ -480,7 +493,7 @@ def _sweep_preset(
     except ValueError:
         _fail(f"--seeds must be comma-separated integers; got {seeds!r}")
     try:
-        preset_main(
+        swept = preset_main(
             name,
             seeds=seed_list,
             jobs=jobs,
@@ -494,6 +507,8 @@ def _sweep_preset(
         )
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
+    if not report_only:
+        _exit_if_runs_failed(swept)
 
 
 @main.command()

@@ -23,7 +23,10 @@ Failure is data: a run that raises, or whose config does not validate, is record
 "error" and the sweep goes on. If a worker process dies (e.g. killed by the OOM killer) the pool
 breaks; the runs that were in flight are then re-run one at a time, each in a fresh process, so
 only the culprit fails. ``table.csv`` is rewritten after every finished run (unfinished runs show
-status "pending"), ``table.md`` and the printed Table 2 at the end.
+status "pending"), ``table.md`` and the printed Table 2 at the end. ``concord sweep`` then exits 1
+if any run failed (:func:`read_failures`; every run or some: the tables are written either way,
+and a sweep with holes in its table is not a result to build on without looking), naming how many
+and the first errors.
 
 Output layout: ``out_dir/runs/<name>/`` (one run directory each), ``out_dir/calibration/``,
 ``out_dir/sweep.json`` (the grid), ``out_dir/table.csv``, ``out_dir/table.md``.
@@ -457,6 +460,39 @@ def run_sweep(
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     return [rows[run.name] for run in runs]
+
+
+@dataclass(frozen=True)
+class Failures:
+    """The runs of a sweep's ``table.csv`` that did not succeed (status other than "ok")."""
+
+    table: Path
+    total: int
+    failed: tuple[tuple[str, str], ...]  # (run name, error)
+
+    def message(self) -> str | None:
+        """None when every run succeeded; else how many failed, and the first errors."""
+        if not self.failed:
+            return None
+        n = len(self.failed)
+        head = f"every run failed ({n})" if n == self.total else f"{n} of {self.total} runs failed"
+        shown = "; ".join(
+            f"{name}: {error or 'no error recorded'}" for name, error in self.failed[:3]
+        )
+        more = f"; and {n - 3} more" if n > 3 else ""
+        return (
+            f"{head} — {shown}{more} (every error: {self.table}; tracebacks: each run's error.txt)"
+        )
+
+
+def read_failures(table: Path) -> Failures:
+    """The failed runs listed in ``table`` (the ``table.csv`` that `run_sweep` writes)."""
+    with open(table, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    failed = tuple(
+        (str(r.get("name", "")), str(r.get("error") or "")) for r in rows if r.get("status") != "ok"
+    )
+    return Failures(table, len(rows), failed)
 
 
 def _md_cell(value: object) -> str:
