@@ -181,7 +181,22 @@ def _authenticate_at_connect() -> None:
             )
             verdicts = await plugins_manager.map_plugin_auth(session=session)
             said = [v for v in (verdicts or {}).values() if v is not None]
-            if not said or not all(said):
+            refused = not said or not all(said)
+            if not refused and session.username is not None:
+                from concord.protos.mqtt import client_id_allowed
+
+                # an authenticated client may use only a client id of its own identity: with
+                # another's it would take over that session (disconnect it, publish its will)
+                if not client_id_allowed(session.username, session.client_id or ""):
+                    refused = True
+                    log.warning(
+                        "broker.takeover_refused",
+                        username=session.username,
+                        client_id=session.client_id,
+                        problem="the client id does not belong to this username (a session "
+                        "takeover attempt: refused at CONNECT, the session of that id is intact)",
+                    )
+            if refused:
                 await ConnackPacket.build(0, NOT_AUTHORIZED).to_stream(writer)
                 await writer.close()
                 raise MQTTError(f"client {session.client_id!r} refused at CONNECT")
@@ -190,6 +205,61 @@ def _authenticate_at_connect() -> None:
     amqtt.broker.BrokerProtocolHandler = AuthenticateFirst
 
 
+def _broker_class(base: Any) -> Any:
+    """amqtt's ``Broker`` with a broadcast that survives subscriptions changing under it.
+
+    amqtt 0.12's ``_run_broadcast`` iterates the broker's subscription dict and, for every
+    subscriber, awaits the topic plugins (the ACL): a client that subscribes, or a session that
+    is taken over or closed (its filters deleted) during that await raises ``RuntimeError:
+    dictionary changed size during iteration``, which ends the broker's broadcast loop for good:
+    every client stays connected and nobody receives anything any more (seen as an orchestrator
+    that dropped every peer for silence). Here each broadcast walks a snapshot of the filters and
+    of each filter's subscribers, and skips a subscriber that left meanwhile."""
+    global _BROKER
+    if _BROKER is not None and _BROKER[0] is base:
+        return _BROKER[1]
+    from amqtt.contexts import Action
+
+    class SnapshotBroadcastBroker(base):  # type: ignore[misc]  # amqtt is untyped
+        async def _run_broadcast(self, running_tasks: Any) -> None:
+            broadcast = await self._broadcast_queue.get()
+            topic = broadcast["topic"]
+            for k_filter, subscriptions in list(self._subscriptions.items()):
+                if not self._matches(topic, k_filter):
+                    continue
+                for target_session, sub_qos in list(subscriptions):
+                    qos = broadcast.get("qos", sub_qos)
+                    if not await self._topic_filtering(
+                        target_session, topic=topic, action=Action.RECEIVE
+                    ):
+                        continue
+                    if (target_session, sub_qos) not in self._subscriptions.get(k_filter, ()):
+                        continue  # unsubscribed (or its session closed) during the await
+                    connected = target_session.transitions.state == "connected"
+                    if (
+                        not connected
+                        and not target_session.clean_session
+                        and qos in (1, 2)
+                        and not target_session.is_anonymous
+                    ):
+                        await self._retain_broadcast_message(broadcast, qos, target_session)
+                        continue
+                    if not connected:
+                        continue
+                    handler = self._get_handler(target_session)
+                    if handler:
+                        running_tasks.append(
+                            asyncio.ensure_future(
+                                handler.mqtt_publish(topic, broadcast["data"], qos, retain=False)
+                            )
+                        )
+
+    SnapshotBroadcastBroker.__module__ = __name__
+    _BROKER = (base, SnapshotBroadcastBroker)
+    return SnapshotBroadcastBroker
+
+
+_BROKER: tuple[Any, Any] | None = None
 _PLUGINS: tuple[type, type] | None = None
 
 
@@ -335,7 +405,7 @@ class EmbeddedBroker:
         last: Exception | None = None
         for _ in range(_BIND_ATTEMPTS if self.port == 0 else 1):
             port = self.port or free_port(self.host)
-            broker = Broker(self._config(port))
+            broker = _broker_class(Broker)(self._config(port))
             try:
                 await broker.start()
             except Exception as exc:  # amqtt wraps bind errors in its own BrokerError
@@ -423,9 +493,12 @@ class MosquittoBroker:
             # as root, mosquitto would drop to the "mosquitto" user, who cannot read our 0600 files
             lines.append(f"user {getpass.getuser()}")
         if self.password_file is not None:
+            from concord.protos.mqtt import MOSQUITTO_CLIENT_ID_BINDING
+
             lines += [
                 "allow_anonymous false",
                 f"password_file {Path(self.password_file).resolve()}",
+                MOSQUITTO_CLIENT_ID_BINDING,
             ]
         else:
             lines.append("allow_anonymous true")

@@ -45,6 +45,7 @@ from concord.peer.certs import (
     load_private_key,
 )
 from concord.protos.control_plane import ROOT, TOPICS, Topics
+from concord.protos.mqtt import MOSQUITTO_CLIENT_ID_BINDING
 from concord.protos.mqtt import (
     mosquitto_hash as mosquitto_hash,
 )
@@ -177,6 +178,7 @@ def mosquitto_conf(files: BrokerFiles, port: int = 8883, bind: str = "0.0.0.0") 
         f"acl_file {files.acl.resolve()}\n"
         f"set_tcp_nodelay true\n"
         f"listener {port} {bind}\n"
+        f"{MOSQUITTO_CLIENT_ID_BINDING}\n"
         f"cafile {files.ca.resolve()}\n"
         f"certfile {files.cert.resolve()}\n"
         f"keyfile {files.key.resolve()}\n"

@@ -36,6 +36,7 @@ import hmac
 import ipaddress
 import os
 import re
+import secrets
 import socket
 import ssl
 import time
@@ -139,6 +140,35 @@ def _redact(url: str) -> str:
     if at and ":" in userinfo:
         rest = f"{userinfo.split(':', 1)[0]}:***@{hostpart}"
     return f"{scheme}{sep}{rest}"
+
+
+# The one line of a Mosquitto listener's configuration that binds client ids to identities: the
+# client id of an authenticated client becomes its username, whatever its CONNECT says. Without
+# it any login could connect with another identity's client id and take that session over
+# (Mosquitto closes the live connection and publishes its Last-Will). Every generated
+# mosquitto.conf with a password file carries it (`concord certs broker`'s example,
+# `concord.orchestrator.broker.MosquittoBroker`).
+MOSQUITTO_CLIENT_ID_BINDING = "use_username_as_clientid true"
+CLIENT_ID_SEPARATOR = "@"
+
+
+def client_id_allowed(username: str, client_id: str) -> bool:
+    """Whether an authenticated ``username`` may connect as ``client_id`` on the embedded broker:
+    its own name, or its name followed by ``@`` and anything (``peer-3@peer-run-3-9f2c``), so one
+    identity may hold several sessions but never one of another identity."""
+    return client_id == username or client_id.startswith(username + CLIENT_ID_SEPARATOR)
+
+
+def session_client_id(identifier: str, auth: BrokerAuth | None) -> str:
+    """The MQTT client id a Concord client connects with: ``<username>@<identifier>-<random>``
+    with a broker login (the id belongs to the login: `client_id_allowed`; Mosquitto replaces it
+    with the username anyway, `MOSQUITTO_CLIENT_ID_BINDING`), ``<identifier>-<random>`` without
+    one (an anonymous broker cannot bind ids: an unguessable id is what keeps others from taking
+    the session over). The random part is chosen once per `Bus`."""
+    tail = f"{identifier}-{secrets.token_hex(4)}"
+    if auth is not None and auth.username:
+        return f"{auth.username}{CLIENT_ID_SEPARATOR}{tail}"
+    return tail
 
 
 def identity_of(identifier: str) -> str:
@@ -357,6 +387,7 @@ class Bus:
         self.address, self.auth = connection(url, auth)
         self.refusals = 0  # connection attempts the broker refused (bad credentials, not allowed)
         self.identifier = identifier
+        self.client_id = session_client_id(identifier, self.auth)  # what the broker sees
         self.topics = topics
         self.kinds = list(subscribe)
         self.handler = handler
@@ -409,7 +440,7 @@ class Bus:
         while not self._closing:
             client_ = client(
                 self.url,
-                self.identifier,
+                self.client_id,
                 will=self.will,
                 keepalive=self.keepalive,
                 timeout=5.0,

@@ -24,7 +24,14 @@ from concord.orchestrator.broker import EmbeddedBroker, MosquittoBroker, mosquit
 from concord.peer.broker_creds import BrokerFiles, issue_broker
 from concord.peer.certs import init_ca
 from concord.protos.control_plane import Decision, Topics, encode
-from concord.protos.mqtt import BrokerAuth, Bus, client, connection, tls_context
+from concord.protos.mqtt import (
+    BrokerAuth,
+    Bus,
+    client,
+    connection,
+    session_client_id,
+    tls_context,
+)
 
 RUN = "authrun"
 TOPICS = Topics(RUN)
@@ -54,9 +61,9 @@ async def _delivered(
     url: str, publisher: BrokerAuth, topic: str, *, listener: BrokerAuth, wait: float = 1.0
 ) -> bool:
     """Whether a message ``publisher`` sends on ``topic`` reaches a subscriber."""
-    async with client(url, "listener", auth=listener) as sub:
+    async with client(url, session_client_id("listener", listener), auth=listener) as sub:
         await sub.subscribe(TOPICS.all(), qos=1)
-        async with client(url, "publisher", auth=publisher) as pub:
+        async with client(url, session_client_id("pub", publisher), auth=publisher) as pub:
             await pub.publish(topic, _decision(), qos=1)
         try:
             async with asyncio.timeout(wait):
@@ -153,7 +160,7 @@ def test_a_refused_client_cannot_touch_the_session_of_the_id_it_claims(
     session first: the attacker's will then spoke for peer 0, its subscriptions vanished.)"""
 
     async def body(url: str) -> None:
-        victim_id, control = f"peer-{RUN}-0", TOPICS.topic("control")
+        victim_id, control = f"peer-0@peer-{RUN}-0", TOPICS.topic("control")
         async with client(url, victim_id, auth=auth(creds, "peer-0", ca=creds.ca)) as victim:
             await victim.subscribe(control, qos=1)
             forged = aiomqtt.Will(control, b"FORGED", qos=1, retain=True)
@@ -167,7 +174,7 @@ def test_a_refused_client_cannot_touch_the_session_of_the_id_it_claims(
                         pass
             await asyncio.sleep(0.5)
             orchestrator = auth(creds, "orchestrator", ca=creds.ca)
-            async with client(url, "orchestrator-x", auth=orchestrator) as orch:
+            async with client(url, "orchestrator@x", auth=orchestrator) as orch:
                 await orch.publish(control, b"REAL", qos=1)
             assert await _next_payload(victim) == b"REAL"  # still subscribed; no forged will
 
@@ -191,20 +198,23 @@ def test_a_last_will_is_published_only_on_a_topic_the_identity_may_write(
 
     async def body(url: str) -> None:
         monitor = auth(creds, "monitor", ca=creds.ca)
-        async with client(url, "watcher", auth=monitor) as watcher:
+        async with client(url, "monitor@watcher", auth=monitor) as watcher:
             await watcher.subscribe(TOPICS.all(), qos=1)
             await watcher.subscribe("concord/v1/other-run/#", qos=1)
-            password = creds.passwords["monitor"].read_text(encoding="utf-8").strip()
+            # peer 0 (not the watcher's identity: Mosquitto keeps one session per identity)
+            password = creds.passwords["peer-0"].read_text(encoding="utf-8").strip()
             for topic in (TOPICS.topic("control"), "concord/v1/other-run/control"):
                 will = aiomqtt.Will(topic, b"FORGED", qos=1, retain=True)
                 await vanish(
-                    _raw_client(url, creds, "m-w", username="monitor", password=password, will=will)
+                    _raw_client(
+                        url, creds, "peer-0@w", username="peer-0", password=password, will=will
+                    )
                 )
             assert await _next_payload(watcher, 2.0) is None
             password = creds.passwords["peer-1"].read_text(encoding="utf-8").strip()
             own = aiomqtt.Will(TOPICS.topic("status", 1), b"OWN", qos=1, retain=False)
             await vanish(
-                _raw_client(url, creds, "p-w", username="peer-1", password=password, will=own)
+                _raw_client(url, creds, "peer-1@w", username="peer-1", password=password, will=own)
             )
             assert await _next_payload(watcher) == b"OWN"
 
@@ -235,8 +245,10 @@ def test_a_peer_publishes_its_own_stats_only(kind: str, creds: BrokerFiles) -> N
         assert await _delivered(url, peer0, TOPICS.topic("stats", 0), listener=monitor)
         assert not await _delivered(url, peer0, TOPICS.topic("stats", 1), listener=monitor)
         assert not await _delivered(url, peer0, TOPICS.topic("status", 1), listener=monitor)
-        # the read-only monitor publishes nothing
-        assert not await _delivered(url, monitor, TOPICS.topic("stats", 0), listener=monitor)
+        # the read-only monitor publishes nothing (heard by peer 1: Mosquitto keeps one session
+        # per identity, a second monitor connection would close the listening one)
+        peer1 = auth(creds, "peer-1", ca=creds.ca)
+        assert not await _delivered(url, monitor, TOPICS.topic("stats", 0), listener=peer1)
 
     _run(kind, creds, body)
 
@@ -265,7 +277,7 @@ def test_mqtts_needs_the_right_ca(kind: str, creds: BrokerFiles, tmp_path: Path)
     other = init_ca(tmp_path / "other", run_id="other")
 
     async def body(url: str) -> None:
-        async with client(url, "ok", auth=auth(creds, "peer-0", ca=creds.ca), timeout=5):
+        async with client(url, "peer-0@ok", auth=auth(creds, "peer-0", ca=creds.ca), timeout=5):
             pass
         with pytest.raises((aiomqtt.MqttError, ssl.SSLError)):
             async with client(url, "x", auth=auth(creds, "peer-0", ca=other.cert), timeout=5):

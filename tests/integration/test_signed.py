@@ -87,7 +87,7 @@ async def _intrude(url: str, d: Path) -> dict[str, str]:
         password_file=d / "broker" / "{identity}.password",
         ca=d / "ca.crt",
     )
-    async with client(url, f"peer-{RUN}-rogue", auth=peer0, timeout=5) as rogue:
+    async with client(url, "peer-0@rogue", auth=peer0, timeout=5) as rogue:
         seen["peer-0 credentials"] = "connected"
         # the orchestrator's topic: the broker's ACL drops it
         forged = Decision(step=0, round=1, repeat=True, reason="forged")
