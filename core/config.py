@@ -521,6 +521,27 @@ class EvalConfig(_Section):
     peer_samples: int | None = Field(default=1000, gt=0)
 
 
+class MetricsConfig(_Section):
+    """A Prometheus endpoint on the orchestrator and every peer (docs/deployment.md#metrics);
+    ignored by the vectorized engine."""
+
+    listen: str | None = Field(
+        default=None,
+        description="'host:port' serving GET /metrics (Prometheus text format); port 0: a free "
+        "one (written to telemetry.json in the process's run directory). `concord sim`: the "
+        "orchestrator takes port, peer i port + 1 + i. Unset: no endpoint",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str | None) -> str | None:
+        if v is not None:
+            host, sep, port = v.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+                raise ValueError(f"{v!r} must be 'host:port' (port 0: a free one)")
+        return v
+
+
 class RunConfig(_Section):
     """Everything a run needs. Top-level keys mirror the paper's experimental knobs."""
 
@@ -552,6 +573,7 @@ class RunConfig(_Section):
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     epochs: float = Field(default=30.0, gt=0)
     seed: int = Field(default=0, ge=0)
     engine: Literal["vectorized", "processes"] = "processes"
@@ -1041,6 +1063,23 @@ def load_config(
 def apply_overrides(cfg: RunConfig, overrides: Mapping[str, Any]) -> RunConfig:
     """A copy of ``cfg`` with dotted-key overrides applied and everything re-validated."""
     return build_config(cfg.explicit_dict(), overrides)
+
+
+# what a reference run drops from the run it is compared with: the settings of the run's own
+# algorithm (its hyperparameters, codec, overlap, consensus control, per-phase graphs), which the
+# reference algorithm would refuse or read differently; data, model, optimiser, budget, seed,
+# network and control plane stay
+_ALGORITHM_KEYS = ("hyper", "compression", "overlap", "control", "phase_topologies", "plan")
+
+
+def reference_config(cfg: RunConfig, algorithm: str) -> RunConfig:
+    """``cfg`` run by ``algorithm`` instead (e.g. the all-reduce reference of `concord sim`):
+    the same data, model, optimiser, epochs, seed and deployment, with the run's own algorithm
+    settings back at their defaults. ``cfg`` may set any of them explicitly — a run's own
+    ``config.toml`` sets every key — and the reference still validates."""
+    tree = {k: v for k, v in cfg.explicit_dict().items() if k not in _ALGORITHM_KEYS}
+    name = f"{algorithm}-reference"
+    return build_config(tree, {"algorithm": algorithm, "name": name})
 
 
 def to_toml(cfg: RunConfig) -> str:

@@ -134,6 +134,34 @@ _resume_step_option = click.option(
 )
 
 
+# the long-running processes' (`concord peer`, `concord orchestrator`): what operators see
+_log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(["text", "json", "none"]),
+    default="text",
+    show_default=True,
+    envvar="CONCORD_LOG_FORMAT",
+    help="also log to stderr (docker/kubectl logs): human-readable lines, log.jsonl's JSON "
+    "lines, or nothing; log.jsonl in --out has every line either way",
+)
+_metrics_option = click.option(
+    "--metrics-listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="serve Prometheus metrics at http://HOST:PORT/metrics (sets metrics.listen; port 0: "
+    "a free one, written to telemetry.json in --out)",
+)
+
+
+def _telemetry(log_format: str, metrics_listen: str | None) -> list[str]:
+    """Apply ``--log-format`` (for `concord.runtime.logs.console_from_env`) and return
+    ``--metrics-listen`` as a config override."""
+    from concord.runtime.logs import LOG_FORMAT_ENV
+
+    os.environ[LOG_FORMAT_ENV] = log_format
+    return [] if metrics_listen is None else [f"metrics.listen={metrics_listen}"]
+
+
 def _broker_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option("--broker", default=None, metavar="mqtt[s]://HOST:PORT", help=help)
 
@@ -272,7 +300,7 @@ def sim(
     The default engine, processes, runs the real system: an orchestrator (with an embedded MQTT
     broker unless --broker is given) and n peer processes exchanging tensors over gRPC on
     loopback. The vectorized engine trains all n replicas batched in this process."""
-    from concord.core.config import apply_overrides, load_config
+    from concord.core.config import load_config, reference_config
 
     if resume is not None and (config is not None or overrides or out is not None or force):
         _fail("--resume continues RUN_DIR with its own config.toml: give no CONFIG, --set, --out")
@@ -318,7 +346,10 @@ def sim(
         console = Console(width=120)
     console.print(final_table(summary))
     if reference != "none" and cfg.algorithm != reference:
-        ref_cfg = apply_overrides(cfg, {"algorithm": reference, "name": f"{reference}-reference"})
+        try:
+            ref_cfg = reference_config(cfg, reference)
+        except ConfigError as exc:
+            _fail(f"reference run ({reference}): {exc}")
         if not quiet:
             console.print(f"reference run: {reference}, same data, model, seed and steps")
         try:
@@ -553,6 +584,8 @@ def _sweep_preset(
 @_out_option("run directory (default: runs/peer-<id>)")
 @_force_option
 @_resume_step_option
+@_log_format_option
+@_metrics_option
 def peer(
     config: Path,
     peer_id: int | None,
@@ -564,13 +597,16 @@ def peer(
     out: Path | None,
     force: bool,
     resume_step: int | None,
+    log_format: str,
+    metrics_listen: str | None,
 ) -> None:
     """Run one peer: its replica, a gRPC server, and links to its graph neighbours."""
     from concord.peer.app import CertError, PeerConfigError, run_peer
     from concord.peer.launcher import LauncherError, resolve_identity
 
     _check_advertise(advertise)
-    cfg = _run_config(config, overrides, broker=broker)
+    extra = _telemetry(log_format, metrics_listen)
+    cfg = _run_config(config, overrides, broker=broker, extra=extra)
     try:
         identity = resolve_identity(peer_id, os.environ, socket.gethostname(), cfg.peers)
     except LauncherError as exc:
@@ -631,6 +667,8 @@ def peer(
 @_out_option("directory for the manifest, metrics and logs (default: runs/orchestrator)")
 @_force_option
 @_resume_step_option
+@_log_format_option
+@_metrics_option
 def orchestrator(
     config: Path,
     broker: str | None,
@@ -639,12 +677,15 @@ def orchestrator(
     out: Path | None,
     force: bool,
     resume_step: int | None,
+    log_format: str,
+    metrics_listen: str | None,
 ) -> None:
     """Coordinate the peers of a run over MQTT: schedules, plan, consensus control, liveness."""
     from concord.orchestrator.app import OrchestratorError, run_orchestrator
     from concord.protos.control_plane import Topics
 
-    cfg = _run_config(config, overrides, broker=broker, code=1)
+    extra = _telemetry(log_format, metrics_listen)
+    cfg = _run_config(config, overrides, broker=broker, extra=extra, code=1)
     try:
         rid = run_id or cfg.name or _fresh_run_id(cfg)
         Topics(rid)

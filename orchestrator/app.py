@@ -89,6 +89,7 @@ from concord.orchestrator.records import RunRecords, manifest, summary
 from concord.orchestrator.rounds import RoundBook
 from concord.orchestrator.schedules import Schedules, plan_message
 from concord.orchestrator.store import StoreError, TorchStore, torch_store
+from concord.orchestrator.telemetry import OrchestratorMetrics
 from concord.protos.control_plane import (
     Decision,
     Heartbeat,
@@ -104,6 +105,7 @@ from concord.protos.mqtt import BrokerAuth, Bus
 from concord.protos.signing import signing_for
 from concord.runtime.lifecycle import dump_tasks
 from concord.runtime.logs import open_log
+from concord.runtime.telemetry import metrics_server
 
 log = structlog.get_logger("concord.orchestrator.app")
 
@@ -160,6 +162,11 @@ class Orchestrator:
         self._own_presence: set[float] = set()  # ts of the presences we published
         self._lost_since: float | None = None  # monotonic time the broker was lost (liveness)
         self.broker_lost: str | None = None  # why the run gives up on the broker
+        self.telemetry = OrchestratorMetrics(  # `metrics.listen` serves it
+            run_id,
+            self.admission,
+            lambda: (self.bus.rejected if self.bus else 0, self.stats_refused),
+        )
 
     def expected(self) -> set[int]:
         """Peers whose statistics a round of the current stage waits for."""
@@ -298,6 +305,7 @@ class Orchestrator:
 
     def _publish_all(self, decisions: list[Decision]) -> None:
         assert self.bus is not None
+        self.telemetry.decided(decisions)
         for d in decisions:
             self._spawn(self.bus.publish("decision", d), "decision")
         if self.book is not None:
@@ -457,6 +465,9 @@ class Orchestrator:
         loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
         async with contextlib.AsyncExitStack() as stack:
             url, o = self.broker_url, self.cfg.orchestrator
+            metrics = metrics_server(self.cfg.metrics.listen, self.telemetry.registry, self.out)
+            if metrics is not None:
+                await stack.enter_async_context(metrics)
             if url is None:
                 url = (await stack.enter_async_context(EmbeddedBroker.from_config(o))).url
             will = ("orchestrator", None, Presence(state="offline", reason="connection lost"))

@@ -63,6 +63,7 @@ from concord.peer.launcher import Identity
 from concord.peer.memory import tune_malloc
 from concord.peer.pace import pace_hooks
 from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
+from concord.peer.telemetry import PeerMetrics, peer_registry
 from concord.peer.tls import load_credentials
 from concord.peer.torch_plane import AgreedControl, TorchComm, TorchPlane, TorchPlaneError
 from concord.peer.transport import Fetched, Transport
@@ -77,6 +78,7 @@ from concord.runtime.rundir import (
     load_counters,
     restore_checkpoint,
 )
+from concord.runtime.telemetry import metrics_server
 
 Coordination = StaticCoordination | OrchestratedCoordination
 # seconds from the end of training to the exit: the wait for the run's "stop", the transport's
@@ -209,6 +211,7 @@ class PeerProcess:
             out, cfg, run=self.run_id, flush_every=1, resume_after=after, peer=peer_id
         )
         self.log = structlog.get_logger(__name__)
+        self.telemetry = peer_registry(self.run_id, peer_id)  # `metrics.listen` serves it
         if self.identity.source != "--id" or self.identity.local_source is not None:
             self.log.info(
                 "peer.identity",
@@ -319,7 +322,10 @@ class PeerProcess:
         joined = False
         started = time.perf_counter()
         plane_error: str | None = None
+        metrics = metrics_server(cfg.metrics.listen, self.telemetry, self.out)
         try:
+            if metrics is not None:
+                await metrics.__aenter__()
             async with coord:
                 joined = await coord.join(task, transport, advertise)
                 if joined:
@@ -336,6 +342,8 @@ class PeerProcess:
             if self.plane is not None:
                 self.plane.close()
             await transport.stop(grace=min(5.0, cfg.network.deadline))
+            if metrics is not None:
+                await metrics.__aexit__()
         # the peer gave up waiting (concord.peer.coordination) or its torch plane failed: exit 1
         error = coord.error or plane_error
         if error is not None:
@@ -574,6 +582,7 @@ class PeerProcess:
                     *hooks,
                     serve,
                     _Checkpoints(self, runner, task),
+                    PeerMetrics(self.telemetry, runner.total_steps),
                 ],
                 stop=self.stop.is_set,
                 start=start,

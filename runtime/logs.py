@@ -5,6 +5,9 @@ stdlib loggers of the libraries underneath (grpc, asyncio, the embedded MQTT bro
 ``log.jsonl``-style file. Every line is one JSON object with ``timestamp`` (ISO, UTC), ``level``,
 ``event``, ``logger`` for stdlib records, the identity the process binds (``run`` plus ``peer`` or
 ``role``) and whatever the thread has bound with ``structlog.contextvars`` (``step``, ``round``).
+A `Console` mirrors the events of INFO and above to stderr — human-readable lines or the same
+JSON — for the operators' tools (`concord peer` and `concord orchestrator` turn it on:
+``--log-format``).
 
 Torch-free (the orchestrator uses it). `LogSink.close` restores the logging configuration that was
 in force before, so a process that runs several runs in turn (a sweep worker, the CLI running a
@@ -13,8 +16,11 @@ reference run after the main one) never writes into a closed file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import sys
 import threading
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -23,7 +29,16 @@ from typing import IO, Any
 
 import structlog
 
-__all__ = ["STDLIB_LEVELS", "LogSink", "json_default", "open_log"]
+__all__ = [
+    "LOG_FORMATS",
+    "LOG_FORMAT_ENV",
+    "STDLIB_LEVELS",
+    "Console",
+    "LogSink",
+    "console_from_env",
+    "json_default",
+    "open_log",
+]
 
 # stdlib loggers routed into the run's log, and the level each is kept at (their DEBUG and INFO
 # are per-call chatter: connection attempts, keep-alives, broker sessions)
@@ -50,8 +65,9 @@ def json_default(obj: Any) -> Any:
 class _Lines:
     """The log file, written a whole line at a time from any thread."""
 
-    def __init__(self, file: IO[str]) -> None:
+    def __init__(self, file: IO[str], console: Console | None = None) -> None:
         self.file = file
+        self.console = console
         self.lock = threading.Lock()
 
     def write(self, line: str) -> None:
@@ -59,6 +75,12 @@ class _Lines:
             if not self.file.closed:
                 self.file.write(line + "\n")
                 self.file.flush()
+        if self.console is not None:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = {"event": line}
+            self.console.emit(event, line)
 
 
 class _LineLogger:
@@ -100,14 +122,88 @@ class _StdlibHandler(logging.Handler):
             self.handleError(record)
 
 
+class Console:
+    """The same lines on the process's stderr, where `docker compose logs`, `kubectl logs` and
+    Slurm's output files look: ``text`` — one human-readable line per event (time, level, who,
+    event, its fields) — or ``json`` — the log.jsonl line itself. Events below ``level`` (INFO)
+    stay in the file only."""
+
+    # the identity every line of the file carries; the console line names it once, up front
+    _WHO = ("role", "peer")
+    _QUIET = ("timestamp", "level", "event", "run", "logger", *_WHO)
+
+    def __init__(self, fmt: str, level: int = logging.INFO, stream: IO[str] | None = None) -> None:
+        if fmt not in LOG_FORMATS:
+            raise ValueError(f"log format {fmt!r}: one of {', '.join(LOG_FORMATS)}")
+        self.fmt = fmt
+        self.level = level
+        self.stream = stream
+        self.lock = threading.Lock()
+
+    def emit(self, event: Mapping[str, Any], line: str) -> None:
+        """Write ``event`` (rendered as the file's ``line``) if its level is high enough."""
+        if self.fmt == "none":
+            return
+        level = logging.getLevelName(str(event.get("level", "info")).upper())
+        if isinstance(level, int) and level < self.level:
+            return
+        text = line if self.fmt == "json" else self.text(event)
+        stream = self.stream or sys.stderr
+        with self.lock, contextlib.suppress(OSError, ValueError):  # a closed or full stderr
+            stream.write(text + "\n")
+            stream.flush()
+
+    def text(self, event: Mapping[str, Any]) -> str:
+        ts = str(event.get("timestamp", ""))
+        clock = ts[11:23] if len(ts) >= 23 else ts  # HH:MM:SS.mmm of the ISO time, UTC
+        who = " ".join(
+            f"{event[k]}" if k == "role" else f"{k} {event[k]}" for k in self._WHO if k in event
+        )
+        fields = " ".join(
+            f"{k}={_short(v)}"
+            for k, v in event.items()
+            if k not in self._QUIET and k != "exception"
+        )
+        parts = [
+            clock,
+            f"{str(event.get('level', 'info')).upper():<7}",
+            who,
+            str(event.get("event")),
+        ]
+        out = "  ".join(p for p in parts if p) + (f"  {fields}" if fields else "")
+        if "exception" in event:
+            out += "\n" + str(event["exception"]).rstrip()
+        return out
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=json_default)
+    if isinstance(value, str) and (" " in text or not text):
+        text = json.dumps(text)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+LOG_FORMATS = ("text", "json", "none")
+LOG_FORMAT_ENV = "CONCORD_LOG_FORMAT"  # `concord peer|orchestrator --log-format` sets it
+
+
+def console_from_env() -> Console | None:
+    """The console `open_log` mirrors to by default: ``$CONCORD_LOG_FORMAT`` (text, json or
+    none; unset: none — the CLI's own output, a progress bar, stays clean)."""
+    fmt = os.environ.get(LOG_FORMAT_ENV, "none").strip().lower() or "none"
+    return None if fmt == "none" else Console(fmt)
+
+
 class LogSink:
     """The process's log while a run is going; `close` (or leaving the ``with``) restores the
-    previous configuration and closes the file."""
+    previous configuration and closes the file. ``console``: the same events on stderr too."""
 
-    def __init__(self, path: Path, identity: Mapping[str, Any]) -> None:
+    def __init__(
+        self, path: Path, identity: Mapping[str, Any], console: Console | None = None
+    ) -> None:
         self.path = path
         self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._lines = _Lines(self._file)
+        self._lines = _Lines(self._file, console)
         self._previous = structlog.get_config()
         fixed = dict(identity)
 
@@ -159,7 +255,8 @@ class LogSink:
         self.close()
 
 
-def open_log(path: Path, **identity: Any) -> LogSink:
-    """Route this process's logs to ``path`` (appending), every line bound with ``identity``."""
+def open_log(path: Path, *, console: Console | None = None, **identity: Any) -> LogSink:
+    """Route this process's logs to ``path`` (appending), every line bound with ``identity``;
+    and to stderr as ``console`` says (default: `console_from_env`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return LogSink(path, identity)
+    return LogSink(path, identity, console if console is not None else console_from_env())

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,6 +45,7 @@ from concord.orchestrator.broker import embedded_broker_secured
 from concord.orchestrator.metrics import eval_record, step_record
 from concord.protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
 from concord.protos.mqtt import BrokerAuth, Bus
+from concord.protos.reach import BrokerUnreachableError, probe_broker
 from concord.protos.signing import Signing, signing_for
 from concord.runtime.lock import holder
 from concord.runtime.logs import open_log
@@ -331,12 +333,13 @@ def run_processes(
     that fails leaves ``error.json`` in ``run_dir`` (what failed and why, each child's exit
     status and recorded error), so no run directory is left without a summary or a reason.
     ``resume``: continue the interrupted run in ``run_dir`` (`resume_step`)."""
-    check_algorithm(cfg)  # a bad [hyper] table fails here, not in n peer processes
     after = resume_step(cfg, run_dir) if resume else None
+    run_id = make_run_id(cfg)
+    preflight(cfg, broker, run_id)  # before the run directory exists: nothing to clean up
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "error.json").unlink(missing_ok=True)
     try:
-        return _run_processes(cfg, run_dir, progress=progress, broker=broker, after=after)
+        return _run_processes(cfg, run_dir, run_id, progress=progress, broker=broker, after=after)
     except ProcessesError as exc:
         record = {
             "role": "launcher",
@@ -349,6 +352,34 @@ def run_processes(
         tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         tmp.replace(run_dir / "error.json")
         raise
+
+
+def monitor_auth(cfg: RunConfig, broker: str | None) -> BrokerAuth | None:
+    """The launcher's broker login: with an external broker, or an embedded one with
+    credentials, the read-only "monitor" identity; else anonymous (None)."""
+    secured = broker or cfg.orchestrator.broker or embedded_broker_secured(cfg.orchestrator)
+    return BrokerAuth.from_config(cfg.orchestrator, "monitor") if secured else None
+
+
+def preflight(cfg: RunConfig, broker: str | None, run_id: str) -> None:
+    """What n children would each find out after seconds of start-up, found here in about a
+    second: the algorithm's ``[hyper]``, the dataset, partition and model (user plug-ins
+    included: imported and called once, on this process's CPU), the run's signing material and
+    an external broker that is down or refuses the monitor's login. Raises `ConfigError`,
+    `PluginError` (a ValueError) or `ProcessesError`."""
+    check_algorithm(cfg)
+    data = load_task_data(cfg)
+    ClassificationTask(
+        cfg, [0], device=torch.device("cpu"), data=data, parts=make_partition(cfg, data)
+    )
+    for who in ["monitor", "orchestrator", *(f"peer-{i}" for i in range(cfg.peers))]:
+        signing_for(cfg, who, run_id)
+    external = broker or cfg.orchestrator.broker
+    if external:  # down, wrong port or refused login: one sentence now, before any child
+        try:
+            probe_broker(external, monitor_auth(cfg, broker), identifier=f"monitor-{run_id}")
+        except BrokerUnreachableError as exc:
+            raise ProcessesError(str(exc)) from None
 
 
 def resume_step(cfg: RunConfig, run_dir: Path) -> int:
@@ -426,7 +457,13 @@ def refill_run_metrics(cfg: RunConfig, run_dir: Path, after: int) -> int:
 
 
 def _run_processes(
-    cfg: RunConfig, run_dir: Path, *, progress: bool, broker: str | None, after: int | None
+    cfg: RunConfig,
+    run_dir: Path,
+    run_id: str,
+    *,
+    progress: bool,
+    broker: str | None,
+    after: int | None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     for stale in STALE_FILES:  # an earlier run's (`concord sim` refuses a reused --out first)
@@ -435,11 +472,8 @@ def _run_processes(
         (run_dir / "peers" / f"peer-{i}" / "summary.json").unlink(missing_ok=True)
         (run_dir / "peers" / f"peer-{i}" / "error.json").unlink(missing_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
-    run_id = make_run_id(cfg)
-    # every participant's signing material, checked here: a sentence now, not n failed children
     signing = signing_for(cfg, "monitor", run_id)
-    for who in ["orchestrator", *(f"peer-{i}" for i in range(cfg.peers))]:
-        signing_for(cfg, who, run_id)
+    auth = monitor_auth(cfg, broker)
     config_path = run_dir / "config.toml"
     config_path.write_text(to_toml(cfg), encoding="utf-8")
     children = Children(run_dir, cfg)
@@ -453,10 +487,6 @@ def _run_processes(
             log.info("run.resume", after_step=after, records_rebuilt=added)
         url = _start(children, cfg, run_dir, run_id, config_path, broker, after)
         monitor = Monitor(cfg.peers)
-        # an external broker, or an embedded one with credentials: the monitor connects as the
-        # read-only "monitor" identity; with a run PKI it verifies what it shows (never signs)
-        secured = broker or cfg.orchestrator.broker or embedded_broker_secured(cfg.orchestrator)
-        auth = BrokerAuth.from_config(cfg.orchestrator, "monitor") if secured else None
         asyncio.run(_follow(children, url, run_id, monitor, progress, stop, auth, signing))
         if stop:
             raise ProcessesError(f"stopped by {stop[0]}; every child process was terminated")
@@ -468,10 +498,7 @@ def _run_processes(
         children.stop()
         sink.close()
     if "orchestrator" in failed or len(failed) == cfg.peers:
-        raise ProcessesError(
-            f"child processes failed: {failed}; see {run_dir / 'logs'} and each log.jsonl"
-            + "".join(f"\n  {name}: {why}" for name, why in child_errors(run_dir, cfg).items())
-        )
+        raise ProcessesError(failure_message(run_dir, cfg, failed))
     return finish(cfg, run_dir, started, failed)
 
 
@@ -487,7 +514,7 @@ def _start(
     resume = [] if after is None else ["--resume-step", str(after)]
     orch_args = ["orchestrator", "--config", str(config_path), "--out", str(run_dir)]
     orch_args += ["--run-id", run_id] + (["--broker", broker] if broker else []) + resume
-    orch = children.start("orchestrator", orch_args)
+    orch = children.start("orchestrator", orch_args + metrics_listen(cfg, 0))
     info = run_dir / "orchestrator.json"
     end = time.monotonic() + 60
     while not info.is_file():
@@ -500,13 +527,31 @@ def _start(
         args = ["peer", "--config", str(config_path), "--id", str(i), "--broker", url]
         args += ["--run-id", run_id, "--listen", "127.0.0.1:0"]
         args += ["--out", str(run_dir / "peers" / f"peer-{i}"), *resume]
-        children.start(f"peer-{i}", args)
+        children.start(f"peer-{i}", args + metrics_listen(cfg, 1 + i))
     return url
 
 
-def child_errors(run_dir: Path, cfg: RunConfig) -> dict[str, str]:
+def metrics_listen(cfg: RunConfig, offset: int) -> list[str]:
+    """``--metrics-listen`` of the child at ``offset`` (orchestrator 0, peer i 1 + i): on one
+    host each needs its own port, ``metrics.listen``'s port + offset (port 0: a free one each,
+    which every child finds by itself)."""
+    if cfg.metrics.listen is None:
+        return []
+    host, _, port = cfg.metrics.listen.rpartition(":")
+    if int(port) == 0:
+        return []
+    if int(port) + offset > 65535:
+        raise ConfigError([("metrics.listen", f"port {port} + {offset} children exceeds 65535")])
+    return ["--metrics-listen", f"{host}:{int(port) + offset}"]
+
+
+def child_errors(
+    run_dir: Path, cfg: RunConfig, failed: Mapping[str, int] | None = None
+) -> dict[str, str]:
     """name → why, for every child that recorded giving up: the orchestrator's ``error`` in
-    orchestrator-summary.json, a peer's error.json."""
+    orchestrator-summary.json, a peer's error.json; for a ``failed`` child that recorded
+    nothing (it died before it could: an exception at start-up), the last line it printed —
+    a traceback's last line names the exception and its message."""
     found: dict[str, str] = {}
     records = {"orchestrator": run_dir / "orchestrator-summary.json"}
     for i in range(cfg.peers):
@@ -516,7 +561,38 @@ def child_errors(run_dir: Path, cfg: RunConfig) -> dict[str, str]:
             why = json.loads(path.read_text()).get("error")
             if why:
                 found[name] = str(why)
+    for name in failed or {}:
+        if name not in found and (words := last_words(run_dir / "logs" / f"{name}.out")):
+            found[name] = words
     return found
+
+
+def last_words(path: Path, limit: int = 400) -> str | None:
+    """The last non-blank line of a child's output (at most ``limit`` characters)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = [x.strip() for x in tail.splitlines() if x.strip()]
+    return lines[-1][:limit] if lines else None
+
+
+def failure_message(run_dir: Path, cfg: RunConfig, failed: Mapping[str, int]) -> str:
+    """What `concord sim` prints when children failed: which (exit statuses), where their logs
+    are, each one's own error, and — last, where a terminal leaves the eye — the error of the
+    child that matters most: the orchestrator's, else the lowest failed peer's."""
+    errors = child_errors(run_dir, cfg, failed)
+    exits = ", ".join(f"{name} exit {code}" for name, code in failed.items())
+    head = f"child processes failed ({exits}); logs: {run_dir / 'logs'} and each log.jsonl"
+    order = sorted(errors, key=lambda n: (n not in failed, n != "orchestrator", _rank(n)))
+    lines = [f"  {name}: {errors[name]}" for name in reversed(order)]
+    return "\n".join([head, *lines])
+
+
+def _rank(name: str) -> int:
+    return int(name.removeprefix("peer-")) if name.startswith("peer-") else -1
 
 
 def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]) -> dict[str, Any]:

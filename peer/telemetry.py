@@ -1,0 +1,102 @@
+"""What a peer tells operators while it trains: its Prometheus metrics
+(`concord.runtime.telemetry`), fed by a step hook from every step and evaluation record (names:
+docs/deployment.md#metrics), and a progress line in its log at every evaluation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from concord.runtime.driver import StepHooks
+from concord.runtime.telemetry import Registry
+
+__all__ = ["PeerMetrics", "peer_registry"]
+
+log = structlog.get_logger(__name__)
+
+# (name, kind, help): what a step record feeds
+_DECLARED = (
+    ("step", "gauge", "Last completed training step (0-based)."),
+    ("steps_total", "counter", "Training steps completed by this process."),
+    ("phase", "gauge", "Training phase of the last step (1-based; phases split at LR decays)."),
+    ("epoch", "gauge", "Epochs of this peer's partition completed."),
+    ("lr", "gauge", "Learning rate of the last step."),
+    ("loss", "gauge", "Training loss of the last step's batch."),
+    ("last_step_seconds", "gauge", "Wall time of the last step, control waits included."),
+    ("step_seconds_total", "counter", "Wall time of all steps (rate: seconds per second)."),
+    ("wait_seconds_total", "counter", "Time steps waited for neighbours' tensors."),
+    ("control_wait_seconds_total", "counter", "Time steps waited for control decisions."),
+    ("rounds", "gauge", "Gossip rounds of the last step."),
+    ("gossip_rounds_total", "counter", "Gossip rounds since the start of the run."),
+    ("theta", "gauge", "Local consensus statistic θ_i of the last round."),
+    ("target", "gauge", "Consensus-control target of the last step (absent: uncontrolled)."),
+    ("grad_norm", "gauge", "Local gradient norm of the last step."),
+    ("bytes_sent_total", "counter", "Bytes this peer sent on gossip edges."),
+    ("neighbours_missing_total", "counter", "Neighbour tensors that missed a round's deadline."),
+    ("frames_rejected_total", "counter", "Received tensors refused (shape, finiteness, …)."),
+    ("eval_accuracy", "gauge", "Accuracy of this peer's model at the last evaluation."),
+    ("eval_loss", "gauge", "Test loss of this peer's model at the last evaluation."),
+)
+
+
+def peer_registry(run: str, peer: int) -> Registry:
+    """The ``concord_peer_*`` metrics of peer ``peer`` of run ``run``."""
+    registry = Registry("concord_peer", {"run": run, "peer": str(peer)})
+    for name, kind, help in _DECLARED:
+        registry.declare(name, kind, help)
+    return registry
+
+
+class PeerMetrics(StepHooks):
+    """Feeds ``registry`` from the training loop's records (called in the training thread)."""
+
+    def __init__(self, registry: Registry, total_steps: int | None = None) -> None:
+        self.registry = registry
+        self.total = total_steps
+        self.last: dict[str, Any] = {}  # the latest step record: the progress line's
+
+    def after(self, step: int, record: dict[str, Any]) -> None:
+        r = self.registry
+        self.last = record
+        r.set("step", step)
+        r.inc("steps_total")
+        for key in ("phase", "epoch", "lr", "loss", "rounds", "theta", "grad_norm"):
+            value = record.get(key)
+            if isinstance(value, int | float):
+                r.set(key, value)
+        if isinstance(record.get("target"), int | float):
+            r.set("target", record["target"])
+        if isinstance(record.get("rounds_total"), int):
+            r.set("gossip_rounds_total", record["rounds_total"])
+        if isinstance(record.get("bytes_sent"), int):  # cumulative in the step record
+            r.set("bytes_sent_total", record["bytes_sent"])
+        ms = float(record.get("step_ms", 0.0))
+        r.set("last_step_seconds", ms / 1e3)
+        r.inc("step_seconds_total", ms / 1e3)
+        r.inc("wait_seconds_total", float(record.get("wait_ms", 0.0)) / 1e3)
+        r.inc("control_wait_seconds_total", float(record.get("control_wait_ms", 0.0)) / 1e3)
+        r.inc("neighbours_missing_total", len(record.get("missing", ())))
+        r.inc("frames_rejected_total", len(record.get("rejected", ())))
+
+    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+        for key in ("accuracy", "loss"):
+            value = record.get(key)
+            if isinstance(value, int | float):
+                self.registry.set(f"eval_{key}", value)
+        last = self.last
+        log.info(
+            "peer.progress",
+            step=step,
+            of=self.total,
+            epoch=round(float(record.get("epoch", 0.0)), 3),
+            accuracy=_rounded(record.get("accuracy"), 4),
+            test_loss=_rounded(record.get("loss"), 4),
+            train_loss=_rounded(last.get("loss"), 4),
+            rounds_total=last.get("rounds_total"),
+            step_ms=_rounded(last.get("step_ms"), 1),
+        )
+
+
+def _rounded(value: Any, digits: int) -> float | None:
+    return round(float(value), digits) if isinstance(value, int | float) else None
