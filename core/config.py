@@ -12,7 +12,6 @@ traits in the torch-free catalog (`concord.core.algorithms.catalog`), not from l
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import os
 import tomllib
@@ -41,6 +40,7 @@ from concord.core.graphs.topology import (
 )
 from concord.core.graphs.trees import relay_trees
 from concord.core.plugins import is_spec
+from concord.core.suggest import closest
 from concord.errors import ConfigError as ConfigError
 
 ALGORITHM_NAMES: tuple[str, ...] = tuple(CATALOG)  # every algorithm of the catalog, in its order
@@ -908,8 +908,8 @@ def _ada_problems(cfg: RunConfig, n_phases: int) -> list[str]:
 
 
 def _unknown(kind: str, value: str, names: Sequence[str], *extra: str) -> str:
-    close = difflib.get_close_matches(value, names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(value, names)
+    hint = f" (did you mean {close!r}?)" if close else ""
     return f"unknown {kind} {value!r}{hint}; valid: {', '.join([*names, *extra])}"
 
 
@@ -1016,8 +1016,8 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             parent = _section_fields(loc[:-1])
-            close = difflib.get_close_matches(loc[-1], parent, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = closest(loc[-1], parent)
+            hint = f"; did you mean {close!r}?" if close else ""
             msg = f"unknown key{hint} (valid here: {', '.join(parent)})"
         elif "input" in err and err["type"] not in ("value_error",):
             msg = f"{msg} (got {err['input']!r})"

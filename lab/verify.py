@@ -46,6 +46,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -714,8 +715,10 @@ def _rerun(
     echo: Callable[[str], None],
     run_fn: RunFn | None,
     console: Console | None,
+    kept: bool = True,
 ) -> Outcome:
-    """Re-run ``target`` into ``out_dir``, print the comparison and the verdict."""
+    """Re-run ``target`` into ``out_dir``, print the comparison and the verdict. ``kept``: False
+    when ``out_dir`` is a temporary directory, removed at the end."""
     name = target.run.name
     controlled = _controlled(cfg)
     if count_tol is None:
@@ -730,7 +733,8 @@ def _rerun(
         echo(f"note: {note}")
     constant = controlled and cfg.control.mode == "constant"
     calibration = " (with its calibration pass)" if constant else ""
-    echo(f"re-running{calibration}: {cfg.engine} engine, {cfg.peers} peers, into {out_dir}")
+    where = out_dir if kept else "a temporary directory (removed at the end; --out DIR keeps it)"
+    echo(f"re-running{calibration}: {cfg.engine} engine, {cfg.peers} peers, into {where}")
     out_dir.mkdir(parents=True, exist_ok=True)
     from concord.core.config import apply_overrides
 
@@ -754,7 +758,12 @@ def _rerun(
     if outcome.get("status") != "ok" or not summary:
         error = str(outcome.get("error") or outcome.get("status") or "no summary.json")
         echo(f"the re-run failed: {error}")
-        echo(f"(its directory: {out_dir / 'runs' / name})")
+        trace = out_dir / "runs" / name / "error.txt"
+        if not kept and trace.is_file():  # its directory is about to go: show the traceback
+            for line in trace.read_text(encoding="utf-8").rstrip().splitlines()[-20:]:
+                echo(f"  {line}")
+        else:
+            echo(f"(its directory: {out_dir / 'runs' / name})")
         for line in machine:
             echo(line)
         checks = compare(target, {}, peers, tol, count_tol)
@@ -1250,53 +1259,62 @@ def verify_reports(
         base, cfg = _config(target)
         prepared.append((choice, target, base, cfg))
     several = len(prepared) > 1
-    root = Path(tempfile.mkdtemp(prefix="concord-verify-")) if out is None else Path(out)
-    out_dirs = []
-    for i, (_, target, _, _) in enumerate(prepared, 1):
-        out_dir = root / f"{i}-{_slug(target.directory)}" if several else root
-        if (out_dir / "runs" / target.run.name).exists():
-            where = f"--out {root}" + (f": {out_dir}" if several else "")
-            raise VerifyError(
-                f"{where} already holds runs/{target.run.name}; choose another directory"
-            )
-        out_dirs.append(out_dir)
-    outcomes = []
-    for i, ((choice, target, base, cfg), out_dir) in enumerate(
-        zip(prepared, out_dirs, strict=True), 1
-    ):
+    # no --out: the re-runs go to a temporary directory, removed however this ends (a verdict,
+    # a failed re-run, an error, Ctrl-C); with --out they stay
+    kept = out is not None
+    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="concord-verify-"))
+    try:
+        out_dirs = []
+        for i, (_, target, _, _) in enumerate(prepared, 1):
+            out_dir = root / f"{i}-{_slug(target.directory)}" if several else root
+            if (out_dir / "runs" / target.run.name).exists():
+                where = f"--out {root}" + (f": {out_dir}" if several else "")
+                raise VerifyError(
+                    f"{where} already holds runs/{target.run.name}; choose another directory"
+                )
+            out_dirs.append(out_dir)
+        outcomes = []
+        for i, ((choice, target, base, cfg), out_dir) in enumerate(
+            zip(prepared, out_dirs, strict=True), 1
+        ):
+            if several:
+                if i > 1:
+                    echo("")
+                echo(f"=== {i}/{len(prepared)}: {choice.directory} ===")
+            outcomes.append(
+                _rerun(choice.directory, target, base, cfg, out_dir, tol=tol, count_tol=count_tol,
+                       echo=echo, run_fn=run_fn, console=console, kept=kept)
+            )  # fmt: skip
+        rows = record_rows(outcomes)
         if several:
-            if i > 1:
-                echo("")
-            echo(f"=== {i}/{len(prepared)}: {choice.directory} ===")
-        outcomes.append(
-            _rerun(choice.directory, target, base, cfg, out_dir, tol=tol, count_tol=count_tol,
-                   echo=echo, run_fn=run_fn, console=console)
-        )  # fmt: skip
-    rows = record_rows(outcomes)
-    if several:
-        echo("")
-        echo(f"summary: {summarize(rows)[0]}")
-    if csv_file is not None:
-        write_record_csv(csv_file, rows)
-        echo(f"wrote {csv_file} ({len(rows)} rows)")
-    if csv_file is not None and md_file is not None:
-        here = outcomes[0].here
-        md_file.parent.mkdir(parents=True, exist_ok=True)
-        figure = plot_record(rows, md_file.with_suffix(".png"))
-        echo(f"wrote {figure}")
-        text = render_markdown(
-            rows,
-            command=command
-            or _default_command(choices, out, tol, count_tol, csv_path, markdown_path),
-            csv_name=Path(os.path.relpath(csv_file.resolve(), md_file.resolve().parent)).as_posix(),
-            date=today or datetime.date.today().isoformat(),
-            python=str(here.get("python")),
-            cores=here.get("cores"),
-            plot=figure.name,
-        )
-        md_file.write_text(text, encoding="utf-8")
-        echo(f"wrote {md_file}")
-    return 0 if all(o.ok for o in outcomes) else 1
+            echo("")
+            echo(f"summary: {summarize(rows)[0]}")
+        if csv_file is not None:
+            write_record_csv(csv_file, rows)
+            echo(f"wrote {csv_file} ({len(rows)} rows)")
+        if csv_file is not None and md_file is not None:
+            here = outcomes[0].here
+            md_file.parent.mkdir(parents=True, exist_ok=True)
+            figure = plot_record(rows, md_file.with_suffix(".png"))
+            echo(f"wrote {figure}")
+            text = render_markdown(
+                rows,
+                command=command
+                or _default_command(choices, out, tol, count_tol, csv_path, markdown_path),
+                csv_name=Path(
+                    os.path.relpath(csv_file.resolve(), md_file.resolve().parent)
+                ).as_posix(),
+                date=today or datetime.date.today().isoformat(),
+                python=str(here.get("python")),
+                cores=here.get("cores"),
+                plot=figure.name,
+            )
+            md_file.write_text(text, encoding="utf-8")
+            echo(f"wrote {md_file}")
+        return 0 if all(o.ok for o in outcomes) else 1
+    finally:
+        if not kept:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def verify_main(

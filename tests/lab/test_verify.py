@@ -460,3 +460,89 @@ def test_the_committed_reports_resolve_their_runs(
     if directory.endswith("longer-budget"):
         assert target.items[-1] == "epochs=48"  # the report command's --set
     assert load_target(ROOT / "docs" / "results" / directory).cell.record  # the default run
+
+
+def failing_run(
+    cfg: object, out_dir: Path, *, progress: bool = False, calibration_cache: Path | None = None
+) -> dict[str, object]:
+    """A re-run that breaks (module-level: it pickles into the sweep's spawned worker)."""
+    raise RuntimeError("broken on purpose")
+
+
+def _leftovers(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.glob("concord-verify-*"))
+
+
+def test_verify_without_out_leaves_no_temporary_directory(
+    tiny_report: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from concord.lab.verify import Choice, verify_reports
+
+    tmp = tmp_path / "tmp"  # this test's own temporary root: other tests may run beside it
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    code, out = _verify(str(tiny_report))  # a verdict: reproduces
+    assert code == 0, out
+    assert "into a temporary directory (removed at the end; --out DIR keeps it)" in out
+    assert _leftovers(tmp) == []
+    report = _copy(tiny_report, tmp_path / "copy", ("table.csv", "preset.json", "report.md"))
+    rows = _table(report / "table.csv")
+    rows[0]["gossip_rounds_total"] = str(int(float(rows[0]["gossip_rounds_total"])) + 1)
+    with open(report / "table.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    code, out = _verify(str(report))  # a verdict: differs
+    assert code == 1, out
+    assert _leftovers(tmp) == []
+    lines: list[str] = []  # a re-run that raises: its traceback is shown, its directory goes
+    code = verify_reports(
+        [Choice(str(tiny_report), None, None, None, None)],
+        echo=lines.append,
+        run_fn=failing_run,
+        console=Console(file=io.StringIO()),
+    )
+    assert code == 1
+    assert "the re-run failed: RuntimeError: broken on purpose" in lines
+    assert any("raise RuntimeError" in line for line in lines)
+    assert _leftovers(tmp) == []
+
+
+def test_ctrl_c_during_a_verify_leaves_no_temporary_directory(
+    tiny_report: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C in a terminal: SIGINT to the command's whole process group (it and its worker)
+    while the re-run starts."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "concord.lab.cli", "report", "verify", str(tiny_report)],
+        env={**os.environ, "TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _leftovers(tmp) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _leftovers(tmp), "the re-run's temporary directory never appeared"
+        time.sleep(0.5)  # the worker is starting
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, output
+    assert "reproduces" not in output  # it was interrupted, not finished
+    assert _leftovers(tmp) == []
