@@ -8,11 +8,10 @@ that a broker that is down, a wrong port or refused credentials is one sentence 
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import aiomqtt
 
-from concord.protos.mqtt import BrokerAuth, _redact, client
+from concord.protos.mqtt import BrokerAuth, _redact, client, session_client_id
 
 __all__ = ["PROBE_TIMEOUT", "BrokerUnreachableError", "probe_broker"]
 
@@ -42,11 +41,12 @@ def probe_broker(
     identifier: str | None = None,
     timeout: float = PROBE_TIMEOUT,
 ) -> None:
-    """Connect to ``url`` once as ``auth`` (None: anonymously) and disconnect; raise
+    """Connect to ``url`` once as ``auth`` (None: anonymously; ``identifier``: the client id's
+    role part, `concord.protos.mqtt.session_client_id`) and disconnect; raise
     `BrokerUnreachableError` naming the address and the reason when that fails within ``timeout``
     seconds (a configuration that cannot be honoured — TLS files with mqtt:// — is the
     `ConfigError` of `concord.protos.mqtt.connection`)."""
-    ident = identifier or f"probe-{uuid.uuid4().hex[:12]}"
+    ident = session_client_id(identifier or "probe", auth)  # an id the broker lets us have
     try:
         asyncio.run(_probe(url, auth, ident, timeout))
     except TimeoutError:

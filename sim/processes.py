@@ -377,7 +377,7 @@ def preflight(cfg: RunConfig, broker: str | None, run_id: str) -> None:
     external = broker or cfg.orchestrator.broker
     if external:  # down, wrong port or refused login: one sentence now, before any child
         try:
-            probe_broker(external, monitor_auth(cfg, broker), identifier=f"monitor-{run_id}")
+            probe_broker(external, monitor_auth(cfg, broker), identifier=f"probe-{run_id}")
         except BrokerUnreachableError as exc:
             raise ProcessesError(str(exc)) from None
 

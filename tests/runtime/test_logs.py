@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
 from pathlib import Path
 
+import pytest
 import structlog
 
-from concord.runtime.logs import open_log
+from concord.runtime.logs import LOG_FORMAT_ENV, Console, console_from_env, open_log
 
 
 def lines(path: Path) -> list[dict[str, object]]:
@@ -68,3 +71,42 @@ def test_numpy_and_path_values_are_logged(tmp_path: Path) -> None:
     assert got["a"] == 0.5
     assert got["b"] == [0, 1, 2]
     assert got["p"] == str(tmp_path)
+
+
+def test_the_console_mirrors_info_and_above_to_stderr(tmp_path: Path) -> None:
+    """What `docker compose logs` and `kubectl logs` show: one readable line per event of INFO
+    and above (the process's identity once, then the event and its fields), or the JSON line
+    of log.jsonl itself."""
+    text, as_json = io.StringIO(), io.StringIO()
+    for stream, fmt in ((text, "text"), (as_json, "json")):
+        path = tmp_path / f"{fmt}.jsonl"
+        with open_log(path, console=Console(fmt, stream=stream), run="r1", peer=3):
+            log = structlog.get_logger("concord.test")
+            log.debug("too.chatty")
+            log.info("peer.progress", step=12, accuracy=0.5, note="two words")
+            logging.getLogger("grpc").warning("stream reset")
+    shown = text.getvalue().splitlines()
+    assert len(shown) == 2, shown  # the debug line stays in the file only
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d\.\d{3}  INFO     peer 3  peer\.progress  step=12 accuracy=0\.5 "
+        r'note="two words"',
+        shown[0],
+    ), shown[0]
+    assert "WARNING" in shown[1]
+    assert "stream reset" in shown[1]
+    file_lines = (tmp_path / "json.jsonl").read_text().splitlines()
+    assert as_json.getvalue().splitlines() == [
+        line for line in file_lines if json.loads(line)["level"] != "debug"
+    ]
+
+
+def test_the_console_format_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LOG_FORMAT_ENV, "json")
+    console = console_from_env()
+    assert console is not None
+    assert console.fmt == "json"
+    monkeypatch.setenv(LOG_FORMAT_ENV, "none")
+    assert console_from_env() is None
+    monkeypatch.setenv(LOG_FORMAT_ENV, "xml")
+    with pytest.raises(ValueError, match="log format 'xml': one of text, json, none"):
+        console_from_env()
