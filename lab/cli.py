@@ -19,6 +19,7 @@ import click
 
 from concord.core.config import ConfigError, RunConfig
 from concord.lab.config_cmd import config as config_group
+from concord.lab.deploy_cli import compose_cmd, k8s_cmd
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -871,194 +872,6 @@ def certs_broker(
     )
 
 
-@main.command("compose")
-@click.option(
-    "--peers", "-n", type=click.IntRange(min=2), required=True, help="number of peers (≥ 2)"
-)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="directory for the compose files (e.g. compose)",
-)
-@click.option(
-    "--config",
-    "config",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
-    help="run config to ship as run.toml; its peers must be --peers (default: a small run)",
-)
-@click.option("--tls", is_flag=True, help="overlay compose.tls.yaml: mTLS and signed control")
-@click.option("--auth", is_flag=True, help="overlay compose.auth.yaml: broker passwords, ACL, TLS")
-@click.option(
-    "--shape", metavar="RATE", default=None, help="overlay: cap each peer's link with tc (100mbit)"
-)
-@click.option(
-    "--cpus",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="overlay: CPUs per peer",
-)
-@click.option("--memory", metavar="SIZE", default=None, help="overlay: memory per peer (2g)")
-@click.option(
-    "--gpus",
-    type=click.IntRange(min=1),
-    default=None,
-    help="overlay: GPUs on the host; one per peer, round-robin",
-)
-@click.option(
-    "--context",
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="the image's build context: the Concord repository root",
-)
-@click.option("--force", is_flag=True, help="replace files already in --out")
-def compose_cmd(
-    peers: int,
-    out: Path,
-    config: Path | None,
-    tls: bool,
-    auth: bool,
-    shape: str | None,
-    cpus: float | None,
-    memory: str | None,
-    gpus: int | None,
-    context: Path,
-    force: bool,
-) -> None:
-    """Write a docker compose stack for N peers: compose.yaml and the overlays asked for."""
-    import os
-    import tomllib
-
-    from concord.core.config import build_config, load_config
-    from concord.lab.compose_gen import (
-        ComposeError,
-        ComposeOptions,
-        default_run_toml,
-        render,
-        write_files,
-    )
-
-    if not (context / "pyproject.toml").is_file():
-        _fail(f"--context {context}: not the Concord repository root (no pyproject.toml there)")
-    root, target = context.resolve(), out.resolve()
-    options = ComposeOptions(
-        peers=peers,
-        tls=tls,
-        auth=auth,
-        shape=shape,
-        cpus=cpus,
-        memory=memory,
-        gpus=gpus or 0,
-        out=str(out),
-        context=Path(os.path.relpath(root, target)).as_posix(),
-        dockerfile=Path(os.path.relpath(target / "Dockerfile", root)).as_posix(),
-        config=None if config is None else str(config),
-    )
-    text = default_run_toml(peers) if config is None else config.read_text(encoding="utf-8")
-    try:
-        cfg = load_config(config, environ={}) if config else build_config(tomllib.loads(text))
-        files = render(options, cfg, text)
-        written = write_files(out, files, force=force, executable={"certs.sh"})
-    except (ConfigError, ComposeError) as exc:
-        _fail(str(exc))
-    click.echo(f"wrote {len(written)} files to {out}:")
-    for path in written:
-        click.echo(f"  {path}")
-    files_args = [f"-f {out / n}" for n in files if n.startswith("compose.")]
-    if tls or auth:
-        click.echo(f"first: sh {out / 'certs.sh'} (the identities), then:")
-    click.echo(f"docker compose {' '.join(files_args)} up --build")
-
-
-@main.command("k8s")
-@click.option(
-    "--peers", "-n", type=click.IntRange(min=2), required=True, help="number of peers (≥ 2)"
-)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="directory for the manifests (kubectl apply -f DIR)",
-)
-@click.option(
-    "--config",
-    "config",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
-    help="run config for the ConfigMap; its peers must be --peers (default: a small run)",
-)
-@click.option("--image", default="concord:local", show_default=True, help="the Concord image")
-@click.option("--tls", is_flag=True, help="mTLS between peers and signed control messages")
-@click.option("--auth", is_flag=True, help="broker passwords, ACL and TLS")
-@click.option(
-    "--certs",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="identities for the Secrets; what is missing is issued (default: OUT/certs)",
-)
-@click.option("--cpu", default="1", show_default=True, help="CPU request per peer")
-@click.option("--memory", default="2Gi", show_default=True, help="memory per peer")
-@click.option("--gpu", is_flag=True, help="one nvidia.com/gpu per peer (a CUDA build of torch)")
-@click.option("--storage", default="10Gi", show_default=True, help="size of the runs volume")
-@click.option("--storage-class", default=None, help="storage class of the runs volume (RWX)")
-@click.option("--force", is_flag=True, help="replace files already in --out")
-def k8s_cmd(
-    peers: int,
-    out: Path,
-    config: Path | None,
-    image: str,
-    tls: bool,
-    auth: bool,
-    certs: Path | None,
-    cpu: str,
-    memory: str,
-    gpu: bool,
-    storage: str,
-    storage_class: str | None,
-    force: bool,
-) -> None:
-    """Write Kubernetes manifests for N peers: ConfigMaps, Secrets, broker, orchestrator, peers."""
-    import tomllib
-
-    from concord.core.config import build_config, load_config
-    from concord.lab.compose_gen import ComposeError, default_run_toml, write_files
-    from concord.lab.k8s import K8sError, K8sOptions, certs_script, check, issue_identities, render
-    from concord.peer.certs import CertError
-
-    options = K8sOptions(
-        peers=peers,
-        image=image,
-        tls=tls,
-        auth=auth,
-        cpu=cpu,
-        memory=memory,
-        gpu=gpu,
-        storage=storage,
-        storage_class=storage_class,
-        out=str(out),
-        config=None if config is None else str(config),
-    )
-    text = default_run_toml(peers) if config is None else config.read_text(encoding="utf-8")
-    certs_dir = certs or out / "certs"
-    try:
-        cfg = load_config(config, environ={}) if config else build_config(tomllib.loads(text))
-        check(options, cfg)
-        issued = issue_identities(options, cfg, certs_dir) if tls or auth else []
-        files = render(options, cfg, text, certs_dir)
-        if tls or auth:
-            files["certs.sh"] = certs_script(options, cfg, str(certs_dir))
-        written = write_files(out, files, force=force, executable={"certs.sh"})
-    except (ConfigError, K8sError, ComposeError, CertError, ValueError) as exc:
-        _fail(str(exc))
-    for what in issued:
-        click.echo(f"issued {what} in {certs_dir}")
-    click.echo(f"wrote {len(written)} files to {out}; apply with: kubectl apply -f {out}")
-    if tls or auth:
-        click.echo(f"{out}/secrets.yaml and {certs_dir} hold private keys: keep them out of git")
-
-
 @main.group("report")
 def report_group() -> None:
     """Check the reports of preset sweeps (committed under docs/results/<preset>/)."""
@@ -1166,6 +979,8 @@ def report_verify(
 
 
 main.add_command(config_group)
+main.add_command(compose_cmd)
+main.add_command(k8s_cmd)
 
 if __name__ == "__main__":
     main()

@@ -4,8 +4,12 @@ mounted only into the container that owns it."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,17 +33,16 @@ OVERLAY_NAMES = ("tls", "auth", "shape", "limits", "gpu")
 
 def _options_of_header() -> tuple[ComposeOptions, str]:
     """The options of the command line in compose/compose.yaml's header (its second line)."""
+    from concord.lab.deploy_cli import compose_options
+
     line = (COMPOSE / BASE).read_text(encoding="utf-8").splitlines()[1]
     argv = shlex.split(line.lstrip("# "))
     assert argv[:2] == ["concord", "compose"], line
     ctx = main.commands["compose"].make_context("compose", argv[2:])
-    p = ctx.params
-    assert p["config"] is None, "compose/ uses the built-in run config"
-    options = ComposeOptions(
-        peers=p["peers"], tls=p["tls"], auth=p["auth"], shape=p["shape"], cpus=p["cpus"],
-        memory=p["memory"], gpus=p["gpus"] or 0, out=str(p["out"]),
-    )  # fmt: skip
-    return options, line
+    assert ctx.params["config"] is None, "compose/ uses the built-in run config"
+    options = compose_options({**ctx.params, "context": ROOT})
+    # the files name the context and Dockerfile relative to compose/ (the command's defaults)
+    return replace(options, context="..", dockerfile="compose/Dockerfile"), line
 
 
 def test_compose_folder_is_the_output_of_concord_compose() -> None:
@@ -214,3 +217,139 @@ def test_yaml_writer_round_trips_awkward_strings() -> None:
     data = {"s": strings, "m": {k: k for k in keys}, "n": [1, 2.5, True, None]}
     assert yaml.safe_load(dump(data)) == data
     assert _load(COMPOSE / BASE)["services"]  # and the generated files parse
+
+
+# ------------------------------------------------------------ restarts, project, run's end, uid
+
+
+def _base(out: Path) -> dict[str, Any]:
+    """compose.yaml as compose reads it (PyYAML resolves the `<<` merge keys)."""
+    return _load(out / BASE)
+
+
+def test_restart_policies(tmp_path: Path) -> None:
+    services = _base(_generate(tmp_path, "--tls"))["services"]
+    for i in range(32):
+        assert services[f"peer-{i}"]["restart"] == "on-failure:3", "a crashed peer rejoins"
+    assert services["orchestrator"]["restart"] == "no", "its run directory cannot be reused"
+    assert services["mosquitto"]["restart"] == "unless-stopped"
+    # the repository's stack too
+    assert _base(COMPOSE)["services"]["peer-3"]["restart"] == "on-failure:3"
+
+
+def test_project_name_from_the_run_or_the_option(tmp_path: Path) -> None:
+    assert _base(_generate(tmp_path))["name"] == "compose-run", "the default run's name"
+    config = tmp_path / "run.toml"
+    config.write_text('name = "My Study_2"\npeers = 32\n', encoding="utf-8")
+    out = _generate(tmp_path, "--config", str(config), "--force")
+    assert _base(out)["name"] == "my-study-2", "made a valid compose project name"
+    out = _generate(tmp_path, "--project", "lab_b", "--force")
+    assert _base(out)["name"] == "lab_b"
+    assert "--project lab_b" in (out / BASE).read_text(encoding="utf-8").splitlines()[1]
+
+
+def _hint(tmp_path: Path, *flags: str) -> str:
+    out = tmp_path / "hinted"
+    args = ["compose", "--peers", "4", *flags, "--context", str(ROOT), "--out", str(out)]
+    result = CliRunner().invoke(main, [*args, "--force"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_the_hint_says_uid_how_the_run_ends_and_where_results_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1234)
+    output = _hint(tmp_path, "--tls", "--project", "lab-a")
+    out = tmp_path / "hinted"
+    files = f"-f {out}/compose.yaml -f {out}/compose.tls.yaml"
+    lines = output.splitlines()
+    assert f"first: sh {out}/certs.sh   (the identities; keys 0600)" in lines
+    steps = lines[lines.index("then, from this directory (the compose project 'lab-a'):") + 1 :]
+    assert steps[:4] == [
+        f"  CONCORD_UID=$(id -u) docker compose {files} up --build -d",
+        f"  docker compose {files} wait orchestrator",
+        f"  docker compose {files} cp orchestrator:/runs ./runs/lab-a",
+        f"  docker compose {files} down -v",
+    ]
+    assert "containers can read the 0600 keys" in output
+    assert "with the orchestrator's exit status" in output
+    # the compose file's header says the same
+    header = (out / BASE).read_text(encoding="utf-8")
+    assert f"#   CONCORD_UID=$(id -u) docker compose {files} up --build -d" in header
+    assert f"#   docker compose {files} wait orchestrator" in header
+
+
+def test_the_hint_as_root_hands_the_keys_to_a_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    output = _hint(tmp_path, "--auth")
+    out = tmp_path / "hinted"
+    assert f"first: sh {out}/certs.sh && chown -R 1000 {out}/certs" in output
+    assert "CONCORD_UID=1000 docker compose" in output
+    assert "$(id -u)" not in output
+    assert "the image never runs as root" in output
+
+
+def _user_step() -> str:
+    """The Dockerfile's RUN that makes the user, as sh runs it (continuations joined)."""
+    text = (COMPOSE / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
+    runs = [line.strip()[4:] for line in text.splitlines() if line.strip().startswith("RUN ")]
+    (step,) = [r for r in runs if "useradd" in r]
+    return step
+
+
+@pytest.mark.parametrize(("uid", "code"), [("0", 1), ("4242", 0)])
+def test_dockerfile_refuses_uid_0_with_what_to_do(tmp_path: Path, uid: str, code: int) -> None:
+    """useradd --uid 0 fails obscurely (uid 0 exists): the build says what to do instead. The
+    step runs in sh with useradd, mkdir and chown replaced by echo (no Docker engine here)."""
+    from concord.lab.compose_image import UID0_MESSAGE
+
+    script = _user_step()
+    for tool in ("useradd", "mkdir", "chown"):
+        script = script.replace(f"&& {tool} ", f"&& echo {tool} ")
+    env = {"PATH": os.environ["PATH"], "CONCORD_UID": uid}
+    done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == code, done
+    if code:
+        assert done.stderr.strip() == UID0_MESSAGE
+        assert "chown -R 1000 certs/" in done.stderr
+    else:
+        assert f"useradd --create-home --uid {uid}" in done.stdout
+
+
+def test_metrics_port_on_every_concord_service_and_no_host_port(tmp_path: Path) -> None:
+    out = _generate(tmp_path, "--tls", "--metrics-port", "9500")
+    stack = _stack((BASE, "compose.tls.yaml"), out)
+    concord = dict(stack.concord())
+    assert len(concord) == 33
+    for name, argv in concord.items():
+        assert argv[argv.index("--metrics-listen") + 1] == "0.0.0.0:9500", name
+        service = stack.services[name]
+        assert "9500" in service["expose"], name
+        labels = service["labels"]
+        assert labels["prometheus.io/scrape"] == "true", name
+        assert (labels["prometheus.io/port"], labels["prometheus.io/path"]) == ("9500", "/metrics")
+    for name, service in stack.services.items():
+        assert "ports" not in service, f"{name} publishes a host port"
+    quiet = _generate(tmp_path, "--metrics-port", "0", "--force")
+    for name, argv in _stack((BASE,), quiet).concord():
+        assert "--metrics-listen" not in argv, name
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--project", "Lab A"], "--project 'Lab A': a compose project name is lowercase"),
+        (["--metrics-port", "1883"], "--metrics-port 1883: taken by the gRPC or MQTT port"),
+        (["--metrics-port", "70000"], "70000 is not in the range 0<=x<=65535"),
+    ],
+)
+def test_bad_project_or_metrics_port(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "stack"
+    argv = ["compose", "--peers", "4", *args, "--context", str(ROOT), "--out", str(out)]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not out.exists()
