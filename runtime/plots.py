@@ -6,16 +6,20 @@
   peer against epoch (the band between worst and best peer is shaded when recorded);
 - ``consensus.png`` — exact consensus distance Ξ_t, the estimator Θ_t (Kong et al. 2021, App. A)
   and the control target against step, log-y, training phases shaded and marked;
-- ``rounds.png`` — gossip rounds per step, with the cumulative count on a twin axis;
+- ``rounds.png`` — gossip rounds per step and its moving average, with the cumulative count on a
+  twin axis (three colours);
 - ``bytes.png`` — cumulative bytes sent against epoch.
 
 Only matplotlib's object API with the Agg canvas is used (``Figure`` + ``FigureCanvasAgg``), never
 ``pyplot``, so the global backend and figure registry of the calling program are left alone.
 
 Series handling: null/missing values are skipped, and a series that is null everywhere is left out
-(an axis with nothing to show says so). Lines connect measured points within a training phase and
-break between phases. Series longer than ``MAX_POINTS`` are reduced by min/max decimation per
-bucket, which keeps spikes (e.g. a burst of extra gossip rounds) visible at a fraction of the cost.
+(an axis with nothing to show says so); a point with no neighbour to join gets a marker, so that
+every legend entry has something visible behind it. Lines connect measured points within a
+training phase and break between phases. Series longer than ``MAX_POINTS`` are reduced by min/max
+decimation per bucket, which keeps spikes (e.g. a burst of extra gossip rounds) visible at a
+fraction of the cost. The consensus axis takes its limits from every step but the first
+(`_log_limits`).
 """
 
 from __future__ import annotations
@@ -202,7 +206,7 @@ _EVAL_KEYS = (
 )
 
 
-def _plot_accuracy(s: _RunSeries, title: str, path: Path) -> Path:
+def _accuracy_figure(s: _RunSeries, title: str) -> Figure:
     fig, ax = _new_figure()
     epoch, phase = s.eval["epoch"], s.eval_phase
     markers = "o" if np.isfinite(epoch).sum() <= 30 else None
@@ -218,7 +222,8 @@ def _plot_accuracy(s: _RunSeries, title: str, path: Path) -> Path:
     ):
         x, y = _by_phase(epoch, 100 * s.eval[key], np.zeros_like(phase))
         if x.size:
-            ax.plot(x, y, label=label, color=color, marker=markers, ms=3, lw=1.3)
+            style = _visible(y, {"color": color, "marker": markers, "ms": 3, "lw": 1.3})
+            ax.plot(x, y, label=label, **style)
             drawn = True
     if drawn:
         _mark_phases(ax, s.step["epoch"], s.runs, label=True)
@@ -229,10 +234,10 @@ def _plot_accuracy(s: _RunSeries, title: str, path: Path) -> Path:
     else:
         _no_data(ax, "test accuracy")
     ax.set_title(f"{title} — test accuracy", fontsize=10)
-    return _save(fig, path)
+    return fig
 
 
-def _plot_consensus(s: _RunSeries, title: str, path: Path) -> Path:
+def _consensus_figure(s: _RunSeries, title: str) -> Figure:
     fig, ax = _new_figure()
     step, phase = s.step["step"], s.step["phase"]
     xi_x, xi_y, xi_phase = step, s.step["xi"], phase
@@ -244,13 +249,20 @@ def _plot_consensus(s: _RunSeries, title: str, path: Path) -> Path:
         (step, s.step["theta"], phase, "estimator Θ", {"color": "C1", "lw": 0.9, "alpha": 0.8}),
         (step, s.step["target"], phase, "target", {"color": "C3", "lw": 1.4, "ls": "--"}),
     ]
+    shown_x: list[Array] = []
+    shown_y: list[Array] = []
     for x, y, ph, label, style in series:
         px, py = _by_phase(x, y, ph, positive=True)
         if px.size:
-            ax.plot(px, py, label=label, **style)
+            ax.plot(px, py, label=label, **_visible(py, style))
+            shown_x.append(px)
+            shown_y.append(py)
             drawn = True
     if drawn:
         ax.set_yscale("log")
+        limits = _log_limits(np.concatenate(shown_x), np.concatenate(shown_y))
+        if limits is not None:
+            ax.set_ylim(*limits)
         _mark_phases(ax, step, s.runs, label=True)
         ax.set_xlabel("step")
         ax.set_ylabel("consensus distance (log)")
@@ -259,21 +271,22 @@ def _plot_consensus(s: _RunSeries, title: str, path: Path) -> Path:
     else:
         _no_data(ax, "consensus distance")
     ax.set_title(f"{title} — consensus distance", fontsize=10)
-    return _save(fig, path)
+    return fig
 
 
-def _plot_rounds(s: _RunSeries, title: str, path: Path) -> Path:
+def _rounds_figure(s: _RunSeries, title: str) -> Figure:
     fig, ax = _new_figure()
     step, rounds, phase = s.step["step"], s.step["rounds"], s.step["phase"]
     x, y = _by_phase(step, rounds, phase)
     if not x.size:
         _no_data(ax, "gossip rounds")
         ax.set_title(f"{title} — gossip rounds", fontsize=10)
-        return _save(fig, path)
-    ax.plot(x, y, color="C0", lw=0.6, alpha=0.45, label="rounds per step")
+        return fig
+    # three series, three colours: per step (light), its moving average, the cumulative count
+    ax.plot(x, y, **_visible(y, {"color": "C0", "lw": 0.6, "alpha": 0.45}), label="rounds per step")
     mx, my = _moving_average(step, rounds)
     if mx.size:
-        ax.plot(mx, my, color="C0", lw=1.4, label="moving average")
+        ax.plot(mx, my, color="C1", lw=1.4, label="moving average")
     ax.set_xlabel("step")
     ax.set_ylabel("gossip rounds per step")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -291,7 +304,7 @@ def _plot_rounds(s: _RunSeries, title: str, path: Path) -> Path:
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles=handles, loc="upper left", fontsize=8)
     ax.set_title(f"{title} — gossip rounds", fontsize=10)
-    return _save(fig, path)
+    return fig
 
 
 def _moving_average(x: Array, y: Array, buckets: int = 200) -> tuple[Array, Array]:
@@ -310,6 +323,36 @@ def _finite_pair(x: Array, y: Array) -> tuple[Array, Array]:
     return x[keep], y[keep]
 
 
+def _visible(y: Array, style: dict[str, Any]) -> dict[str, Any]:
+    """``style`` with a marker when some point of ``y`` (a `_by_phase` path: NaN = a break) has
+    no neighbour to draw a line to — without one it would not show, and its legend entry would
+    stand for nothing (e.g. the processes engine's averaged model and Ξ, measured once, at the
+    end). A lone measurement gets a star."""
+    finite = np.isfinite(y)
+    left = np.concatenate(([False], finite[:-1]))
+    right = np.concatenate((finite[1:], [False]))
+    if not (finite & ~left & ~right).any():
+        return style
+    lone = int(finite.sum()) == 1
+    if lone:  # not clipped: it is often the last point, on the right edge
+        return {**style, "marker": "*", "ms": 9, "zorder": 3, "clip_on": False}
+    return {**style, "marker": "o", "ms": 4, "zorder": 3}
+
+
+def _log_limits(x: Array, y: Array) -> tuple[float, float] | None:
+    """Log-axis limits of the consensus plot from the values that describe the run: every
+    positive value but those of the first step. The replicas start from one initialisation, so
+    the first step's Θ (and Ξ) measure a single local step (1e-7 with a warm-up lr of 0) — drawn
+    down to there the axis would spend most of its decades on a value the run never returns
+    to. That point stays plotted; its line leaves through the bottom edge."""
+    keep = np.isfinite(x) & np.isfinite(y) & (y > 0)
+    if not keep.any():
+        return None
+    later = keep & (x > np.min(x[keep]))
+    values = y[later] if later.any() else y[keep]
+    return float(np.min(values)) / 1.5, float(np.max(y[keep])) * 1.5
+
+
 def _byte_unit(largest: float) -> tuple[float, str]:
     """The binary unit (factor, name) in which ``largest`` bytes reads as 1 … 1023."""
     names = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -319,7 +362,7 @@ def _byte_unit(largest: float) -> tuple[float, str]:
     return 1024.0**power, names[power]
 
 
-def _plot_bytes(s: _RunSeries, title: str, path: Path) -> Path:
+def _bytes_figure(s: _RunSeries, title: str) -> Figure:
     fig, ax = _new_figure()
     x, y = _decimate(*_finite_pair(s.step["epoch"], s.step["bytes_sent"]))
     if x.size:
@@ -333,7 +376,7 @@ def _plot_bytes(s: _RunSeries, title: str, path: Path) -> Path:
     else:
         _no_data(ax, "bytes sent")
     ax.set_title(f"{title} — communication", fontsize=10)
-    return _save(fig, path)
+    return fig
 
 
 def write_plots(run_dir: str | Path) -> list[Path]:
@@ -344,11 +387,17 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     is written even when its series were never measured (the plot then says so).
     """
     run_dir = Path(run_dir)
-    series = _RunSeries(read_metrics(run_dir))
-    title = run_title(run_dir)
-    return [
-        _plot_accuracy(series, title, run_dir / "accuracy.png"),
-        _plot_consensus(series, title, run_dir / "consensus.png"),
-        _plot_rounds(series, title, run_dir / "rounds.png"),
-        _plot_bytes(series, title, run_dir / "bytes.png"),
-    ]
+    drawn = figures(read_metrics(run_dir), run_title(run_dir))
+    return [_save(fig, run_dir / f"{name}.png") for name, fig in drawn.items()]
+
+
+def figures(records: Sequence[dict[str, Any]], title: str) -> dict[str, Figure]:
+    """The four figures of a run's metrics records, by file stem: accuracy, consensus, rounds,
+    bytes (`write_plots` saves them)."""
+    series = _RunSeries(records)
+    return {
+        "accuracy": _accuracy_figure(series, title),
+        "consensus": _consensus_figure(series, title),
+        "rounds": _rounds_figure(series, title),
+        "bytes": _bytes_figure(series, title),
+    }
