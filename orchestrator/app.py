@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -160,6 +161,9 @@ class Orchestrator:
         self.stats_refused = 0  # statistics refused here (the round book counts its own)
         self.rival: Presence | None = None  # another orchestrator's presence on our run id
         self._own_presence: set[float] = set()  # ts of the presences we published
+        # this incarnation's run nonce: in the presence and every message it publishes (the
+        # Bus stamps it); peers obey nothing of another incarnation (an earlier run's leftover)
+        self.incarnation = secrets.token_hex(8)
         self._lost_since: float | None = None  # monotonic time the broker was lost (liveness)
         self.broker_lost: str | None = None  # why the run gives up on the broker
         self.telemetry = OrchestratorMetrics(  # `metrics.listen` serves it
@@ -199,6 +203,13 @@ class Orchestrator:
             return  # every other subscribed kind is per-peer
         if not self.admission.knows(peer):
             self._refuse(kind, peer, "unknown peer id")
+            return
+        if (
+            isinstance(message, Status)
+            and message.incarnation
+            and message.incarnation != self.incarnation
+        ):
+            self._refuse(kind, peer, "a status of another orchestrator incarnation (stale)")
             return
         now = time.monotonic()
         self.admission.heard(peer, message, now)
@@ -485,6 +496,7 @@ class Orchestrator:
                         else None
                     ),
                     signing=signing_for(self.cfg, "orchestrator", self.run_id),
+                    incarnation=self.incarnation,
                 )
             )
             try:

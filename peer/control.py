@@ -88,6 +88,11 @@ PRESENCE_SILENT = 30.0
 """Seconds without a presence message after which an "online" orchestrator counts as absent (it
 re-publishes its retained presence every 10 s: `concord.orchestrator.app.PRESENCE_REFRESH`)."""
 
+PRESENCE_MAX_AGE = 2 * PRESENCE_SILENT
+"""An "online" presence stamped longer ago than this (by the peer's clock) is a dead run's
+leftover, not trusted at start: a live orchestrator re-stamps it every 10 s (the margin allows
+for clocks of different hosts)."""
+
 ScheduleCheck = Callable[[Schedule, Schedule | None], str | None]
 """(candidate, schedule accepted so far) → why the candidate is refused (None: accepted)."""
 
@@ -114,7 +119,8 @@ class ControlClient:
             url,
             f"peer-{run_id}-{peer_id}",
             self.topics,
-            subscribe=["schedule", "plan", "control", "decision", "orchestrator"],
+            # the presence first: what the others are judged against (`_current`)
+            subscribe=["orchestrator", "schedule", "plan", "control", "decision"],
             handler=self._on_message,
             will=("status", peer_id, Status(peer=peer_id, state="offline")),
             auth=auth,
@@ -131,6 +137,12 @@ class ControlClient:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._beat: asyncio.Task[None] | None = None
         self.schedules_refused = 0  # schedules that failed `schedule_check`
+        # per-run freshness: the incarnation (run nonce) of the presence this peer follows; the
+        # orchestrator's other messages are acted on only when they carry it
+        self.incarnation: str | None = None
+        self.stale_refused = 0  # messages of another incarnation (an earlier run), dropped
+        self._pending: dict[str, Message] = {}  # retained kinds held until their presence
+        self._told_stale: set[str] = set()
         self._refused: set[int] = set()  # versions refused (each logged once)
         # the waits' deadlines (`give_up`): monotonic times
         self.started = time.monotonic()
@@ -205,15 +217,45 @@ class ControlClient:
             log.warning("schedule.refused", version=s.version, peers=s.peers, reason=why)
             self.schedule = None
 
+    def _current(self, message: Message) -> bool:
+        """Whether an orchestrator message belongs to the presence this peer follows. Before any
+        presence, a retained message (schedule, plan, control) is held back and looked at
+        again once one arrives; a decision is dropped. One of another incarnation — an earlier
+        run under this run id, validly signed or not, retained or replayed — is dropped, counted
+        in ``stale_refused`` and logged once per incarnation."""
+        got = getattr(message, "incarnation", "")
+        if self.incarnation is None:
+            if not isinstance(message, Decision):
+                self._pending[message.KIND] = message
+            return False
+        if got == self.incarnation:
+            return True
+        self.stale_refused += 1
+        if got not in self._told_stale and len(self._told_stale) < 64:
+            self._told_stale.add(got)
+            log.warning(
+                "control.stale_run",
+                kind=message.KIND,
+                incarnation=got,
+                current=self.incarnation,
+                problem="a message of another orchestrator incarnation (an earlier run under "
+                "this run id): dropped",
+            )
+        return False
+
     def _handle(self, message: Message) -> None:
+        if isinstance(message, Presence):
+            self._on_presence(message)
+            self.changed.set()
+            return
+        if not self._current(message):
+            return
         if isinstance(message, Schedule):
             self._on_schedule(message)
         elif isinstance(message, Plan):
             self.plan = message
         elif isinstance(message, RunControl):
             self.control = message
-        elif isinstance(message, Presence):
-            self._on_presence(message)
         elif isinstance(message, Decision):
             self._on_decision(message)
             return
@@ -246,6 +288,34 @@ class ControlClient:
         return time.monotonic() - since >= settle
 
     def _on_presence(self, p: Presence) -> None:
+        held = self.incarnation
+        if p.state == "online" and p.incarnation != held:
+            age = time.time() - p.ts
+            if p.ts and age > PRESENCE_MAX_AGE:
+                # a dead run's retained (or replayed) presence: not who is in charge now
+                self.stale_refused += 1
+                if "presence" not in self._told_stale:
+                    self._told_stale.add("presence")
+                    log.warning(
+                        "orchestrator.stale_presence",
+                        age=round(age, 1),
+                        incarnation=p.incarnation,
+                        problem=f"an 'online' presence stamped {age:.0f} s ago (more than "
+                        f"{PRESENCE_MAX_AGE:g} s): a leftover, not trusted",
+                    )
+                return
+            self.incarnation = p.incarnation
+            if held is not None:
+                log.warning("orchestrator.new_incarnation", incarnation=p.incarnation, was=held)
+            for kind in ("plan", "schedule", "control"):  # held back until now: in order
+                pending = self._pending.pop(kind, None)
+                if pending is not None and getattr(pending, "incarnation", "") == p.incarnation:
+                    self._handle(pending)
+            self._pending.clear()
+        elif held is not None and p.incarnation != held:
+            # an offline presence (a Last-Will) of another incarnation says nothing about ours
+            self.stale_refused += 1
+            return
         was_gone = self.orchestrator_gone
         self.orchestrator = p
         self._presence_rx = time.monotonic()
@@ -370,10 +440,16 @@ class ControlClient:
         task.add_done_callback(self._tasks.discard)
 
     async def status(self, state: str, **fields: Any) -> None:
+        """Publish this peer's status, stamped with the incarnation it follows (none yet: "")."""
         await self.bus.publish(
             "status",
             Status(
-                peer=self.peer_id, state=state, step=self.current_step(), ts=time.time(), **fields
+                peer=self.peer_id,
+                state=state,
+                step=self.current_step(),
+                ts=time.time(),
+                incarnation=self.incarnation or "",
+                **fields,
             ),
             self.peer_id,
         )

@@ -284,6 +284,9 @@ class Schedule(Message):
     addresses: list[Address] = field(default_factory=list)  # gRPC host:port of peers[i]
     effective_step: NonNeg = 0  # peers switch to this schedule at the start of this step
     decided_at: NonNeg | None = None  # ada-feedback: the latest decision point it reflects
+    # the orchestrator's incarnation (run nonce, `Presence.incarnation`): "" from a sender that
+    # has none (schema 2 before it; peers then follow such a presence only)
+    incarnation: Str = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> Schedule:
@@ -308,6 +311,9 @@ class Plan(Message):
     control: dict[Str, Any]
     # network.transport = "torch": the torch.distributed TCPStore the orchestrator hosts
     store: Address | None = None
+    # the orchestrator's incarnation (run nonce, `Presence.incarnation`): "" from a sender that
+    # has none (schema 2 before it; peers then follow such a presence only)
+    incarnation: Str = ""
 
 
 @dataclass(frozen=True)
@@ -321,6 +327,9 @@ class RunControl(Message):
     stage: StageName = "train"  # "calibrate": the uncontrolled pass of constant targets; "train"
     steps: NonNeg = 0  # steps to run in this stage (0: the whole plan)
     step_base: NonNeg = 0  # added to step numbers on the data plane (stages never reuse a step)
+    # the orchestrator's incarnation (run nonce, `Presence.incarnation`): "" from a sender that
+    # has none (schema 2 before it; peers then follow such a presence only)
+    incarnation: Str = ""
 
 
 @dataclass(frozen=True)
@@ -337,6 +346,9 @@ class Status(Message):
     steps_per_epoch: NonNeg = 0  # from the peer's data partition (all peers must agree)
     fingerprint: Str = ""  # model fingerprint (parameter names, shapes, dtypes)
     reason: Str = ""  # why a peer failed
+    # the orchestrator incarnation this peer follows ("": it holds no presence yet); the
+    # orchestrator ignores a status stamped with another one (an earlier run's leftover)
+    incarnation: Str = ""
 
 
 @dataclass(frozen=True)
@@ -349,6 +361,10 @@ class Presence(Message):
     state: Annotated[str, Strict(), OneOf(PRESENCE_STATES)]
     ts: Float = 0.0
     reason: Str = ""
+    # a random nonce the orchestrator draws at start (one per incarnation of a run): every
+    # schedule, plan, control and decision it publishes carries it, and peers act only on those
+    # of the presence they follow, so nothing of an earlier run under the same id is obeyed
+    incarnation: Str = ""
 
 
 @dataclass(frozen=True)
@@ -391,6 +407,9 @@ class Decision(Message):
     statistic: FiniteNonNeg | None = None
     rounds_next: Annotated[int, Strict(), Field(ge=1, le=MAX_ROUNDS)] | None = None
     reason: Str = ""
+    # the orchestrator's incarnation (run nonce, `Presence.incarnation`): "" from a sender that
+    # has none (schema 2 before it; peers then follow such a presence only)
+    incarnation: Str = ""
 
 
 @dataclass(frozen=True)

@@ -380,8 +380,11 @@ class Bus:
         keepalive: int = 10,
         auth: BrokerAuth | None = None,
         signing: Signing | None = None,
+        incarnation: str | None = None,
     ) -> None:
         self.url = url
+        # the orchestrator's run nonce: stamped on every message it sends that has the field
+        self.incarnation = incarnation
         # checked here, not in the connection task: a setting that cannot be honoured is the
         # caller's ConfigError, not a reconnect loop
         self.address, self.auth = connection(url, auth)
@@ -399,7 +402,7 @@ class Bus:
         self._will: tuple[str, bytes] | None = None
         if will is not None:
             kind, peer, message = will
-            self._will = (topics.topic(kind, peer), encode(message))
+            self._will = (topics.topic(kind, peer), encode(self._stamp(message)))
         self.connected = asyncio.Event()
         self.connected_at: float | None = None  # time.monotonic() of the current connection
         self.connects = 0  # successful connections so far (1 + reconnects)
@@ -551,11 +554,16 @@ class Bus:
                 await client_.publish(topic, payload, qos=spec.qos, retain=True)
                 sent[topic] = body
 
+    def _stamp(self, message: Message) -> Message:
+        if self.incarnation is None or not hasattr(message, "incarnation"):
+            return message
+        return replace(message, incarnation=self.incarnation)  # type: ignore[call-arg]
+
     async def publish(self, kind: str, message: Message, peer: int | None = None) -> bool:
         """Send one message with its topic's QoS/retain; False (and logged) if not connected."""
         topic = self.topics.topic(kind, peer)
         spec = TOPICS[kind]
-        body = encode(message)
+        body = encode(self._stamp(message))
         if spec.retain:
             self._retained[topic] = body
         payload = self._seal(topic, body)

@@ -30,6 +30,7 @@ T = 5.0  # seconds: upper bound on any await that must not block (loaded 2-core 
 def run(test: Callable[[ControlClient], Awaitable[None]]) -> None:
     async def main() -> None:
         client = ControlClient("mqtt://127.0.0.1:1", "t1", 0, heartbeat=1.0, step=lambda: 0)
+        client.incarnation = ""  # following an orchestrator without a run nonce (no presence)
         await asyncio.wait_for(test(client), 2 * T)
 
     asyncio.run(main())
@@ -500,7 +501,9 @@ def test_a_lagged_plan_is_awaited_only_after_the_steps_first_round() -> None:
 
 
 async def _make_client() -> ControlClient:
-    return ControlClient("mqtt://127.0.0.1:1", "t1", 0, heartbeat=1.0, step=lambda: 0)
+    c = ControlClient("mqtt://127.0.0.1:1", "t1", 0, heartbeat=1.0, step=lambda: 0)
+    c.incarnation = ""  # following an orchestrator without a run nonce (no presence)
+    return c
 
 
 # -- the waits' deadlines (ControlClient.give_up) ------------------------------------------------
