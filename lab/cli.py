@@ -20,6 +20,7 @@ import click
 from concord.core.config import ConfigError, RunConfig
 from concord.lab.config_cmd import config as config_group
 from concord.lab.deploy_cli import compose_cmd, k8s_cmd
+from concord.lab.topology_cmd import show_topology, topology_help
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -223,7 +224,7 @@ def main(plugin_paths: Sequence[Path]) -> None:
         _add_plugin_path(plugin_paths)
 
 
-@main.command()
+@main.command(help=topology_help())
 @click.argument("name")
 @click.option("--peers", "-n", type=click.IntRange(min=1), required=True, help="number of peers")
 @click.option(
@@ -243,19 +244,10 @@ def main(plugin_paths: Sequence[Path]) -> None:
 def topology(
     name: str, peers: int, weights: str | None, kappa: float, seed: int, as_json: bool
 ) -> None:
-    """Describe a topology: degree, spectral gap 1 − max(|λ₂|, |λₙ|) and p = 1 − λ²."""
-    from concord.core.graphs.topology import describe
-
     try:
-        info = describe(name, peers, weights=weights, kappa=kappa, seed=seed)
+        show_topology(name, peers, weights, kappa, seed, as_json)
     except ValueError as exc:
         _fail(str(exc))
-    if as_json:
-        click.echo(json.dumps(info))
-        return
-    width = max(len(k) for k in info)
-    for key, value in info.items():
-        click.echo(f"{key:<{width}}  {value}")
 
 
 @main.command()
