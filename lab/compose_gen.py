@@ -368,7 +368,7 @@ def tls_overlay(options: ComposeOptions) -> str:
         "Overlay: mTLS between the peers and signed control messages (network.tls).",
         f"  sh {options.out}/certs.sh      (once: the run CA and every identity, into certs/)",
         f"  CONCORD_UID=$(id -u) docker compose -f {options.out}/compose.yaml \\",
-        f"      -f {options.out}/compose.tls.yaml up --build",
+        f"      -f {options.out}/compose.tls.yaml up --build -d",
         "Keys are 0600: the image's user must have your uid (CONCORD_UID). Each container",
         "mounts its own key only; {id} in the settings becomes the peer's id.",
     )
@@ -417,7 +417,7 @@ def auth_overlay(options: ComposeOptions) -> str:
         "(orchestrator, peer-<id>) and the run's ACL (each identity publishes only its topics).",
         f"  sh {options.out}/certs.sh      (once, as for compose.tls.yaml)",
         f"  CONCORD_UID=$(id -u) docker compose -f {options.out}/compose.yaml \\",
-        f"      -f {options.out}/compose.auth.yaml up --build",
+        f"      -f {options.out}/compose.auth.yaml up --build -d",
         "{identity} in the settings becomes each process's identity.",
     )
     return header + "\n" + dump({"x-auth": Anchored("auth", _auth_env()), "services": services})

@@ -57,7 +57,8 @@ def default_run_toml(peers: int, *, name: str, where: str) -> str:
     """The small run the generators ship when no --config is given. ``where``: how the
     containers get it (one comment line)."""
     return f"""\
-# The run every Concord container of this deployment uses ({where}).
+# The run every Concord container of this deployment uses
+# ({where}).
 # Peers learn their neighbours' addresses from the orchestrator's schedule, so there is no
 # network.addresses here. Data are generated locally (MNIST-1D); nothing is downloaded.
 name = "{name}"{" " * max(1, 18 - len(name))}# the run id (the broker ACL of --auth names it)
