@@ -82,6 +82,26 @@ def test_every_manifest_validates_strictly(tmp_path: Path, version: str) -> None
     assert "metrics.yaml" not in quiet
 
 
+def test_the_kubernetes_validate_command_passes(tmp_path: Path) -> None:
+    """The command users run (`kubernetes-validate --strict`), on the files as written, for the
+    oldest and newest version; it fails on a file with an unknown field."""
+    import sys
+
+    _render(tmp_path, "--tls", "--auth", peers=2)
+    files = sorted(str(p) for p in (tmp_path / "k8s").glob("*.yaml"))
+    command = [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict", "--quiet"]
+    for version in (VERSIONS[0], VERSIONS[-1]):
+        done = subprocess.run([*command, "-k", version, *files], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        (tmp_path / "k8s" / "peers.yaml").read_text(encoding="utf-8").replace(
+            "backoffLimit: 1", "backoffLimitt: 1"), encoding="utf-8"
+    )  # fmt: skip
+    done = subprocess.run([*command, "-k", VERSIONS[0], str(broken)], capture_output=True)
+    assert done.returncode != 0
+
+
 def test_a_broken_manifest_is_refused(tmp_path: Path) -> None:
     job = _find(_render(tmp_path, peers=2), "Job", "concord-peer-1")
     job["spec"]["backoffLimitt"] = 1  # a typo
