@@ -864,6 +864,77 @@ def certs_broker(
     )
 
 
+@main.command()
+@click.argument("target", metavar="RUN_DIR|mqtt[s]://HOST:PORT")
+@click.option("--run-id", default=None, help="with a broker URL: the run to show")
+@click.option(
+    "--config",
+    "config",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="the run's TOML config: broker credentials (as 'monitor') and signing; a RUN_DIR's "
+    "own config.toml is used by default",
+)
+@click.option("--watch", "-w", is_flag=True, help="keep the view live until Ctrl-C or the run ends")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    help="--watch: seconds between redraws",
+)
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0.1),
+    default=2.5,
+    show_default=True,
+    help="without --watch: seconds to listen before printing (heartbeats come every second)",
+)
+@click.option("--json", "as_json", is_flag=True, help="print the view as JSON")
+def status(
+    target: str,
+    run_id: str | None,
+    config: Path | None,
+    watch: bool,
+    interval: float,
+    wait: float,
+    as_json: bool,
+) -> None:
+    """Show a running run live: every peer's state, step, phase, rounds, θ, loss and last
+    heartbeat, stragglers flagged, Θ against its target and the orchestrator's presence."""
+    import asyncio
+
+    from rich.console import Console
+
+    from concord.lab.status import resolve_target
+    from concord.lab.status import watch as follow
+    from concord.protos.reach import BrokerUnreachableError
+
+    try:
+        where = resolve_target(target, run_id, config)
+        view = asyncio.run(
+            follow(
+                where,
+                seconds=None if watch else wait,
+                interval=interval,
+                live=watch,
+                as_json=as_json,
+            )
+        )
+    except (ValueError, BrokerUnreachableError) as exc:
+        _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        return
+    if watch:
+        return
+    if as_json:
+        click.echo(json.dumps(view.snapshot(), indent=2))
+    else:
+        Console().print(view.render())
+    if not view.messages:
+        _fail(f"nothing heard from run {where.run!r} at {where.broker} in {wait:g} s", 1)
+
+
 @main.group("report")
 def report_group() -> None:
     """Check the reports of preset sweeps (committed under docs/results/<preset>/)."""
