@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -112,6 +112,81 @@ class Stage:
 
 
 # ---------------------------------------------------------------------------------------------
+# Who may Fetch this peer's parameters: its neighbours in the run's schedule
+
+
+def graph_neighbours(
+    runner: StepRunner,
+    peer_id: int,
+    members: Sequence[int] | None = None,
+    topologies: Mapping[int, str | None] | None = None,
+    extra: Sequence[str] = (),
+) -> frozenset[int] | None:
+    """The peers adjacent to ``peer_id`` (either direction) in any round of any gossip phase of
+    the plan, over ``members`` (None: the schedules' current members) with per-phase
+    ``topologies`` overrides (and the ``extra`` topologies, e.g. the densest an adaptive graph
+    may pick); None when a phase's graph is random (any member may become a neighbour)."""
+    out: set[int] = set()
+    for phase in runner.plan.phases:
+        if phase.mode != "gossip":
+            continue
+        names: list[str | None] = [(topologies or {}).get(phase.index), *extra]
+        for name in names:
+            schedule = runner.schedules.get(phase, members, name)
+            if schedule.period is None:
+                return None
+            for k in range(schedule.period):
+                W = schedule.matrix(k)
+                row, col = W[peer_id], W[:, peer_id]
+                out.update(int(j) for j in range(len(row)) if j != peer_id and row[j] > 0)
+                out.update(int(j) for j in range(len(col)) if j != peer_id and col[j] > 0)
+    return frozenset(out)
+
+
+class FetchPeers:
+    """Which peers may Fetch this peer's parameters (`concord.peer.transport.Transport.may_fetch`):
+    those that are, were or will be its neighbours — the run's graph over every phase and round
+    of each schedule this peer has held or holds pending (a re-admitted peer is in the schedule
+    that adds it back, which its neighbours hold before it fetches), remembered once seen.
+    ``graphs()`` lists the (members, topologies) to look at now."""
+
+    def __init__(
+        self,
+        peer_id: int,
+        graphs: Callable[[], list[tuple[Sequence[int] | None, Mapping[int, str | None] | None]]],
+        extra: Sequence[str] = (),
+    ) -> None:
+        self.peer_id = peer_id
+        self.graphs = graphs
+        self.extra = tuple(extra)
+        self.runner: StepRunner | None = None
+        self.seen: set[int] = set()  # neighbours at some time (kept: "were")
+        self.anyone = False  # a random graph: any peer of the run may be a neighbour
+        self._looked: set[tuple[object, ...]] = set()
+
+    def __call__(self, j: int) -> bool:
+        runner = self.runner
+        if runner is None:
+            return True  # not training: the Fetch is refused as such ("not training")
+        for members, topologies in self.graphs():
+            key = (
+                None if members is None else tuple(sorted(members)),
+                None if topologies is None else tuple(sorted(topologies.items())),
+                tuple(sorted(runner.schedules.members)) if members is None else (),
+                tuple(sorted(runner.schedules.topologies.items())) if topologies is None else (),
+            )
+            if key in self._looked:
+                continue
+            self._looked.add(key)
+            got = graph_neighbours(runner, self.peer_id, members, topologies, self.extra)
+            if got is None:
+                self.anyone = True
+            else:
+                self.seen |= got
+        return j != self.peer_id and (self.anyone or j in self.seen)
+
+
+# ---------------------------------------------------------------------------------------------
 # Static peers
 
 
@@ -127,6 +202,8 @@ class StaticCoordination:
         self.addresses = addresses
         self.runner: StepRunner | None = None
         self._started = False
+        # the config's graph: a restarted static peer fetches from exactly these neighbours
+        self.may_fetch = FetchPeers(peer_id, lambda: [(None, None)])
 
     async def __aenter__(self) -> StaticCoordination:
         return self
@@ -162,7 +239,7 @@ class StaticCoordination:
         runner.schedules.set_topologies(
             initial_topologies(cfg.algorithm, cfg.hyper, cfg.peers, phases)
         )
-        self.runner = runner
+        self.runner = self.may_fetch.runner = runner
 
     def step_hooks(self, stage: Stage) -> list[StepHooks]:
         return []
@@ -178,7 +255,7 @@ class StaticCoordination:
         return [j for j in range(self.cfg.peers) if j != self.peer_id]
 
     async def training(self, stage: Stage, transport: Transport) -> None:
-        return None
+        transport.may_fetch = self.may_fetch
 
     async def stage_done(self, stage: Stage) -> dict[str, Any]:
         return {}
@@ -455,6 +532,12 @@ class OrchestratedCoordination:
         self.addresses = [""] * cfg.peers
         feedback = feedback_config(cfg.hyper) if cfg.spec.adaptive_graph == "feedback" else None
         self.membership = Membership(peer_id, feedback, cfg.peers)
+        # ada-feedback may pick any exponential:K up to the densest: judged against that too
+        self.may_fetch = FetchPeers(
+            peer_id,
+            self._fetch_graphs,
+            extra=(self.membership.densest,) if feedback is not None else (),
+        )
         self.check = ScheduleCheck(cfg, peer_id)
         self.client = ControlClient(
             broker,
@@ -643,7 +726,19 @@ class OrchestratedCoordination:
         ]
 
     async def training(self, stage: Stage, transport: Transport) -> None:
+        self.may_fetch.runner = self.membership.runner
+        transport.may_fetch = self.may_fetch
         await self.client.status("training", stage=stage.name, address=self._advertise)
+
+    def _fetch_graphs(
+        self,
+    ) -> list[tuple[Sequence[int] | None, Mapping[int, str | None] | None]]:
+        """The graphs a Fetch is judged against: the schedule in force and the newest held."""
+        out: list[tuple[Sequence[int] | None, Mapping[int, str | None] | None]] = [(None, None)]
+        s = self.client.schedule
+        if s is not None:
+            out.append((s.peers, phase_topologies(s)))
+        return out
 
     async def stage_done(self, stage: Stage) -> dict[str, Any]:
         control = self._control

@@ -23,6 +23,7 @@ reservation is released whenever its stream ends.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -81,7 +82,47 @@ class ServedPeer(Protocol):
     budget: int  # bytes in flight per sender (`Mailbox.reserve`)
     idle_timeout: float  # seconds a stream may stay silent
 
+    # who may Fetch (`concord.peer.coordination.FetchPeers`: the run's graph); None: any peer
+    may_fetch: Callable[[int], bool] | None
+
     def view(self) -> ReceiverView: ...
+
+
+FETCH_BURST = 4  # Fetches a peer id may make at once …
+FETCH_REFILL = 2.0  # … and one more every this many seconds
+
+
+class FetchGate:
+    """Who may Fetch, how often: a peer that is, was or will be a neighbour in the run's graph
+    (``may_fetch``), at most `FETCH_BURST` at once and one per `FETCH_REFILL` seconds after that
+    (a token bucket per peer id; a rejoining peer fetches once per neighbour). Refusals are
+    counted in ``refused`` ("not-neighbour", "rate") and in the peer's rejection counters."""
+
+    def __init__(self, *, burst: int = FETCH_BURST, refill: float = FETCH_REFILL) -> None:
+        self.burst, self.refill = burst, refill
+        self.tokens: dict[int, tuple[float, float]] = {}  # peer → (tokens, monotonic time)
+        self.refused: dict[str, int] = {}
+
+    def check(self, peer: int, may_fetch: Callable[[int], bool] | None, now: float) -> None:
+        """`RejectedError` when ``peer`` may not Fetch now."""
+        if may_fetch is not None and not may_fetch(peer):
+            self.refused["not-neighbour"] = self.refused.get("not-neighbour", 0) + 1
+            raise RejectedError(
+                "permission", f"peer {peer} is not a neighbour of this peer in the run's graph"
+            )
+        tokens, then = self.tokens.get(peer, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - then) / self.refill)
+        if tokens < 1.0:
+            self.tokens[peer] = (tokens, now)
+            self.refused["rate"] = self.refused.get("rate", 0) + 1
+            raise RejectedError(
+                "overload",
+                f"peer {peer} fetches too often (at most {self.burst} at once, then one per "
+                f"{self.refill:g} s)",
+            )
+        if len(self.tokens) > 4096:  # bounded: peer ids are checked against the run first
+            self.tokens.clear()
+        self.tokens[peer] = (tokens - 1.0, now)
 
 
 STATUS_OF: dict[str, grpc.StatusCode] = {  # the one place domain rejections become gRPC codes
@@ -246,6 +287,7 @@ class GossipServicer(pb_grpc.GossipServicer):
         # this peer's parameters at its next step boundary, for a Fetch (None: not training;
         # `concord.peer.transport.Transport.snapshot`)
         self.snapshot: Callable[[], Awaitable[serde.Outgoing | None]] | None = None
+        self.fetches = FetchGate()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register Hello, Exchange (protobuf frames) and ExchangeRaw (raw frames, no protobuf
@@ -302,9 +344,11 @@ class GossipServicer(pb_grpc.GossipServicer):
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TensorFrame]:
         """This peer's parameters for a neighbour that (re)joins: only for a peer of this run
-        that said Hello on this connection (and, with mTLS, the one its certificate names);
-        taken at the next step boundary by the training thread, never mid-step."""
+        that said Hello on this connection (and, with mTLS, the one its certificate names), is,
+        was or will be a neighbour in the run's graph, and does not fetch too often
+        (`FetchGate`); taken at the next step boundary by the training thread, never mid-step."""
         connection = context.peer()
+        before = sum(self.fetches.refused.values())
         try:
             if request.run_id != self.t.view().run_id:
                 raise RejectedError("permission", f"run {request.run_id!r} is not this run")
@@ -313,8 +357,12 @@ class GossipServicer(pb_grpc.GossipServicer):
                     "permission", f"peer {request.peer_id} fetches before Hello on this connection"
                 )
             self._check_certified("Fetch", request.peer_id, context)
+            self.fetches.check(request.peer_id, self.t.may_fetch, time.monotonic())
         except RejectedError as r:
-            self.t.counters.reject(r.reason)
+            # the graph's and the rate limit's refusals under their own names (frames_rejected)
+            gated = sum(self.fetches.refused.values()) > before
+            kind = "fetch-not-neighbour" if r.reason == "permission" else "fetch-rate"
+            self.t.counters.reject(kind if gated else r.reason)
             log.warning(
                 "fetch.rejected",
                 peer=self.t.peer_id,

@@ -476,6 +476,7 @@ class Transport:
         # (`_joins`, wire steps; the training thread's: `joins_at`); `_wanted` are the answers
         # waiting for it
         self.training = False
+        self.may_fetch: Callable[[int], bool] | None = None  # the run's graph (coordination's)
         self._wanted: list[asyncio.Future[serde.Outgoing | None]] = []
         self._joins: set[int] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
