@@ -911,7 +911,8 @@ def status(
     from concord.protos.reach import BrokerUnreachableError
 
     try:
-        where = resolve_target(target, run_id, config)
+        # --watch on a run being started: wait for its orchestrator to say where it is
+        where = resolve_target(target, run_id, config, wait=60.0 if watch else 0.0)
         view = asyncio.run(
             follow(
                 where,
@@ -921,7 +922,12 @@ def status(
                 as_json=as_json,
             )
         )
-    except (ValueError, BrokerUnreachableError) as exc:
+    except BrokerUnreachableError as exc:
+        ended = Path(target) / "orchestrator-summary.json"
+        if "://" not in target and ended.is_file():
+            _fail(f"the run in {target} has ended (its broker is gone): see {ended}", 1)
+        _fail(str(exc), 1)
+    except ValueError as exc:
         _fail(str(exc), 1)
     except KeyboardInterrupt:
         return

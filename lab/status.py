@@ -207,9 +207,12 @@ class Target:
     config: Any = None  # RunConfig | None
 
 
-def resolve_target(target: str, run_id: str | None, config: Path | None) -> Target:
+def resolve_target(
+    target: str, run_id: str | None, config: Path | None, *, wait: float = 0.0
+) -> Target:
     """``target``: a run directory (its ``orchestrator.json`` names the broker and run id, its
-    ``config.toml`` the credentials) or a broker URL with ``run_id``. ValueError saying what
+    ``config.toml`` the credentials) or a broker URL with ``run_id``. ``wait``: seconds to wait
+    for a run directory's ``orchestrator.json`` (a run being started). ValueError saying what
     is missing."""
     from concord.core.config import load_config
 
@@ -224,6 +227,9 @@ def resolve_target(target: str, run_id: str | None, config: Path | None) -> Targ
         return Target(target, rid, cfg)
     run_dir = Path(target)
     info_path = run_dir / "orchestrator.json"
+    end = time.monotonic() + wait
+    while not info_path.is_file() and time.monotonic() < end:
+        time.sleep(0.2)
     if not info_path.is_file():
         hint = (
             " (a run of the vectorized engine has no control plane)"

@@ -90,7 +90,9 @@ class Registry:
         if kind == "counter" and not name.endswith("_total"):
             raise ValueError(f"counter {name!r} must end in _total")
         full = f"{self.prefix}_{name}" if self.prefix else name
-        self._families.setdefault(full, _Family(full, kind, help))
+        family = self._families.setdefault(full, _Family(full, kind, help))
+        if kind == "counter":  # from 0, so that rate() sees the first increase
+            family.values.setdefault(self.labels, 0.0)
 
     def _key(self, extra: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
         if not extra:
@@ -129,7 +131,7 @@ class Registry:
             for key, value in list(family.values.items()):
                 text = ",".join(f'{k}="{_escape(v)}"' for k, v in key)
                 lines.append(f"{family.name}{{{text}}} {_number(value)}")
-        return "\n".join(lines) + "\n"
+        return "".join(line + "\n" for line in lines)
 
 
 def process_registry(labels: Mapping[str, str]) -> Registry:
