@@ -150,6 +150,8 @@ DESCRIPTIONS: dict[str, str] = {
     "the schedule repaired; must exceed two heartbeats.",
     "orchestrator.decision_timeout": "Seconds a round waits for all statistics "
     "(orchestrator) or for a decision (peer).",
+    "metrics": "An opt-in Prometheus endpoint on the orchestrator and every peer "
+    "(docs/deployment.md#metrics; ignored by the vectorized engine).",
     "epochs": "Training length in epochs (may be fractional).",
     "seed": "Seed of data order, partition, initialisation and random topologies.",
     "engine": "`processes` (orchestrator + peer processes over gRPC/MQTT) or `vectorized` "
