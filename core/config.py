@@ -372,6 +372,13 @@ class NetworkConfig(_Section):
         description="seconds a received stream may stay silent before the receiver closes it",
     )
     tls: TLSConfig | None = None
+    insecure: bool = Field(
+        default=False,
+        description="accept an open network without protection: a data plane listening beyond "
+        "loopback without tls, or a broker beyond loopback with neither credentials nor signed "
+        "control (refused otherwise; warned once on stderr and in log.jsonl); the commands' "
+        "--insecure",
+    )
     straggler: StragglerConfig | None = Field(
         default=None,
         description="slow one peer's computation down by a factor, e.g. {peer = 3, factor = 2.0}",

@@ -155,6 +155,25 @@ _metrics_option = click.option(
 )
 
 
+def _accept_insecure(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``--insecure``: network.insecure = true for this process and the ones it starts (as
+    ``CONCORD_NETWORK__INSECURE``, read with the rest of the config)."""
+    if value:
+        os.environ["CONCORD_NETWORK__INSECURE"] = "true"
+
+
+_insecure_option = click.option(
+    "--insecure",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_accept_insecure,
+    help="accept an open network without protection (network.insecure = true): listening "
+    "beyond loopback without [network.tls], or a broker beyond loopback with neither "
+    "credentials nor signing (refused otherwise; warned on stderr and in log.jsonl)",
+)
+
+
 def _telemetry(log_format: str, metrics_listen: str | None) -> list[str]:
     """Apply ``--log-format`` (for `concord.runtime.logs.console_from_env`) and return
     ``--metrics-listen`` as a config override."""
@@ -277,6 +296,7 @@ def topology(
     metavar="RUN_DIR",
     help="continue the interrupted run in RUN_DIR from its last checkpoint (either engine)",
 )
+@_insecure_option
 def sim(
     config: Path | None,
     engine: str | None,
@@ -579,6 +599,7 @@ def _sweep_preset(
 @_resume_step_option
 @_log_format_option
 @_metrics_option
+@_insecure_option
 def peer(
     config: Path,
     peer_id: int | None,
@@ -662,6 +683,7 @@ def peer(
 @_resume_step_option
 @_log_format_option
 @_metrics_option
+@_insecure_option
 def orchestrator(
     config: Path,
     broker: str | None,

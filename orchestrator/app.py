@@ -102,6 +102,7 @@ from concord.protos.control_plane import (
     Status,
     Topics,
 )
+from concord.protos.exposure import check_exposure, exposure_of
 from concord.protos.mqtt import BrokerAuth, Bus
 from concord.protos.signing import signing_for
 from concord.runtime.lifecycle import dump_tasks
@@ -549,7 +550,8 @@ class Orchestrator:
         plan = make_plan(cfg, lr)
         self.schedules.start(plan)
         store = None if self.store is None else self.store.address
-        await bus.publish("plan", plan_message(cfg, plan, lr, store=store))
+        prefix = "" if self.store is None else self.store.prefix
+        await bus.publish("plan", plan_message(cfg, plan, lr, store=store, store_prefix=prefix))
         self.stage = "setup"
         await self._publish_schedule("initial")
         self.records.write_json(
@@ -661,10 +663,15 @@ def run_orchestrator(
     from concord.runtime.lifecycle import die_with_parent
 
     die_with_parent()
+    # secure by default: a broker beyond loopback without protection is refused before
+    # anything is written, unless network.insecure (then warned once, in log.jsonl too)
+    exposure = exposure_of(cfg, listen=None, broker=broker or cfg.orchestrator.broker)
+    check_exposure(exposure, insecure=cfg.network.insecure, role="orchestrator", warn=False)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
     rid = run_id or cfg.name or "concord"
     with open_log(out / "log.jsonl", run=rid, role="orchestrator"):
+        check_exposure(exposure, insecure=cfg.network.insecure, role="orchestrator")
         try:
             orchestrator = Orchestrator(
                 cfg, out, broker=broker, run_id=rid, resume_step=resume_step

@@ -33,10 +33,16 @@ REPAIR_AHEAD = 2  # steps past the newest step a live peer reported, for a repai
 
 
 def plan_message(
-    cfg: RunConfig, plan: PhasePlan, lr: LRSchedule, *, store: str | None = None
+    cfg: RunConfig,
+    plan: PhasePlan,
+    lr: LRSchedule,
+    *,
+    store: str | None = None,
+    store_prefix: str = "",
 ) -> Plan:
     """The retained ``plan``: the phase plan, learning rates and control settings; ``store``:
-    the torch.distributed store the orchestrator hosts (`concord.orchestrator.store`)."""
+    the torch.distributed store the orchestrator hosts (`concord.orchestrator.store`) and the
+    secret prefix of its keys."""
     c = cfg.control
     return Plan(
         total_steps=plan.total_steps,
@@ -52,6 +58,7 @@ def plan_message(
             "phases": cfg.controlled_phases(),
         },
         store=store,
+        store_prefix=store_prefix,
     )
 
 

@@ -68,6 +68,7 @@ from concord.peer.tls import load_credentials
 from concord.peer.torch_plane import AgreedControl, TorchComm, TorchPlane, TorchPlaneError
 from concord.peer.transport import Fetched, Transport
 from concord.peer.validate import STEP_WINDOW
+from concord.protos.exposure import check_exposure, exposure_of
 from concord.runtime.driver import StepHooks, drive
 from concord.runtime.lifecycle import dump_tasks, task_stacks
 from concord.runtime.rundir import (
@@ -178,6 +179,10 @@ class PeerProcess:
         else:
             self.addresses = [""] * cfg.peers
             self.listen = check_orchestrated(cfg, peer_id, listen, advertise, self.run_id)
+        # secure by default: an open address without TLS (or broker without protection) is
+        # refused here, before anything is written, unless network.insecure
+        self.exposure = exposure_of(cfg, listen=self.listen, broker=self.broker)
+        check_exposure(self.exposure, insecure=cfg.network.insecure, role="peer", warn=False)
         self.advertise = advertise
         self.out = out
         self.stop = threading.Event()
@@ -211,6 +216,7 @@ class PeerProcess:
             out, cfg, run=self.run_id, flush_every=1, resume_after=after, peer=peer_id
         )
         self.log = structlog.get_logger(__name__)
+        check_exposure(self.exposure, insecure=cfg.network.insecure, role="peer")  # warned
         self.telemetry = peer_registry(self.run_id, peer_id)  # `metrics.listen` serves it
         if self.identity.source != "--id" or self.identity.local_source is not None:
             self.log.info(

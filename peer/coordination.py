@@ -651,9 +651,12 @@ class OrchestratedCoordination:
 
     def torch_store(self) -> str | None:
         """The torch.distributed store the orchestrator announced in the plan
-        (``network.transport = "torch"``; `concord.orchestrator.store`)."""
+        (``network.transport = "torch"``; `concord.orchestrator.store`): ``HOST:PORT``, with
+        ``#PREFIX`` when it gave its keys' secret prefix (`TorchPlane.connect`)."""
         plan = self.client.plan
-        return None if plan is None else plan.store
+        if plan is None or plan.store is None:
+            return None
+        return f"{plan.store}#{plan.store_prefix}" if plan.store_prefix else plan.store
 
     def neighbours(self) -> list[int]:
         """The peers of the schedule held (a rejoining peer fetches from them)."""

@@ -134,7 +134,8 @@ class TorchPlane:
     def connect(self, store: str | None) -> None:
         """Join the process group (blocks until every peer has joined, at most
         ``network.torch.timeout``). ``store``: the orchestrator's TCPStore ``host:port`` (from
-        the plan), needed when the rendezvous is 'orchestrator'."""
+        the plan; ``host:port#PREFIX`` with the secret prefix of the run's keys), needed when
+        the rendezvous is 'orchestrator'."""
         method = self.method()
         kwargs: dict[str, object] = {}
         if method == "orchestrator":
@@ -144,6 +145,7 @@ class TorchPlane:
                     "plan (static peers have no orchestrator: set network.torch.init to 'env' "
                     "or 'tcp://HOST:PORT')"
                 )
+            store, _, secret = store.partition("#")  # the run's secret key prefix, if any
             host, _, port = store.rpartition(":")
             try:
                 client = dist.TCPStore(  # type: ignore[attr-defined]
@@ -154,7 +156,7 @@ class TorchPlane:
                     f"peer {self.rank} cannot reach the orchestrator's torch.distributed store "
                     f"at {store} (network.torch.store_host / store_port): {exc}"
                 ) from exc
-            prefix = f"concord/{self.run_id}/"
+            prefix = f"concord/{self.run_id}/{secret}/" if secret else f"concord/{self.run_id}/"
             kwargs["store"] = dist.PrefixStore(prefix, client)  # type: ignore[attr-defined]
         elif method == "env":
             missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]

@@ -309,8 +309,10 @@ class Plan(Message):
     phases: dict[Str, Any]
     lr: dict[Str, Any]
     control: dict[Str, Any]
-    # network.transport = "torch": the torch.distributed TCPStore the orchestrator hosts
+    # network.transport = "torch": the torch.distributed TCPStore the orchestrator hosts, and
+    # the per-run secret prefix of its keys ("": none, an older orchestrator)
     store: Address | None = None
+    store_prefix: Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{0,64}$")] = ""
     # the orchestrator's incarnation (run nonce, `Presence.incarnation`): "" from a sender that
     # has none (schema 2 before it; peers then follow such a presence only)
     incarnation: Str = ""

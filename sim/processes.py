@@ -44,6 +44,7 @@ from concord.errors import ProcessesError as ProcessesError
 from concord.orchestrator.broker import embedded_broker_secured
 from concord.orchestrator.metrics import eval_record, step_record
 from concord.protos.control_plane import Decision, Message, Metrics, Plan, Status, Topics
+from concord.protos.exposure import check_exposure, exposure_of
 from concord.protos.mqtt import BrokerAuth, Bus
 from concord.protos.reach import BrokerUnreachableError, probe_broker
 from concord.protos.signing import Signing, signing_for
@@ -375,6 +376,13 @@ def preflight(cfg: RunConfig, broker: str | None, run_id: str) -> None:
     for who in ["monitor", "orchestrator", *(f"peer-{i}" for i in range(cfg.peers))]:
         signing_for(cfg, who, run_id)
     external = broker or cfg.orchestrator.broker
+    # secure by default: an open broker without protection (the children would refuse it)
+    check_exposure(
+        exposure_of(cfg, listen=None, broker=external),
+        insecure=cfg.network.insecure,
+        role="sim",
+        warn=False,
+    )
     if external:  # down, wrong port or refused login: one sentence now, before any child
         try:
             probe_broker(external, monitor_auth(cfg, broker), identifier=f"probe-{run_id}")
