@@ -215,8 +215,13 @@ def base(options: ComposeOptions, cfg: RunConfig) -> str:
         "image": "concord:local",
         "build": build,
         "init": True,  # tini as PID 1: forwards SIGTERM (a peer stops at the next step)
-        "# the broker of every Concord process; CONCORD_BROKER names an external one": None,
-        "environment": {"CONCORD_ORCHESTRATOR__BROKER": "${CONCORD_BROKER:-mqtt://mosquitto:1883}"},
+        "# the broker of every Concord process; CONCORD_BROKER names an external one.": None,
+        "# Without the tls overlay the stack runs plaintext and unsigned on its own network": None,
+        "# (no host port): network.insecure says so; the tls overlay turns it off": None,
+        "environment": {
+            "CONCORD_ORCHESTRATOR__BROKER": "${CONCORD_BROKER:-mqtt://mosquitto:1883}",
+            "CONCORD_NETWORK__INSECURE": "true",
+        },
         "volumes": ["./run.toml:/etc/concord/run.toml:ro", "runs:/runs"],
         "depends_on": {"mosquitto": {"condition": "service_healthy"}},
     }
@@ -337,6 +342,7 @@ def base(options: ComposeOptions, cfg: RunConfig) -> str:
 
 def _tls_env() -> dict[str, Node]:
     return {
+        "CONCORD_NETWORK__INSECURE": "false",  # mTLS and signed control: nothing to accept
         "CONCORD_NETWORK__TLS__CA": "/certs/ca.crt",
         "CONCORD_NETWORK__TLS__CERT": "/certs/peer-{id}.crt",
         "CONCORD_NETWORK__TLS__KEY": "/certs/peer-{id}.key",

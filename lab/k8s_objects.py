@@ -52,6 +52,10 @@ def env(options: K8sOptions) -> Doc:
             f"mqtts://{broker}:{MQTTS_PORT}" if options.auth else f"mqtt://{broker}:{MQTT_PORT}"
         )
     }
+    if not options.tls:
+        # plaintext gRPC on the pod network (NetworkPolicies admit only the run's pods): said
+        # out loud (network.insecure), refused otherwise; --tls turns protection on instead
+        out["CONCORD_NETWORK__INSECURE"] = "true"
     if options.tls:
         out |= {
             "CONCORD_NETWORK__TLS__CA": "/certs/ca.crt",

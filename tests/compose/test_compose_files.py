@@ -566,3 +566,23 @@ def test_every_concord_container_of_a_tls_stack_signs_and_verifies(
     signing = signing_for(cfg, "orchestrator", cfg.name or "run")
     assert signing.signer is not None
     assert signing.verifier is not None
+
+
+@pytest.mark.parametrize("files", STACKS, ids=_stack_id)
+def test_every_process_starts_under_secure_by_default(files: tuple[str, ...]) -> None:
+    """Each Concord container, configured as compose configures it, passes the check that
+    refuses an open network (`concord.protos.exposure`): the base stack accepts plaintext on its
+    private network out loud (network.insecure), the tls overlay protects it and accepts
+    nothing."""
+    from concord.protos.exposure import check_exposure, exposure_of
+
+    stack = _stack(files)
+    tls = "compose.tls.yaml" in files
+    for name, argv in stack.concord():
+        cfg = load_config(RUN_TOML, environ=stack.env(name))
+        listen = _options(argv).get("--listen", [None])[0]
+        exposure = exposure_of(cfg, listen=listen, broker=cfg.orchestrator.broker)
+        assert cfg.network.insecure is not tls, f"{name}: network.insecure"
+        check_exposure(exposure, insecure=cfg.network.insecure, role=name, warn=False)
+        if tls:
+            assert exposure.problems() == [], name

@@ -454,6 +454,35 @@ def test_gpu_and_resources(tmp_path: Path) -> None:
     assert container["env"] == [{"name": "CONCORD_DEVICE", "value": "cuda"}]
 
 
+@pytest.mark.parametrize("flags", [(), ("--tls",), ("--auth",), ("--tls", "--auth")])
+def test_every_process_starts_under_secure_by_default(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    """Each Concord pod, configured as the manifests configure it (the run.toml ConfigMap and
+    the env ConfigMap), passes the check that refuses an open network
+    (`concord.protos.exposure`): without --tls the run accepts plaintext on the pod network out
+    loud (network.insecure), with --tls nothing is left to accept."""
+    import tomllib
+
+    from concord.core.config import build_config, env_overrides
+    from concord.protos.exposure import check_exposure, exposure_of
+
+    docs = _render(tmp_path, *flags, peers=2)
+    run_toml = _find(docs, "ConfigMap", "concord-run")["data"]["run.toml"]
+    env = _find(docs, "ConfigMap", "concord-env")["data"]
+    cfg = build_config(tomllib.loads(run_toml), env_overrides(env))
+    assert cfg.network.insecure is ("--tls" not in flags)
+    for name, _, spec in _pods(docs):
+        args = spec["containers"][0].get("args", [])
+        if args[:1] not in (["peer"], ["orchestrator"]):
+            continue  # the broker
+        listen = args[args.index("--listen") + 1] if "--listen" in args else None
+        exposure = exposure_of(cfg, listen=listen, broker=cfg.orchestrator.broker)
+        check_exposure(exposure, insecure=cfg.network.insecure, role=name, warn=False)
+        if "--tls" in flags:
+            assert exposure.problems() == [], name
+
+
 def test_config_map_speaks_of_kubernetes(tmp_path: Path) -> None:
     text = (tmp_path / "k8s" / "config.yaml").read_text(encoding="utf-8") if _render(
         tmp_path, "--auth", "--name", "lab", peers=2) else ""  # fmt: skip
