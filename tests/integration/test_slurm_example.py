@@ -18,10 +18,10 @@ SBATCH = ROOT / "examples" / "slurm" / "concord.sbatch"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 
-# Each stub writes its arguments, NUL-separated, to $STUB_LOG/<name>-<n>.args.
+# Each stub writes its arguments, NUL-separated, to a file of its own, $STUB_LOG/<name>-*.args
+# (mktemp: the broker's, the orchestrator's and the peers' stubs run at the same time).
 _RECORD = """#!/bin/bash
-n=$(ls "$STUB_LOG" | wc -l)
-printf '%s\\0' "$@" > "$STUB_LOG/$(basename "$0")-$n.args"
+printf '%s\\0' "$@" > "$(mktemp "$STUB_LOG/$(basename "$0")-XXXXXX.args")"
 """
 STUBS = {
     "scontrol": _RECORD + "echo node0; echo node1\n",
@@ -48,8 +48,7 @@ esac
 
 
 def _calls(log: Path, name: str) -> list[list[str]]:
-    files = sorted(log.glob(f"{name}-*.args"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
-    return [f.read_bytes().decode().split("\0")[:-1] for f in files]
+    return [f.read_bytes().decode().split("\0")[:-1] for f in sorted(log.glob(f"{name}-*.args"))]
 
 
 def _submit(
