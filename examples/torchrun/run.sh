@@ -17,8 +17,13 @@ NPROC=${NPROC:-4}
 CONFIG=${CONFIG:-run.toml}
 RUN_ID=${RUN_ID:-concord-demo}
 TRANSPORT=${TRANSPORT:-grpc}
-ADDRESS=$(hostname -i | cut -d" " -f1)
+# the first non-loopback IPv4 address (`hostname -i` answers 127.0.1.1 with Debian's /etc/hosts)
+ADDRESS=$(hostname -I | awk '{for (i = 1; i <= NF; i++) if ($i !~ /^127\./ && $i !~ /:/) {print $i; exit}}')
+: "${ADDRESS:?no routable IPv4 address on this node (hostname -I)}"
+# --insecure: plaintext gRPC and unsigned control inside the cluster's network, said out loud
+# (refused otherwise); with [network.tls] in run.toml set SECURITY= (empty) to drop it
+SECURITY=${SECURITY---insecure}
 exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC" --node-rank "$NODE_RANK" \
     --rdzv-backend c10d --rdzv-endpoint "$HEAD:29400" --rdzv-id "$RUN_ID" --no-python \
     concord peer --config "$CONFIG" --broker "mqtt://$HEAD:1883" --run-id "$RUN_ID" \
-    --listen "$ADDRESS:0" --set "network.transport=$TRANSPORT"
+    --listen "$ADDRESS:0" --set "network.transport=$TRANSPORT" $SECURITY
