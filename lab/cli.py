@@ -834,6 +834,41 @@ def certs_issue(
     click.echo(f"wrote {written[0]} and {written[1]}")
 
 
+@certs.command("revoke")
+@click.option("--peer", "peer_id", type=click.IntRange(min=0), default=None, help="a peer's id")
+@click.option("--orchestrator", is_flag=True, help="the orchestrator's signing certificate")
+@click.option(
+    "--cert",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="any certificate file of the run CA (e.g. a copy of one already re-issued)",
+)
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("certs"),
+    show_default=True,
+)
+@click.option("--reason", default="", help="a note kept with the entry")
+def certs_revoke(
+    peer_id: int | None, orchestrator: bool, cert: Path | None, directory: Path, reason: str
+) -> None:
+    """Revoke a certificate: add it to revoked.txt beside ca.crt, which the data plane (mTLS)
+    and the signature check honour. Revoke before re-issuing (the old file names it)."""
+    from concord.lab.revoke_cmd import run_revoke
+    from concord.protos.revocation import RevocationError
+
+    try:
+        lines = run_revoke(
+            directory, peer_id=peer_id, orchestrator=orchestrator, cert=cert, reason=reason
+        )
+    except RevocationError as exc:
+        _fail(str(exc))
+    for line in lines:
+        click.echo(line)
+
+
 @certs.command("broker")
 @click.option(
     "--dir",

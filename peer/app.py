@@ -69,6 +69,7 @@ from concord.peer.torch_plane import AgreedControl, TorchComm, TorchPlane, Torch
 from concord.peer.transport import Fetched, Transport
 from concord.peer.validate import STEP_WINDOW
 from concord.protos.exposure import check_exposure, exposure_of
+from concord.protos.revocation import Revocations
 from concord.runtime.driver import StepHooks, drive
 from concord.runtime.lifecycle import dump_tasks, task_stacks
 from concord.runtime.rundir import (
@@ -273,10 +274,11 @@ class PeerProcess:
     ) -> Transport:
         """The gRPC data plane of this peer (mTLS credentials when ``network.tls`` is set)."""
         cfg, i = self.cfg, self.peer_id
-        server_creds = channel_creds = None
+        server_creds = channel_creds = revocations = None
         if cfg.network.tls is not None:
             t = cfg.network.tls
             server_creds, channel_creds = load_credentials(t.ca, t.cert, t.key, i)
+            revocations = Revocations.for_ca(t.ca)  # `concord certs revoke`'s list
         return Transport(
             run_id=self.run_id,
             peer_id=i,
@@ -297,6 +299,7 @@ class PeerProcess:
             is_neighbour=is_neighbour,
             server_credentials=server_creds,
             channel_credentials=channel_creds,
+            revocations=revocations,
         )
 
     def coordination(self) -> Coordination:

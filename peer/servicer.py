@@ -40,6 +40,7 @@ from concord.peer.tls import peer_id_of
 from concord.peer.validate import FiniteScan, ReceiverView, RejectedError, check_frame, check_hello
 from concord.protos import data_plane_pb2 as pb
 from concord.protos import data_plane_pb2_grpc as pb_grpc
+from concord.protos.revocation import Revocations, fingerprint_pem
 
 
 class Greetings:
@@ -84,6 +85,7 @@ class ServedPeer(Protocol):
 
     # who may Fetch (`concord.peer.coordination.FetchPeers`: the run's graph); None: any peer
     may_fetch: Callable[[int], bool] | None
+    revocations: Revocations | None  # mTLS: `concord certs revoke`'s list
 
     def view(self) -> ReceiverView: ...
 
@@ -308,7 +310,17 @@ class GossipServicer(pb_grpc.GossipServicer):
         `RejectedError` ("identity") otherwise."""
         if not self.t.require_identity:
             return
-        certified = peer_id_of(context.auth_context())
+        auth = context.auth_context()
+        revoked = self.t.revocations
+        if revoked is not None:
+            for pem in auth.get("x509_pem_cert") or []:
+                if fingerprint_pem(pem) in revoked:
+                    raise RejectedError(
+                        "identity",
+                        f"{rpc} from a revoked certificate (the run's revoked.txt, "
+                        "`concord certs revoke`)",
+                    )
+        certified = peer_id_of(auth)
         if certified != claimed:
             raise RejectedError(
                 "identity",

@@ -79,6 +79,7 @@ from concord.peer.validate import (
 )
 from concord.protos import data_plane_pb2 as pb
 from concord.protos import data_plane_pb2_grpc as pb_grpc
+from concord.protos.revocation import Revocations
 
 MAX_MESSAGE = 16 << 20
 CHANNEL_OPTIONS = [
@@ -420,6 +421,7 @@ class Transport:
         tensor_ids: frozenset[int] = TENSOR_IDS,
         skip_after: int = 3,
         fetch_state: frozenset[str] = frozenset(),
+        revocations: Revocations | None = None,
     ) -> None:
         """``wire``: how this peer sends ("raw": ExchangeRaw; "protobuf": Exchange); it receives
         both. ``max_abs_value`` / ``stream_idle_timeout`` / ``skip_after``: ``network.*``;
@@ -427,7 +429,7 @@ class Transport:
         ``fetch_state``: the algorithm state a Fetch answer may carry besides the parameters
         (`concord.core.algorithms.base.Algorithm.portable_state`). With
         ``server_credentials`` (mTLS) a client certificate must name the peer id its Hello and
-        frames claim."""
+        frames claim, and not be on ``revocations`` (`concord certs revoke`)."""
         if skip_after < 1:
             raise ValueError(f"skip_after = {skip_after}; a neighbour must miss at least 1 round")
         self.run_id, self.peer_id, self.world_size = run_id, peer_id, world_size
@@ -477,6 +479,7 @@ class Transport:
         # waiting for it
         self.training = False
         self.may_fetch: Callable[[int], bool] | None = None  # the run's graph (coordination's)
+        self.revocations = revocations  # mTLS: certificates no client may use any more
         self._wanted: list[asyncio.Future[serde.Outgoing | None]] = []
         self._joins: set[int] = set()
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -68,6 +68,7 @@ from concord.protos.control_plane import (
     SIGNED_KIND,
     TOPICS,
 )
+from concord.protos.revocation import RevocationError, Revocations, fingerprint
 
 if TYPE_CHECKING:
     from concord.core.config import RunConfig
@@ -211,12 +212,15 @@ class Verifier:
     """Checks envelopes against the run CA ``ca`` and the ``run`` id (see the module docstring);
     remembers, per (sender, topic, will), the newest (epoch, seq) accepted."""
 
-    def __init__(self, ca: x509.Certificate, run: str) -> None:
+    def __init__(
+        self, ca: x509.Certificate, run: str, revocations: Revocations | None = None
+    ) -> None:
         constraints = _basic_constraints(ca)
         if constraints is None or not constraints.ca:
             raise CertError("the run CA certificate lacks basicConstraints CA:true")
         self.ca = ca
         self.run = run
+        self.revocations = revocations  # `concord certs revoke`'s list (None: not looked at)
         self._certs: dict[bytes, _Known | str] = {}  # sha256(DER) → verified, or why refused
         self._last: dict[tuple[str, str, bool], tuple[int, int]] = {}
         self._epoch: dict[str, int] = {}  # sender → newest incarnation accepted (any topic)
@@ -225,7 +229,17 @@ class Verifier:
 
     @classmethod
     def load(cls, ca_path: Path, run: str) -> Verifier:
-        return cls(_load_cert(ca_path, "run CA certificate"), run)
+        """The verifier of the run CA at ``ca_path``, honouring the revocation list beside it
+        (`concord.protos.revocation`)."""
+        ca = _load_cert(ca_path, "run CA certificate")
+        try:
+            revocations = Revocations.for_ca(ca_path)
+        except RevocationError as exc:
+            raise CertError(str(exc)) from None
+        return cls(ca, run, revocations)
+
+    def _revoked(self, der: bytes) -> bool:
+        return self.revocations is not None and fingerprint(der) in self.revocations
 
     def open(self, topic: str, payload: bytes, *, now: dt.datetime | None = None) -> bytes:
         """The body of the envelope ``payload`` received on ``topic``, once every check passed;
@@ -249,6 +263,8 @@ class Verifier:
         known = self._certificate(env["crt"])
         if isinstance(known, str):
             raise refuse("certificate", f"the sender's certificate {known}")
+        if self._revoked(env["crt"]):
+            raise refuse("revoked", "the sender's certificate is revoked (the run's revoked.txt)")
         at = now or dt.datetime.now(dt.UTC)
         if not known.not_before <= at <= known.not_after:
             raise refuse(
@@ -392,6 +408,11 @@ class Verifier:
         known = self._certificate(der)
         if isinstance(known, str):
             return known
+        if self._revoked(der):
+            return (
+                "is revoked (listed in the run's revoked.txt by `concord certs revoke`): issue a "
+                "new one with `concord certs issue`"
+            )
         at = now or dt.datetime.now(dt.UTC)
         if not known.not_before <= at <= known.not_after:
             return f"is not valid now ({known.not_before:%Y-%m-%d} to {known.not_after:%Y-%m-%d})"
