@@ -107,6 +107,9 @@ def test_the_sbatch_script_finds_its_files_and_peers_announce_a_routable_address
         assert p[p.index("--listen") + 1] == "10.1.2.3:0"  # one address, not loopback
         assert p[p.index("--config") + 1] == "run.toml"
         assert p[p.index("--broker") + 1] == "mqtt://node0:1883"
+    # no [network.tls] in run.toml: plaintext on the cluster network, said with --insecure
+    assert "--insecure" in orchestrator
+    assert all("--insecure" in p for p in peers)
     outs = sorted(p[p.index("--out") + 1] for p in peers)
     assert outs == ["runs/concord-42/peer-0", "runs/concord-42/peer-1"]
 
