@@ -33,7 +33,6 @@ from typing import IO, Any
 
 import structlog
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from concord.core.config import RunConfig, to_toml
 from concord.core.control.consensus import consensus_distance
@@ -50,6 +49,7 @@ from concord.protos.reach import BrokerUnreachableError, probe_broker
 from concord.protos.signing import Signing, signing_for
 from concord.runtime.lock import holder
 from concord.runtime.logs import open_log
+from concord.runtime.progress import step_progress
 from concord.runtime.records import truncate_metrics
 from concord.runtime.rundir import checkpoint_steps, load_checkpoint
 
@@ -267,15 +267,7 @@ async def _follow(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.append, signal.Signals(sig).name)
-    bar = Progress(
-        TextColumn("[bold]step {task.completed}/{task.total}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        disable=not progress,
-    )
+    bar = step_progress(enabled=progress)  # "starting" until the plan gives the total
     topics = Topics(run_id)
     # decisions only feed the live view's Θ/target; without the view, not receiving one per
     # step saves this process (on the peers' CPUs) the work
