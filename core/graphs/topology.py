@@ -90,6 +90,7 @@ from concord.core.graphs.schedules import (
     check_connected_over_period,
 )
 from concord.core.registry import Registry
+from concord.core.suggest import closest
 
 __all__ = [
     "DIRECTED_TOPOLOGIES",
@@ -340,9 +341,11 @@ def _family(name: str, n: int, seed: int) -> Family:
     try:
         builder = TOPOLOGIES.get(name)
     except KeyError:
+        close = closest(name, TOPOLOGY_NAMES)
+        hint = f" (did you mean {close!r}?)" if close else ""
         raise UnknownTopologyError(
-            f"unknown topology {name!r}; valid: {', '.join(TOPOLOGY_NAMES)}, exponential:K, "
-            "or file:PATH"
+            f"unknown topology {name!r}{hint}; valid: {', '.join(TOPOLOGY_NAMES)}, "
+            "exponential:K, or file:PATH"
         ) from None
     return builder(n, seed)
 

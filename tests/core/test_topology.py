@@ -368,7 +368,7 @@ def test_unknown_name_lists_valid_names() -> None:
     with pytest.raises(UnknownTopologyError) as info:
         make_schedule("rign", 8)
     msg = str(info.value)
-    assert "unknown topology 'rign'" in msg
+    assert "unknown topology 'rign' (did you mean 'ring'?)" in msg
     assert "file:PATH" in msg
     assert all(name in msg for name in TOPOLOGY_NAMES)
     assert isinstance(info.value, ValueError)
