@@ -194,6 +194,19 @@ def compare_table(rows: Sequence[Mapping[str, Any]], *, title: str = "Comparison
 # Sweep grids (Kong et al. 2021, Table 2): rows = phase plans (+ baselines), columns = factors.
 
 
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+"""Two-sided 95 % quantiles of Student's t by degrees of freedom (`t95`)."""
+
+
+def t95(k: int) -> float:
+    """Two-sided 95 % quantile of Student's t with k degrees of freedom (`T95`, the nearest
+    tabulated k below; more than 30: 1.96; NaN below 1)."""
+    if k < 1:
+        return math.nan
+    return T95[max(d for d in T95 if d <= k)] if k <= 30 else 1.96
+
+
 @dataclass(frozen=True)
 class CellStats:
     """The values of one grid cell (one per seed whose run succeeded and measured it).
@@ -213,6 +226,15 @@ class CellStats:
     @property
     def std(self) -> float:
         return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+
+    @property
+    def ci95(self) -> float:
+        """Half-width of the mean's 95 % confidence interval: Student's t over len − 1 degrees
+        of freedom × std / √len (NaN for fewer than two values)."""
+        k = len(self.values)
+        if k < 2:
+            return math.nan
+        return t95(k - 1) * self.std / math.sqrt(k)
 
     def format(self, *, scale: float = 1.0, digits: int = 2, spread: bool = True) -> str:
         """ "mean ± std" of the values × ``scale``, "(k/n)" when only k of n runs have a value;

@@ -4,14 +4,17 @@
 machinery and `report` (with `plots` and `cells`) writes its ``report.md`` and PNGs.
 """
 
-from concord.lab.presets.catalog import PRESETS, get_preset, list_presets
-from concord.lab.presets.run import preset_main
+from concord.lab.presets.catalog import PRESETS, get_preset
+from concord.lab.presets.run import get_study, list_presets, preset_main, studies
 from concord.lab.presets.spec import (
     Preset,
     PresetGrid,
+    PresetRequest,
     Relation,
+    RunList,
     Setting,
     Setup,
+    Study,
     command_line,
     select,
 )
@@ -21,13 +24,18 @@ __all__ = [
     "PRESETS",
     "Preset",
     "PresetGrid",
+    "PresetRequest",
     "Relation",
+    "RunList",
     "Setting",
     "Setup",
+    "Study",
     "command_line",
     "get_preset",
+    "get_study",
     "list_presets",
     "preset_main",
     "run_without_plots",
     "select",
+    "studies",
 ]

@@ -753,16 +753,8 @@ PRESETS: Mapping[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
-    """The preset called ``name``; ValueError naming the valid ones otherwise."""
+    """The preset called ``name``; ValueError naming the valid ones otherwise (every entry of
+    ``concord sweep --preset``, consensus-control's grid included: `concord.lab.presets.run`)."""
     if name not in PRESETS:
-        names = [*PRESETS, "consensus-control"]
-        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(names)}")
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
     return PRESETS[name]
-
-
-def list_presets() -> list[tuple[str, str]]:
-    """(name, title) of every preset (``consensus-control``: its own grid,
-    `concord.lab.presets.consensus`)."""
-    from concord.lab.presets.consensus import NAME, TITLE
-
-    return [*((p.name, p.title) for p in PRESETS.values()), (NAME, TITLE)]

@@ -35,15 +35,9 @@ from rich.console import Console
 from concord.core.config import apply_overrides, load_config
 from concord.lab.presets.recipes import BASELINE_FIX, MNIST1D_RECIPE
 from concord.lab.presets.report import environment, reproducibility_section, run_manifest
-from concord.lab.presets.spec import command_line
-from concord.lab.report import markdown_grid
-from concord.lab.sweep import (
-    RunFn,
-    SweepRun,
-    hold_for_calibration,
-    run_sweep,
-    run_without_plots,
-)
+from concord.lab.presets.spec import PresetRequest, RunList, Study, command_line
+from concord.lab.report import CellStats, markdown_grid
+from concord.lab.sweep import SweepRun, run_sweep, run_without_plots
 from concord.runtime.records import read_summary
 
 NAME = "consensus-control"
@@ -57,8 +51,13 @@ RUNS_CSV = (
     "mode", "factor", "worst_peer", "final_xi", "late_rounds_per_step", "late_xi",
     "wall_seconds", "status", "run",
 )  # fmt: skip
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+RUNS_METRICS = {
+    "accuracy_avg_model": "accuracy",
+    "accuracy_worst_peer": "worst_peer",
+    "gossip_rounds_total": "gossip_rounds",
+    "bytes_per_peer": "bytes_per_peer",
+}
+"""The compared metrics of ``runs.csv`` (preset.json's ``metrics``): metric → column."""
 
 
 @dataclass(frozen=True)
@@ -137,17 +136,6 @@ def grid(rows: Sequence[str], columns: Sequence[str], seeds: Sequence[int]) -> l
     return runs
 
 
-@dataclass(frozen=True)
-class _Runs:
-    items: list[SweepRun]
-
-    def runs(self) -> list[SweepRun]:
-        return list(self.items)
-
-    def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
-        return hold_for_calibration(self.items)
-
-
 def late_phase(run_dir: Path, phase: str) -> tuple[float | None, float | None]:
     """Mean gossip rounds per step and mean Ξ (after the step) over the second half of the
     gossip phase ``phase`` of a run (None for all-reduce or a run without its metrics)."""
@@ -211,20 +199,10 @@ def read_runs_csv(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def t95(k: int) -> float:
-    """Two-sided 95 % quantile of Student's t with k degrees of freedom (table; ∞ → 1.96)."""
-    if k < 1:
-        return math.nan
-    best = [d for d in T95 if d <= k]
-    return T95[max(best)] if k <= 30 else 1.96
-
-
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95 % confidence interval (t over len − 1 dof)."""
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return m, math.nan
-    return m, t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+def _ci(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % confidence interval (`CellStats.ci95`)."""
+    stats = CellStats(tuple(values), len(values))
+    return stats.mean, stats.ci95
 
 
 def _label(r: Mapping[str, Any]) -> str:
@@ -257,7 +235,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "n": n, "phase": phase, "target": target, "statistic": stat,
             "label": _label(group[0]), "seeds": sorted(r["seed"] for r in group),
-            "acc": mean_ci(acc), "diff": mean_ci(diffs) if diffs else (math.nan, math.nan),
+            "acc": _ci(acc), "diff": _ci(diffs) if diffs else (math.nan, math.nan),
             "rounds": rounds,
             "rounds_ratio": rounds / unc_rounds if unc_rounds and unc_rounds > 0 else math.nan,
             "bytes_per_peer": statistics.fmean(r["bytes_per_peer"] for r in group),
@@ -574,20 +552,14 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
     return path
 
 
-def study_main(
-    *,
-    seeds: Sequence[int] | None,
-    jobs: int | None,
-    out_dir: Path | None,
-    overrides: Sequence[str],
-    report_only: bool,
-    resume: bool,
-    rows: Sequence[str] | None,
-    columns: Sequence[str] | None,
-    run_fn: RunFn | None = None,
-    console: Console | None = None,
-) -> Path:
+def study_main(request: PresetRequest) -> Path:
     """Run the grid (or, ``report_only``, only rewrite the report from ``runs.csv``)."""
+    if request.tune:
+        raise ValueError(f"--tune: preset {NAME!r} has no lr grid (the recipe's lr 0.1)")
+    seeds, jobs, out_dir, overrides = (request.seeds, request.jobs, request.out_dir,
+                                       request.overrides)  # fmt: skip
+    rows, columns, resume, run_fn = request.rows, request.columns, request.resume, request.run_fn
+    report_only = request.report_only
     row_keys = list(rows) if rows else list(DEFAULT_ROWS)
     col_keys = list(columns) if columns else list(DEFAULT_COLUMNS)
     for key in row_keys:
@@ -600,7 +572,7 @@ def study_main(
     jobs = jobs or 1
     out = out_dir or Path("runs") / time.strftime(f"{NAME}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    console = console or Console()
+    console = request.console or Console()
     runs = grid(row_keys, col_keys, seed_list)
     if report_only:
         meta = json.loads((out / "preset.json").read_text(encoding="utf-8"))
@@ -612,7 +584,7 @@ def study_main(
         picked = (row_keys if rows else None, col_keys if columns else None)
         command = command_line(NAME, seed_list, jobs, out, overrides, False, *picked)
         done = {r.name for r in runs if resume and read_summary(out / "runs" / r.name)}
-        todo = _Runs([r for r in runs if r.name not in done])
+        todo = RunList([r for r in runs if r.name not in done])
         console.print(f"{NAME}: {len(runs)} runs ({len(done)} reused), jobs {jobs}\n{command}")
         started = time.perf_counter()
         if todo.runs():
@@ -628,7 +600,8 @@ def study_main(
             earlier = old.get("commands", [old["command"]])
             commands = earlier + ([] if command in earlier else [command])
             seeds_all = sorted(set(old.get("seeds", [])) | set(seed_list))
-        manifest = run_manifest(runs, base=BASE, overrides=overrides)
+        manifest = run_manifest(runs, base=BASE, overrides=overrides, table="runs.csv",
+                                name_column="run", metrics=RUNS_METRICS)  # fmt: skip
         if resume and previous.is_file():  # the earlier grids' runs stay verifiable
             mine = {r.name for r in runs}
             manifest["runs"] = [e for e in old.get("runs", []) if e["name"] not in mine] + manifest[
@@ -650,3 +623,7 @@ def study_main(
     report = write_report(out, table, meta)
     console.print(f"report: {report}")
     return out
+
+
+STUDY = Study(NAME, TITLE, study_main)
+"""consensus-control in the catalog of ``concord sweep --preset`` (`concord.lab.presets.run`)."""

@@ -92,6 +92,21 @@ def environment(
     }
 
 
+MANIFEST_VERSION = 2
+"""The version of ``preset.json``'s run manifest (`run_manifest`). 1: ``engine``, ``base``,
+``set`` and ``runs`` (the table is ``table.csv``, its run names in ``name``, the generic metric
+columns); 2 adds ``manifest_version``, ``table``, ``name_column`` and ``metrics``."""
+
+TABLE_METRICS: Mapping[str, str] = {
+    "accuracy_avg_model": "accuracy_avg_model",
+    "accuracy_worst_peer": "accuracy_worst_peer",
+    "gossip_rounds_total": "gossip_rounds_total",
+    "bytes_sent_total": "bytes_sent_total",
+}
+"""The compared metrics of a ``table.csv`` (`concord.lab.sweep.write_csv`): metric → column.
+The metrics ``concord report verify`` knows: these four and ``bytes_per_peer``."""
+
+
 def run_manifest(
     runs: Sequence[SweepRun],
     *,
@@ -99,13 +114,17 @@ def run_manifest(
     overrides: Sequence[str] = (),
     engine: str = "vectorized",
     keys: Mapping[str, tuple[str, str]] | None = None,
+    table: str = "table.csv",
+    name_column: str = "name",
+    metrics: Mapping[str, str] = TABLE_METRICS,
 ) -> dict[str, Any]:
-    """What re-creates each run's config (``concord report verify``), for a ``preset.json``:
-    ``engine``, ``base`` (the preset's "dotted.key=value" items), ``set`` (the command's
-    ``--set`` items, applied after ``base``) and ``runs``: every `SweepRun` (its fields; the
-    config of run r is ``base``, then ``set``, then ``r.overrides``) with ``row_key`` and
-    ``column_key`` from ``keys`` (run name → (row key, column key); None: ``run.row`` and
-    ``run.column``)."""
+    """What re-creates each run's config (``concord report verify``), for a ``preset.json``
+    (`MANIFEST_VERSION`): ``engine``, ``base`` (the preset's "dotted.key=value" items), ``set``
+    (the command's ``--set`` items, applied after ``base``), ``runs``: every `SweepRun` (its
+    fields; the config of run r is ``base``, then ``set``, then ``r.overrides``) with ``row_key``
+    and ``column_key`` from ``keys`` (run name → (row key, column key); None: ``run.row`` and
+    ``run.column``), and the table of the results: ``table`` (its file name), ``name_column``
+    (the column naming each row's run) and ``metrics`` (compared metric → its column)."""
     entries = []
     for run in runs:
         row_key, column_key = keys[run.name] if keys is not None else (run.row, run.column)
@@ -128,7 +147,16 @@ def run_manifest(
                 ),
             }
         )
-    return {"engine": engine, "base": list(base), "set": list(overrides), "runs": entries}
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "table": table,
+        "name_column": name_column,
+        "metrics": dict(metrics),
+        "engine": engine,
+        "base": list(base),
+        "set": list(overrides),
+        "runs": entries,
+    }
 
 
 def reproducibility_section(

@@ -29,7 +29,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,25 +37,19 @@ from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
 from concord.lab.presets import consensus
-from concord.lab.presets.catalog import get_preset
+from concord.lab.presets.catalog import PRESETS
 from concord.lab.presets.report import environment, run_manifest, write_report
-from concord.lab.presets.spec import PresetGrid, command_line, select
-from concord.lab.sweep import RunFn, SweepRun, csv_row, run_sweep, run_without_plots, write_csv
+from concord.lab.presets.spec import (
+    Preset,
+    PresetGrid,
+    PresetRequest,
+    RunList,
+    Study,
+    command_line,
+    select,
+)
+from concord.lab.sweep import RunFn, csv_row, run_sweep, run_without_plots, write_csv
 from concord.runtime.records import read_summary
-
-
-@dataclass(frozen=True)
-class _Runs:
-    """A fixed list of runs as a `concord.lab.sweep.Grid` (the part of a preset grid still to
-    run)."""
-
-    items: list[SweepRun]
-
-    def runs(self) -> list[SweepRun]:
-        return list(self.items)
-
-    def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
-        return self.runs(), {}
 
 
 def _cell_keys(grid: PresetGrid) -> dict[str, tuple[str, str]]:
@@ -107,22 +101,49 @@ def preset_main(
     run's configuration (`concord.lab.presets.report.run_manifest`), which ``concord report
     verify`` re-runs a cell from.
     """
-    if name == consensus.NAME:  # its own grid (n × cells × seeds) and report
-        if tune:
-            raise ValueError(f"--tune: preset {name!r} has no lr grid (the recipe's lr 0.1)")
-        return consensus.study_main(
-            seeds=seeds,
-            jobs=jobs,
-            out_dir=None if out_dir is None else Path(out_dir),
-            overrides=overrides,
-            report_only=report_only,
-            resume=resume,
-            rows=rows,
-            columns=columns,
-            run_fn=run_fn,
-            console=console,
-        )
-    preset = select(get_preset(name), rows, columns)
+    request = PresetRequest(
+        seeds=seeds,
+        jobs=jobs,
+        out_dir=None if out_dir is None else Path(out_dir),
+        overrides=tuple(overrides),
+        tune=tune,
+        report_only=report_only,
+        resume=resume,
+        rows=rows,
+        columns=columns,
+        run_fn=run_fn,
+        console=console,
+    )
+    return get_study(name).main(request)
+
+
+def studies() -> dict[str, Study]:
+    """Every entry of ``concord sweep --preset`` by name: the catalog's presets
+    (`concord.lab.presets.catalog.PRESETS`, run by `run_preset`), then consensus-control."""
+    grids = {p.name: Study(p.name, p.title, partial(run_preset, p)) for p in PRESETS.values()}
+    return {**grids, consensus.NAME: consensus.STUDY}
+
+
+def get_study(name: str) -> Study:
+    """The study called ``name``; ValueError naming the valid ones otherwise."""
+    table = studies()
+    if name not in table:
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(table)}")
+    return table[name]
+
+
+def list_presets() -> list[tuple[str, str]]:
+    """(name, title) of every preset (`studies`)."""
+    return [(s.name, s.title) for s in studies().values()]
+
+
+def run_preset(preset: Preset, request: PresetRequest) -> Path:
+    """Run ``preset``'s grid as ``request`` asks and write its report (`preset_main`)."""
+    name, seeds, jobs, out_dir = preset.name, request.seeds, request.jobs, request.out_dir
+    overrides, tune, rows, columns = request.overrides, request.tune, request.rows, request.columns
+    report_only, resume, run_fn = request.report_only, request.resume, request.run_fn
+    console = request.console
+    preset = select(preset, rows, columns)
     seed_list = tuple(seeds) if seeds else ((preset.tune_seed,) if tune else preset.seeds)
     grid = PresetGrid(preset, seed_list, tune=tune)
     jobs = 1 if jobs is None else jobs
@@ -150,7 +171,7 @@ def preset_main(
     else:
         command = command_line(name, seed_list, jobs, out, overrides, tune, rows, columns)
         done = _finished(grid, out) if resume else {}
-        todo = _Runs([r for r in grid.runs() if r.name not in done])
+        todo = RunList([r for r in grid.runs() if r.name not in done])
         console.print(
             f"preset {name}: {len(grid.runs())} runs ({len(done)} reused), jobs {jobs}\n{command}"
         )

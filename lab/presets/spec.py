@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from concord.lab.sweep import SweepRun, slug
+from concord.lab.sweep import SweepRun, hold_for_calibration, slug
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,53 @@ class PresetGrid:
 
     def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
         return self.runs(), {}  # no calibration passes: every run is uncontrolled
+
+
+@dataclass(frozen=True)
+class RunList:
+    """A fixed list of runs as a `concord.lab.sweep.Grid`: what is left of a preset's grid to run
+    (``--resume``), or the one cell ``concord report verify`` re-runs. Runs of a calibration
+    group wait for its first run's calibration pass (`hold_for_calibration`)."""
+
+    items: Sequence[SweepRun]
+
+    def runs(self) -> list[SweepRun]:
+        return list(self.items)
+
+    def schedule(self) -> tuple[list[SweepRun], dict[tuple[str, str, int], list[SweepRun]]]:
+        return hold_for_calibration(self.items)
+
+
+@dataclass(frozen=True)
+class PresetRequest:
+    """What one ``concord sweep --preset NAME`` asks of a study (`concord.lab.presets.preset_main`
+    documents each option): seeds (None: the study's), jobs, output directory, ``--set`` items,
+    ``--tune``, ``--report-only``, ``--resume``, ``--rows`` / ``--columns``, the engine's run and
+    the console."""
+
+    seeds: Sequence[int] | None = None
+    jobs: int | None = None
+    out_dir: Path | None = None
+    overrides: Sequence[str] = ()
+    tune: bool = False
+    report_only: bool = False
+    resume: bool = False
+    rows: Sequence[str] | None = None
+    columns: Sequence[str] | None = None
+    run_fn: Any = None  # a `concord.lab.sweep.RunFn` (None: the sweep's, without plots)
+    console: Any = None  # a rich Console (None: a new one)
+
+
+@dataclass(frozen=True)
+class Study:
+    """An entry of ``concord sweep --preset``: its name, title and how it runs a request (its grid
+    through `concord.lab.sweep.run_sweep`, ``preset.json`` with the run manifest, its report);
+    returns the output directory. A `Preset` runs as one (`concord.lab.presets.run.run_preset`),
+    a study with its own grid and report (consensus-control) supplies its ``main``."""
+
+    name: str
+    title: str
+    main: Callable[[PresetRequest], Path]
 
 
 def select(preset: Preset, rows: Sequence[str] | None, columns: Sequence[str] | None) -> Preset:

@@ -17,11 +17,11 @@ from concord.lab.presets.consensus import (
     before_after,
     checks,
     grid,
-    mean_ci,
     read_runs_csv,
     summarize,
     write_runs_csv,
 )
+from concord.lab.report import CellStats
 
 
 def test_the_grid_pairs_seeds_and_groups_calibrations() -> None:
@@ -36,10 +36,19 @@ def test_the_grid_pairs_seeds_and_groups_calibrations() -> None:
     assert CELLS["allreduce"].overrides()["algorithm"] == "allreduce"
 
 
-def test_the_confidence_interval_is_students() -> None:
-    m, h = mean_ci([1.0, 2.0, 3.0, 4.0, 5.0])
-    assert m == 3.0
-    assert h == pytest.approx(2.776 * math.sqrt(2.5) / math.sqrt(5), rel=1e-4)  # t(4) = 2.776
+def test_the_confidence_interval_is_students_from_cellstats() -> None:
+    """The report's "mean ± 95 % CI" is `CellStats.ci95`, the one interval of the lab."""
+    stats = CellStats((1.0, 2.0, 3.0, 4.0, 5.0), 5)
+    assert stats.mean == 3.0
+    assert stats.ci95 == pytest.approx(2.776 * math.sqrt(2.5) / math.sqrt(5), rel=1e-4)  # t(4)
+    rows = [_row("all", "allreduce", "", seed, acc, 0) for seed, acc in enumerate([0.91, 0.93])]
+    (cell,) = summarize(rows)
+    assert cell["acc"] == pytest.approx((92.0, 12.706 * stats_of([91.0, 93.0]).std / math.sqrt(2)))
+    assert math.isnan(CellStats((1.0,), 1).ci95)  # one seed: no interval
+
+
+def stats_of(values: list[float]) -> CellStats:
+    return CellStats(tuple(values), len(values))
 
 
 def _row(phase: str, target: str, stat: str, seed: int, acc: float, rounds: int) -> dict:

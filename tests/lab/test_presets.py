@@ -210,3 +210,19 @@ def test_resume_reuses_finished_runs_and_runs_the_rest(tmp_path: Path) -> None:
     assert table["dsgd_x0_s0"]["accuracy_avg_model"] == "0.5"  # read back from its summary
     assert json.loads((tmp_path / "preset.json").read_text())["reused_runs"] == 1
     assert "| DSGT | 50.00 |" in (tmp_path / "report.md").read_text()
+
+
+def test_every_preset_runs_through_one_study_table(tmp_path: Path) -> None:
+    """consensus-control is an entry of the same table as the catalog's presets (no name test):
+    the list, the unknown-name error and its own refusal of --tune come from there."""
+    from concord.lab.presets import Study, get_study, studies
+
+    table = studies()
+    assert list(table) == [*PRESETS, "consensus-control"]
+    assert all(isinstance(s, Study) and s.name == name for name, s in table.items())
+    assert get_study("consensus-control").title.startswith("Consensus control")
+    with pytest.raises(ValueError, match=r"unknown preset 'nope'; valid: .*, consensus-control"):
+        preset_main("nope")
+    with pytest.raises(ValueError, match="--tune: preset 'consensus-control' has no lr grid"):
+        preset_main("consensus-control", tune=True, out_dir=tmp_path / "cc")
+    assert not (tmp_path / "cc").exists()  # refused before anything is written

@@ -1,7 +1,7 @@
 """`concord report verify DIR`: tiny real reports (a generic preset's and consensus-control's) are
 built once, then a cell is re-run and compared; a tampered CSV fails naming the metric; bad input
-exits 2 with the problem and the valid choices; a report without a run manifest falls back to the
-preset catalog."""
+exits 2 with the problem and the valid choices; the configuration comes from the run manifest
+(preset.json) only: a report without one, or with a version or run it lacks, is a clear error."""
 
 from __future__ import annotations
 
@@ -17,9 +17,14 @@ from rich.console import Console
 
 from concord.lab.cli import main
 from concord.lab.presets import preset_main
-from concord.lab.presets.report import environment, reproducibility_section, run_manifest
+from concord.lab.presets.report import (
+    MANIFEST_VERSION,
+    environment,
+    reproducibility_section,
+    run_manifest,
+)
 from concord.lab.sweep import SweepRun
-from concord.lab.verify import RECORD_COLUMNS, VerifyError, load_target, parse_sweep_command
+from concord.lab.verify import RECORD_COLUMNS, VerifyError, load_target
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = ["peers=4", "dataset.samples=600", "epochs=1", "eval.every=0.5"]
@@ -144,7 +149,7 @@ def test_bad_input_exits_2_naming_what_and_where(tiny_report: Path, tmp_path: Pa
     assert f"report directory {tmp_path / 'missing'} does not exist" in out
     code, out = _verify(str(tmp_path))
     assert code == 2
-    assert "holds no table.csv (a preset report's) nor runs.csv" in out
+    assert f"{tmp_path} has no preset.json" in out  # not a report directory
     code, out = _verify(str(tiny_report), "--run", "nope_s0")
     assert code == 2
     assert f"no run 'nope_s0' in {tiny_report / 'table.csv'}; runs: allreduce_a0.01_s0," in out
@@ -336,45 +341,48 @@ def test_several_directories_reject_single_run_options(tiny_report: Path, tmp_pa
     assert "re-running" not in out
 
 
-def test_without_a_manifest_the_catalog_gives_the_same_config(
+def test_the_manifest_is_the_only_source_of_the_configuration(
     tiny_report: Path, tmp_path: Path
 ) -> None:
-    """A report committed before preset.json recorded runs: table.csv and report.md only."""
-    old = _copy(tiny_report, tmp_path / "old", ("table.csv", "report.md"))
+    """A version-1 manifest reads as before; no manifest, another version, a run it lacks or a
+    metric it does not know are errors naming the file, the version or the run."""
+    meta = json.loads((tiny_report / "preset.json").read_text())
+    assert meta["manifest_version"] == MANIFEST_VERSION
+    assert (meta["table"], meta["name_column"]) == ("table.csv", "name")
+    # version 1: no version, table, name column nor metrics (the reports of 2026-11 before it)
+    v1 = _copy(tiny_report, tmp_path / "v1", ("table.csv", "report.md", "preset.json"))
+    old = {k: v for k, v in meta.items()
+           if k not in ("manifest_version", "table", "name_column", "metrics")}  # fmt: skip
+    (v1 / "preset.json").write_text(json.dumps(old))
     for name in ("allreduce_a0.01_s0", "dsgd-ring_a0.01_s1"):
-        recorded = load_target(tiny_report, run=name)
-        rebuilt = load_target(old, run=name)
-        assert "current catalog" in rebuilt.source
-        assert rebuilt.preset == "relaysgd-dirichlet"
-        assert dict(rebuilt.run.overrides) == dict(recorded.run.overrides)
-        assert rebuilt.items == recorded.items  # base + the report command's --set items
-    by_label = load_target(old, row="D-SGD (ring)", column="α = 0.01", seed=1)
-    assert by_label.run.name == "dsgd-ring_a0.01_s1"
-    # an lr the catalog no longer gives: the committed one wins, and the output says so
-    rows = _table(old / "table.csv")
-    for r in rows:
-        r["lr"] = "0.3" if r["name"] == "dsgd-ring_a0.01_s1" else r["lr"]
-    with open(old / "table.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    changed = load_target(old, run="dsgd-ring_a0.01_s1")
-    assert changed.run.overrides["optim.lr"] == 0.3
-    assert "the re-run uses the committed 0.3" in changed.notes[0]
-    # a manifest without the run (e.g. written by another grid of the directory): rebuilt too
-    partial = _copy(tiny_report, tmp_path / "partial", ("table.csv", "report.md", "preset.json"))
-    meta = json.loads((partial / "preset.json").read_text())
-    meta["runs"] = [r for r in meta["runs"] if r["name"] != "dsgd-ring_a0.01_s1"]
-    (partial / "preset.json").write_text(json.dumps(meta))
-    rebuilt = load_target(partial, run="dsgd-ring_a0.01_s1")
-    assert dict(rebuilt.run.overrides) == dict(
-        load_target(tiny_report, run=rebuilt.run.name).run.overrides
+        recorded, read = load_target(tiny_report, run=name), load_target(v1, run=name)
+        assert read.run == recorded.run
+        assert read.items == recorded.items
+        assert [m.column for m in read.metrics] == [m.column for m in recorded.metrics]
+    assert load_target(v1, row="D-SGD (ring)", column="α = 0.01", seed=1).run.name == (
+        "dsgd-ring_a0.01_s1"
     )
-    assert "records no configuration for dsgd-ring_a0.01_s1: rebuilt" in rebuilt.notes[-1]
-    assert load_target(partial).source == "the configuration recorded in preset.json"
-    (old / "report.md").unlink()  # nothing says which preset: the directory's name does not
-    with pytest.raises(VerifyError, match="cannot tell which preset produced it"):
-        load_target(old)
+    # a report without a manifest: nothing is rebuilt from report.md or the catalog
+    bare = _copy(tiny_report, tmp_path / "bare", ("table.csv", "report.md"))
+    with pytest.raises(VerifyError, match=f"has no preset.json.*version {MANIFEST_VERSION}"):
+        load_target(bare)
+    code, out = _verify(str(bare))
+    assert code == 2
+    assert "has no preset.json" in out
+    cases = [
+        ({**meta, "manifest_version": 7}, "manifest version 7: this concord reads versions 1 and"),
+        ({k: v for k, v in old.items() if k != "runs"}, "manifest version 1 without 'runs'"),
+        ({**meta, "metrics": {"loss": "loss"}}, r"unknown metrics \['loss'\]"),
+        ({**meta, "table": "runs.csv"}, "holds no runs.csv"),
+        ({**meta, "runs": [r for r in meta["runs"] if r["name"] != "dsgd-ring_a0.01_s1"]},
+         "run 'dsgd-ring_a0.01_s1' of .* is not in the runs of .*preset.json"),
+        ({**meta, "runs": [{"name": "x"}]}, r"runs\[0\] \(x\): KeyError"),
+    ]  # fmt: skip
+    for i, (broken, message) in enumerate(cases):
+        bad = _copy(tiny_report, tmp_path / f"bad{i}", ("table.csv",))
+        (bad / "preset.json").write_text(json.dumps(broken))
+        with pytest.raises(VerifyError, match=message):
+            load_target(bad, run="dsgd-ring_a0.01_s1")
 
 
 def test_a_consensus_control_constant_cell_reruns_with_its_calibration(tmp_path: Path) -> None:
@@ -394,22 +402,19 @@ def test_a_consensus_control_constant_cell_reruns_with_its_calibration(tmp_path:
     assert code == 0, text
     assert "run: n16-p1-1over4-xi-s0 — row 'p1-1over4-xi', column 'n16', seed 0" in text
     assert "config: the configuration recorded in preset.json" in text  # the sweep's manifest
+    meta = json.loads((out / "preset.json").read_text())  # the one manifest format
+    assert (meta["manifest_version"], meta["table"], meta["name_column"]) == (
+        MANIFEST_VERSION,
+        "runs.csv",
+        "run",
+    )
+    assert meta["metrics"]["bytes_per_peer"] == "bytes_per_peer"
     assert "re-running (with its calibration pass)" in text
     assert "±10 %" in text  # rounds and bytes under consensus control
     assert "bytes sent per peer" in text
     code, text = _verify(str(out), "--run", "n16-p1-none-s0")
     assert code == 2
     assert "runs: n16-allreduce-s0, n16-p1-1over4-xi-s0" in text
-
-
-def test_sweep_commands_parse() -> None:
-    parsed = parse_sweep_command(
-        "concord sweep --preset relaysgd-dirichlet --tune --seeds 0,1 --jobs 1 --out runs/x \\\n"
-        "  --rows a,b --columns=c --set epochs=48 --set 'dataset.name=mnist1d'"
-    )
-    assert parsed == {"preset": "relaysgd-dirichlet", "seeds": [0, 1], "rows": ["a", "b"],
-                      "columns": ["c"], "set": ["epochs=48", "dataset.name=mnist1d"],
-                      "tune": True}  # fmt: skip
 
 
 def test_the_section_for_consensus_and_unrecorded_machines() -> None:
@@ -460,6 +465,27 @@ def test_the_committed_reports_resolve_their_runs(
     if directory.endswith("longer-budget"):
         assert target.items[-1] == "epochs=48"  # the report command's --set
     assert load_target(ROOT / "docs" / "results" / directory).cell.record  # the default run
+
+
+@pytest.mark.parametrize(
+    "table",
+    sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "docs" / "results").rglob("*.csv")
+        if p.name in ("table.csv", "runs.csv")
+    ),
+)
+def test_every_committed_report_has_a_manifest_of_every_run(table: str) -> None:
+    """verify reads only manifests: each committed table names its manifest's table and every run
+    that succeeded has its configuration there."""
+    path = ROOT / table
+    meta = json.loads((path.parent / "preset.json").read_text())
+    assert meta["manifest_version"] == MANIFEST_VERSION
+    assert meta["table"] == path.name
+    recorded = {r["name"] for r in meta["runs"]}
+    ok = [r[meta["name_column"]] for r in _table(path) if r["status"] == "ok"]
+    assert ok
+    assert set(ok) <= recorded
 
 
 def failing_run(

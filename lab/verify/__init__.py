@@ -1,0 +1,72 @@
+"""``concord report verify DIR``: re-run one cell of a committed report and compare it.
+
+``DIR`` is a report directory: its ``preset.json`` (the run manifest,
+`concord.lab.presets.report.run_manifest`) is the only source of the configuration — the
+recorded engine, base items, ``--set`` items and each run's own overrides — and names the table
+of the results (``table.csv`` of a preset, ``runs.csv`` of consensus-control), the column naming
+each run and the compared metrics (`concord.lab.verify.manifest`). A directory without a
+manifest, or with a version this concord does not read, is bad input naming the version.
+
+The run is chosen by ``--run NAME`` or ``--row KEY --column KEY [--seed S]`` (keys or the CSV's
+labels), by default the first run of the CSV that succeeded. It re-runs through the sweep
+machinery into ``--out`` (default: a fresh temporary directory), and a table compares, for every
+metric the manifest names, the committed value with the re-run's (`concord.lab.verify.rerun`):
+
+- accuracies (averaged model, worst peer): within ``tol`` percentage points (default 0.5 pp —
+  well above the CSV's float rounding; a re-run on the recorded machine gives the same numbers);
+- gossip rounds and bytes (all peers, or per peer): exact by default, since the configuration
+  fixes them; ``count_tol`` (relative) when consensus control is on (or ``ada-feedback``, whose
+  graph follows Θ), default ±10 %, since the rounds then follow the float trajectory.
+
+It also compares the recorded machine (torch, CPU, torch threads per run; `environment`) with
+this one: float results are machine-dependent, so a mismatch is reported as the likely reason of
+a difference, not as an error. Exit codes (`verify_main`): 0 all within tolerance, 1 a metric
+differs (or the re-run failed), 2 bad input (`VerifyError`).
+
+Several reports in one command (`verify_reports`, `concord.lab.verify.main`): ``DIR [DIR ...]``,
+each ``DIR`` or ``DIR::RUN`` (`parse_directories`; ``--run`` and ``--row/--column/--seed`` only
+with a single ``DIR``). ``--csv`` writes the reproducibility record, one row per directory, run
+and metric (`record_rows`, `RECORD_COLUMNS`), and ``--markdown`` a report generated from those
+rows (`render_markdown`, `concord.lab.verify.record`).
+"""
+
+from concord.lab.verify.main import (
+    Choice,
+    command_line,
+    parse_directories,
+    verify_main,
+    verify_reports,
+)
+from concord.lab.verify.manifest import METRICS, Cell, Metric, Target, VerifyError, load_target
+from concord.lab.verify.record import (
+    RECORD_COLUMNS,
+    record_rows,
+    render_markdown,
+    summarize,
+    write_record_csv,
+)
+from concord.lab.verify.rerun import ACCURACY_TOL_PP, CONTROLLED_COUNT_TOL, Check, Outcome, compare
+
+__all__ = [
+    "ACCURACY_TOL_PP",
+    "CONTROLLED_COUNT_TOL",
+    "METRICS",
+    "RECORD_COLUMNS",
+    "Cell",
+    "Check",
+    "Choice",
+    "Metric",
+    "Outcome",
+    "Target",
+    "VerifyError",
+    "command_line",
+    "compare",
+    "load_target",
+    "parse_directories",
+    "record_rows",
+    "render_markdown",
+    "summarize",
+    "verify_main",
+    "verify_reports",
+    "write_record_csv",
+]
