@@ -31,10 +31,12 @@ from concord.lab.deploy_common import (
     MQTT_PORT,
     PEER_PORT,
     DeployError,
+    certs_commands,
     check_metrics_port,
     check_transport,
     metrics_args,
     mosquitto_conf,
+    peer_command,
     prometheus_annotations,
     slug,
 )
@@ -293,20 +295,12 @@ def base(options: ComposeOptions, cfg: RunConfig) -> str:
     for i, near in enumerate(neighbours(cfg)):
         services[_peer(i)] = {
             "<<": Raw("*peer"),
-            "command": [
-                "peer",
-                "--config",
-                "/etc/concord/run.toml",
-                "--id",
-                str(i),
-                "--listen",
-                f"0.0.0.0:{PEER_PORT}",
-                "--advertise",
-                f"{_peer(i)}:{PEER_PORT}",
-                "--out",
-                f"/runs/{_peer(i)}",
-                *metrics_args(metrics),
-            ],
+            "command": peer_command(
+                i,
+                advertise=f"{_peer(i)}:{PEER_PORT}",
+                out=f"/runs/{_peer(i)}",
+                metrics_port=metrics,
+            ),
             "labels": {
                 "concord.peer": str(i),
                 "concord.neighbours": " ".join(_peer(j) for j in near),
@@ -516,18 +510,15 @@ topic write healthcheck
 
 
 def certs_script(options: ComposeOptions, cfg: RunConfig) -> str:
-    run = shlex.quote(cfg.name or "concord")
-    lines = [f"concord certs init --dir {CERTS} --run-id {run}"]
-    if options.tls:
-        lines += [
-            f"concord certs issue --dir {CERTS} --peer {i} --host {_peer(i)}"
-            for i in range(options.peers)
-        ]
-    if options.auth:
-        lines.append(
-            f"concord certs broker --dir {CERTS} --run-id {run} --peers {options.peers} "
-            "--host mosquitto"
-        )
+    lines = certs_commands(
+        cfg.name or "concord",
+        options.peers,
+        certs=CERTS,
+        tls=options.tls,
+        auth=options.auth,
+        peer_host=_peer,
+        broker_host="mosquitto",
+    )
     body = "\n".join(lines)
     what = ["the run CA and the orchestrator's signing key"]
     what += ["a certificate per peer, named for its service"] * options.tls

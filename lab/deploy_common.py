@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+import shlex
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from concord.core.config import RunConfig
@@ -42,6 +43,54 @@ def check_metrics_port(port: int) -> list[str]:
 def metrics_args(port: int) -> list[str]:
     """The command-line arguments that open a process's metrics endpoint on ``port``."""
     return ["--metrics-listen", f"0.0.0.0:{port}"] if port else []
+
+
+def peer_command(i: int, *, advertise: str, out: str, metrics_port: int) -> list[str]:
+    """Peer ``i``'s container command (compose and k8s alike): the run config mounted at
+    /etc/concord/run.toml, the gRPC port `PEER_PORT` on every interface, the address the others
+    dial (``advertise``), its output directory and its metrics endpoint (`metrics_args`)."""
+    return [
+        "peer",
+        "--config",
+        "/etc/concord/run.toml",
+        "--id",
+        str(i),
+        "--listen",
+        f"0.0.0.0:{PEER_PORT}",
+        "--advertise",
+        advertise,
+        "--out",
+        out,
+        *metrics_args(metrics_port),
+    ]
+
+
+def certs_commands(
+    run_id: str,
+    peers: int,
+    *,
+    certs: str,
+    tls: bool,
+    auth: bool,
+    peer_host: Callable[[int], str],
+    broker_host: str,
+) -> list[str]:
+    """The `concord certs` commands that issue a deployment's identities into ``certs``: the run
+    CA (``run_id``, quoted here), with ``tls`` a certificate per peer (``peer_host(i)``: the name
+    the others dial), with ``auth`` the broker's certificate, passwords and ACL."""
+    run = shlex.quote(run_id)
+    lines = [f"concord certs init --dir {certs} --run-id {run}"]
+    if tls:
+        lines += [
+            f"concord certs issue --dir {certs} --peer {i} --host {peer_host(i)}"
+            for i in range(peers)
+        ]
+    if auth:
+        lines.append(
+            f"concord certs broker --dir {certs} --run-id {run} --peers {peers} "
+            f"--host {broker_host}"
+        )
+    return lines
 
 
 def prometheus_annotations(port: int) -> dict[str, str]:

@@ -24,10 +24,10 @@ explains them.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 from concord.core.config import RunConfig
+from concord.lab.deploy_common import certs_commands
 from concord.lab.deploy_common import default_run_toml as _default_run_toml
 from concord.lab.k8s_objects import (
     broker,
@@ -77,18 +77,15 @@ def default_run_toml(peers: int, name: str) -> str:
 
 def certs_script(options: K8sOptions, cfg: RunConfig, certs: str) -> str:
     """The `concord certs` commands that issue this deployment's identities into ``certs``."""
-    run = shlex.quote(cfg.name or "concord")
-    lines = [f"concord certs init --dir {certs} --run-id {run}"]
-    if options.tls:
-        lines += [
-            f"concord certs issue --dir {certs} --peer {i} --host {peer_host(options.name, i)}"
-            for i in range(options.peers)
-        ]
-    if options.auth:
-        lines.append(
-            f"concord certs broker --dir {certs} --run-id {run} --peers {options.peers} "
-            f"--host {broker_name(options.name)}"
-        )
+    lines = certs_commands(
+        cfg.name or "concord",
+        options.peers,
+        certs=certs,
+        tls=options.tls,
+        auth=options.auth,
+        peer_host=lambda i: peer_host(options.name, i),
+        broker_host=broker_name(options.name),
+    )
     return (
         "#!/bin/sh\n"
         + f"{GENERATED}: the identities of secrets.yaml.\nset -eu\n"

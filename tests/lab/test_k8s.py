@@ -523,3 +523,37 @@ def test_torch_transport_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert "network.transport = 'torch'" in result.output
+
+
+def test_compose_and_k8s_share_the_peer_command_and_the_certs_script(tmp_path: Path) -> None:
+    """Both generators take a peer's command and the `concord certs` commands from
+    concord.lab.deploy_common: the same words, only the names the others dial differ."""
+    from concord.lab.deploy_common import PEER_PORT, certs_commands, peer_command
+
+    docs = _render(tmp_path, "--tls", "--auth", "--metrics-port", "9500", peers=3)
+    job = _find(docs, "Job", "concord-peer-1")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    dialled = f"{peer_host('concord', 1)}:{PEER_PORT}"
+    assert container["args"] == peer_command(
+        1, advertise=dialled, out="/runs/peer-1", metrics_port=9500
+    )
+    assert container["args"][-2:] == ["--metrics-listen", "0.0.0.0:9500"]
+    stack = tmp_path / "stack"
+    args = ["compose", "--peers", "3", "--tls", "--auth", "--metrics-port", "9500",
+            "--context", str(ROOT), "--out", str(stack)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    services = yaml.safe_load((stack / "compose.yaml").read_text(encoding="utf-8"))["services"]
+    peer1 = services["peer-1"]["command"]
+    assert peer1 == peer_command(
+        1, advertise=f"peer-1:{PEER_PORT}", out="/runs/peer-1", metrics_port=9500
+    )
+    for script, host in (((tmp_path / "k8s" / "certs.sh"), "concord-broker"),
+                         ((stack / "certs.sh"), "mosquitto")):  # fmt: skip
+        text = script.read_text(encoding="utf-8")
+        issued = [ln for ln in text.splitlines() if ln.startswith("concord certs ")]
+        assert len(issued) == 1 + 3 + 1  # the CA, a certificate per peer, the broker's
+        assert issued[-1].endswith(f"--peers 3 --host {host}"), issued[-1]
+    bare = certs_commands("r'x", 1, certs="c", tls=False, auth=False, peer_host=str,
+                          broker_host="b")  # fmt: skip
+    assert bare == ["concord certs init --dir c --run-id 'r'\"'\"'x'"]  # the run id quoted
