@@ -31,22 +31,28 @@ from concord.core.algorithms.catalog import (
     spec_of,
 )
 from concord.core.graphs.graph import TopologyError
-from concord.core.graphs.topology import (
-    DIRECTED_TOPOLOGIES,
-    TIME_VARYING,
-    TOPOLOGY_NAMES,
-    build_graph,
-    exponential_k,
-)
+from concord.core.graphs.topology import build_graph, exponential_k, topology_spec
 from concord.core.graphs.trees import relay_trees
-from concord.core.plugins import is_spec
+from concord.core.plugins import PluginError, is_spec
+from concord.core.specs import (
+    CODEC_SPECS,
+    DATASET_SPECS,
+    MODEL_SPECS,
+    PARTITIONER_SPECS,
+    TOPOLOGY_SPECS,
+    SpecTable,
+    TopologySpec,
+)
 from concord.core.suggest import closest
 from concord.errors import ConfigError as ConfigError
 
+# The built-in names of each kind. Validators ask the spec tables (`concord.core.specs`), which
+# also hold the names registered at run time; ``module:Name`` plug-ins are accepted besides.
 ALGORITHM_NAMES: tuple[str, ...] = tuple(CATALOG)  # every algorithm of the catalog, in its order
-DATASET_NAMES: tuple[str, ...] = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
-MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn1d", "cnn", "resnet20")
-PARTITION_NAMES: tuple[str, ...] = ("iid", "dirichlet", "sorted", "shards", "powerlaw", "groups")
+DATASET_NAMES: tuple[str, ...] = tuple(DATASET_SPECS)
+MODEL_NAMES: tuple[str, ...] = tuple(MODEL_SPECS)
+PARTITION_NAMES: tuple[str, ...] = tuple(PARTITIONER_SPECS)
+TOPOLOGY_NAMES: tuple[str, ...] = tuple(TOPOLOGY_SPECS)
 ENGINE_NAMES: tuple[str, ...] = ("vectorized", "processes")
 PLAN_PRESETS = "'gossip', 'exact', 'dec-phase-K', or a list of per-phase modes"
 
@@ -55,8 +61,12 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _user_callable(name: str) -> bool:
-    return is_spec(name)
+def _known(table: SpecTable[Any], kind: str, v: str) -> str:
+    """``v`` if ``table`` declares it or it is a ``module:callable`` plug-in (imported where it
+    is used, not here: the orchestrator does not import a user's torch code)."""
+    if v not in table and not is_spec(v):
+        raise ValueError(_unknown(kind, v, table.names(), "module:callable"))
+    return v
 
 
 class DatasetConfig(_Section):
@@ -75,9 +85,7 @@ class DatasetConfig(_Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in DATASET_NAMES and not _user_callable(v):
-            raise ValueError(_unknown("dataset", v, DATASET_NAMES, "module:callable"))
-        return v
+        return _known(DATASET_SPECS, "dataset", v)
 
 
 class PartitionConfig(_Section):
@@ -93,9 +101,7 @@ class PartitionConfig(_Section):
     @field_validator("scheme")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in PARTITION_NAMES and not _user_callable(v):
-            raise ValueError(_unknown("partition scheme", v, PARTITION_NAMES, "module:callable"))
-        return v
+        return _known(PARTITIONER_SPECS, "partition scheme", v)
 
 
 class ModelConfig(_Section):
@@ -108,9 +114,7 @@ class ModelConfig(_Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in MODEL_NAMES and not _user_callable(v):
-            raise ValueError(_unknown("model", v, MODEL_NAMES, "module:callable"))
-        return v
+        return _known(MODEL_SPECS, "model", v)
 
     def build_options(self) -> dict[str, Any]:
         opts = dict(self.options)
@@ -199,17 +203,8 @@ class ControlSection(_Section):
         return self
 
 
-# every codec name, the registry `concord.core.compress` fills (tests check both agree)
-CODEC_NAMES: tuple[str, ...] = (
-    "none",
-    "fp16",
-    "bf16",
-    "int8",
-    "topk",
-    "randomk",
-    "sign",
-    "qsgd",
-)
+# the built-in codecs (`concord.core.specs.CODEC_SPECS`; `concord.core.compress` implements them)
+CODEC_NAMES: tuple[str, ...] = tuple(CODEC_SPECS)
 
 
 class CompressionConfig(_Section):
@@ -235,9 +230,7 @@ class CompressionConfig(_Section):
     @field_validator("codec")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in CODEC_NAMES:
-            raise ValueError(_unknown("codec", v, CODEC_NAMES))
-        return v
+        return _known(CODEC_SPECS, "codec", v)
 
 
 class TLSConfig(_Section):
@@ -619,8 +612,11 @@ class RunConfig(_Section):
     @field_validator("algorithm")
     @classmethod
     def _algorithm(cls, v: str) -> str:
-        if v not in ALGORITHM_NAMES:
-            raise ValueError(_unknown("algorithm", v, ALGORITHM_NAMES))
+        if v in CATALOG:
+            return v
+        if not is_spec(v):
+            raise ValueError(_unknown("algorithm", v, ALGORITHM_NAMES, "module:Class"))
+        spec_of(v)  # a plug-in: its spec is read now (PluginError says what is wrong)
         return v
 
     @field_validator("plan")
@@ -713,7 +709,7 @@ class RunConfig(_Section):
             )
         if spec.static_topology is not None and not spec.relay_tree:  # relays: see below
             used = [self.topology, *(t for t in self.phase_topologies or () if t)]
-            varying = [t for t in used if t in TIME_VARYING]
+            varying = [t for t in used if _traits(t).time_varying]
             if varying:
                 problems.append(_time_varying_problem(varying[0], spec))
         if self.overlap and not spec.overlap:
@@ -817,7 +813,7 @@ def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
     per-edge messages travel as raw float32."""
     problems: list[str] = []
     used = [cfg.topology, *(t for t in cfg.phase_topologies or () if t)]
-    directed = [t for t in used if t in DIRECTED_TOPOLOGIES]
+    directed = [t for t in used if _traits(t).directed]
     spec = cfg.spec
     if directed and not spec.directed:
         push_sum = [n for n, s in CATALOG.items() if s.directed and s.gossip]
@@ -840,7 +836,7 @@ def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
         )
     if not spec.relay_tree:
         return problems
-    varying = [t for t in used if t in TIME_VARYING]
+    varying = [t for t in used if _traits(t).time_varying]
     if varying:
         problems.append(_time_varying_problem(varying[0], spec))
     elif any(t != cfg.topology for t in used):
@@ -860,6 +856,14 @@ def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
     return problems
 
 
+def _traits(topology: str) -> TopologySpec:
+    """The traits of a topology that passed `_check_topology` (default: static, undirected)."""
+    try:
+        return topology_spec(topology)
+    except (TopologyError, PluginError):
+        return TopologySpec(topology)
+
+
 def _time_varying_problem(topology: str, spec: AlgorithmSpec) -> str:
     return f"topology {topology!r} is time-varying; algorithm {spec.name!r} {spec.static_topology}"
 
@@ -872,8 +876,13 @@ def _check_topology(v: str) -> str:
         return v
     if exponential_k(v) is not None:  # exponential:K (K ≤ ⌈log2 peers⌉ checked in _cross)
         return v
-    if v not in TOPOLOGY_NAMES:
-        raise ValueError(_unknown("topology", v, TOPOLOGY_NAMES, "exponential:K", "file:PATH"))
+    if v in TOPOLOGY_SPECS:
+        return v
+    if not is_spec(v):
+        raise ValueError(
+            _unknown("topology", v, TOPOLOGY_SPECS.names(), "exponential:K", "file:PATH")
+        )
+    topology_spec(v)  # a plug-in: numpy-only, imported now for its traits (PluginError)
     return v
 
 

@@ -1,5 +1,6 @@
-"""User code named ``"module:attr.path"`` in a config (a dataset, a partition scheme, a model):
-`resolve` imports it and returns the object.
+"""User code named ``"module:attr.path"`` in a config — an algorithm class, a codec class, a
+topology builder, a dataset, a partition scheme, a model: `resolve` imports it and returns the
+object (what each kind expects of it: `concord.core.specs`, docs/api.md).
 
 Where modules are found: the directory the command runs in, then every directory of
 ``CONCORD_PLUGIN_PATH`` (``os.pathsep``-separated; ``concord --plugin-path DIR`` sets it, so the
@@ -14,6 +15,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -54,9 +56,19 @@ def _ensure_path() -> None:
             sys.path.insert(0, d)
 
 
+def _where(exc: BaseException) -> str:
+    """ " at FILE:LINE" of a failed import: the syntax error's, else the innermost frame of the
+    traceback outside the import machinery (the user's line)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
 def resolve(spec: str, what: str) -> Any:
     """The callable ``spec`` ("module:attr.path") names; `PluginError` saying which part fails
-    (``what``: "dataset", "partition scheme", "model" — used in the message)."""
+    (``what``: "dataset", "partition scheme", "model", "algorithm", "codec", "topology" — used in
+    the message; a module that fails while importing is named with the file and line)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise PluginError(f"{what} {spec!r}: expected 'module:callable'")
@@ -69,9 +81,7 @@ def resolve(spec: str, what: str) -> Any:
             f"working directory, {PLUGIN_PATH_ENV} (concord --plugin-path) and sys.path"
         ) from exc
     except Exception as exc:  # the user's module failed while importing
-        where = ""
-        if isinstance(exc, SyntaxError) and exc.filename:
-            where = f" at {exc.filename}:{exc.lineno}"
+        where = _where(exc)
         raise PluginError(
             f"{what} {spec!r}: importing module {module_name!r} failed{where}: "
             f"{type(exc).__name__}: {exc}"

@@ -12,7 +12,8 @@ import importlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from concord.core.algorithms.catalog import CATALOG, AlgorithmSpec
+from concord.core.algorithms.catalog import CATALOG, AlgorithmSpec, plugin_spec
+from concord.core.plugins import PluginError, is_spec, resolve
 
 if TYPE_CHECKING:
     from concord.core.algorithms.base import (
@@ -93,10 +94,18 @@ def __getattr__(name: str) -> Any:
 
 
 def make_algorithm(name: str, optimizer: LocalSGD, **hyper: Any) -> Algorithm:
-    """Instantiate a registered algorithm by its config name with its hyperparameters
-    (keyword arguments of its constructor, e.g. ``choco``: ``codec``, ``gamma``)."""
-    load_all()
-    cls = _registry().get(name)
+    """Instantiate an algorithm by its config name — a catalog name or a user's
+    ``"module:Class"`` — with its hyperparameters (keyword arguments of its constructor, e.g.
+    ``choco``: ``codec``, ``gamma``)."""
+    if name in CATALOG or not is_spec(name):
+        load_all()
+        cls = _registry().get(name)
+    else:  # a user's "module:Class" (concord.core.plugins)
+        cls = resolve(plugin_spec(name).implementation, "algorithm")
+        from concord.core.algorithms.base import Algorithm
+
+        if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+            raise PluginError(f"algorithm {name!r}: {cls!r} is not an Algorithm subclass")
     try:
         inspect.signature(cls).bind(optimizer, **hyper)
     except TypeError as exc:

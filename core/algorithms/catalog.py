@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, cast
+
+from concord.core.plugins import PluginError, is_spec, resolve
 
 __all__ = [
     "CAST_CODECS",
@@ -43,6 +45,7 @@ __all__ = [
     "HyperCheck",
     "adaptive_graph_algorithms",
     "overlap_algorithms",
+    "plugin_spec",
     "spec_of",
 ]
 
@@ -349,9 +352,38 @@ CATALOG: Mapping[str, AlgorithmSpec] = MappingProxyType({s.name: s for s in _SPE
 """Config name → spec, in the order the config lists valid algorithms."""
 
 
+_PLUGINS: dict[str, AlgorithmSpec] = {}
+
+
 def spec_of(name: str) -> AlgorithmSpec:
-    """The spec of a known algorithm name (KeyError otherwise; the config validates names)."""
-    return CATALOG[name]
+    """The spec of a catalog name or of a ``"module:Class"`` plug-in (`plugin_spec`); KeyError
+    for any other name (the config validates names)."""
+    found = CATALOG.get(name)
+    if found is not None:
+        return found
+    if not is_spec(name):
+        raise KeyError(name)
+    return plugin_spec(name)
+
+
+def plugin_spec(name: str) -> AlgorithmSpec:
+    """The spec of the user's algorithm ``"module:Class"`` (an `Algorithm` subclass declaring
+    ``spec = AlgorithmSpec(...)``), or ``"module:SPEC"`` naming an `AlgorithmSpec` itself (whose
+    ``implementation`` names the class: the orchestrator then never imports the class's module).
+    The returned spec's ``implementation`` is what the engines load; `PluginError` naming the
+    plug-in if it has no spec."""
+    if name not in _PLUGINS:
+        obj = resolve(name, "algorithm")
+        spec = obj if isinstance(obj, AlgorithmSpec) else getattr(obj, "spec", None)
+        if not isinstance(spec, AlgorithmSpec):
+            raise PluginError(
+                f"algorithm {name!r}: {getattr(obj, '__qualname__', obj)!r} declares no "
+                "spec = AlgorithmSpec(...) (concord.core.algorithms.catalog)"
+            )
+        if isinstance(obj, type):  # the class itself implements it, whatever the spec says
+            spec = replace(spec, implementation=name)
+        _PLUGINS[name] = spec
+    return _PLUGINS[name]
 
 
 def overlap_algorithms() -> tuple[str, ...]:

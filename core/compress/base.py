@@ -11,10 +11,9 @@ from typing import ClassVar
 
 import torch
 
-from concord.core.config import (
-    CODEC_NAMES as CODEC_NAMES,  # the one list; concord.core.config is torch-free
-)
+from concord.core.plugins import PluginError, is_spec, resolve
 from concord.core.registry import Registry
+from concord.core.specs import CODEC_SPECS
 from concord.errors import CodecError as CodecError
 
 MAX_SENDERS = 1 << 16  # codec_key packs sender ids below this (config allows ≤ 4096 peers)
@@ -168,15 +167,37 @@ def check_scale(name: str, parts: Parts) -> None:
         raise CodecError(f"{name}: scale {value} is negative")
 
 
-CODECS: Registry[type[Codec]] = Registry("codec")
+CODEC_NAMES: tuple[str, ...] = tuple(CODEC_SPECS)  # the built-in codecs (the spec table)
+CODECS: Registry[type[Codec]] = Registry("codec", CODEC_SPECS)
 
 
 def make_codec(
     name: str, *, ratio: float = 0.01, seed: int = 0, levels: int = 16, unbiased: bool = False
 ) -> Codec:
-    """The codec registered as ``name`` (see `CODEC_NAMES`). ``levels`` and ``unbiased`` are
-    qsgd's (`concord.core.compress.quantize.QSGD`); the other codecs ignore them."""
-    cls = CODECS.get(name)
+    """The codec registered as ``name`` (see `CODEC_NAMES`) or a user's ``"module:Class"`` (a
+    `Codec` subclass, `concord.core.plugins`). ``levels`` and ``unbiased`` go to codecs that
+    declare ``takes_levels`` (`concord.core.compress.quantize.QSGD`)."""
+    cls = CODECS.get(name) if name in CODECS or not is_spec(name) else plugin_codec(name)
     if cls.takes_levels:
         return cls(ratio=ratio, seed=seed, levels=levels, unbiased=unbiased)  # type: ignore[call-arg]
     return cls(ratio=ratio, seed=seed)
+
+
+def plugin_codec(name: str) -> type[Codec]:
+    """The `Codec` subclass a ``"module:Class"`` names (`PluginError` if it is not one), named
+    ``name``: encoded payloads name their codec as the config does."""
+    if name not in _PLUGINS:
+        cls = resolve(name, "codec")
+        if not (isinstance(cls, type) and issubclass(cls, Codec)):
+            raise PluginError(
+                f"codec {name!r}: {cls!r} is not a concord.core.compress.Codec subclass"
+            )
+        _PLUGINS[name] = cls if getattr(cls, "name", None) == name else _renamed(cls, name)
+    return _PLUGINS[name]
+
+
+def _renamed(cls: type[Codec], name: str) -> type[Codec]:
+    return type(cls.__name__, (cls,), {"name": name, "__module__": cls.__module__})
+
+
+_PLUGINS: dict[str, type[Codec]] = {}

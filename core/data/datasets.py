@@ -38,9 +38,10 @@ from concord.core.data.plugin import load_user_dataset, user_dataset_options
 from concord.core.data.synthetic import load_gaussian_mixture
 from concord.core.plugins import is_spec
 from concord.core.registry import Registry
+from concord.core.specs import DATASET_SPECS
 
 DatasetLoader = Callable[..., Dataset]
-DATASETS: Registry[DatasetLoader] = Registry("dataset")
+DATASETS: Registry[DatasetLoader] = Registry("dataset", DATASET_SPECS)
 DATASET_NAMES = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
 _CONTEXT_ARGS = ("seed", "root", "cache_dir")  # passed only to loaders that declare them
 DIGITS_FILE = "digits.npz"  # package data next to this module; see scripts/export_digits.py

@@ -39,10 +39,11 @@ import numpy as np
 
 from concord.core.plugins import PluginError, accepts, resolve
 from concord.core.registry import Registry
+from concord.core.specs import PARTITIONER_SPECS
 from concord.errors import PartitionError as PartitionError
 
 Partitioner = Callable[..., list[np.ndarray]]
-PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
+PARTITIONERS: Registry[Partitioner] = Registry("partitioner", PARTITIONER_SPECS)
 PARTITION_NAMES = ("iid", "dirichlet", "sorted", "shards", "powerlaw", "groups")
 
 DIRICHLET_GROUP_SIZE = 10  # "auxiliary workers" per group in the reference code

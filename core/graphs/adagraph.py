@@ -58,13 +58,13 @@ from typing import Any, TypeGuard
 from concord.core.algorithms.catalog import CATALOG, AdaptiveGraph, adaptive_graph_algorithms
 from concord.core.graphs.graph import TopologyError
 from concord.core.graphs.topology import (
-    DIRECTED_TOPOLOGIES,
     FILE_PREFIX,
-    TOPOLOGY_NAMES,
     exponential_k,
     exponential_name,
     max_exponential_k,
+    topology_spec,
 )
+from concord.core.specs import TOPOLOGY_SPECS
 
 __all__ = [
     "ADA_ALGORITHMS",
@@ -138,12 +138,12 @@ def schedule_graphs(graphs: Sequence[str] | None, n: int, phases: int) -> list[s
         if name.startswith(FILE_PREFIX):
             if not Path(name[len(FILE_PREFIX) :]).is_file():
                 problems.append(f"{where}: edge-list file {name[len(FILE_PREFIX) :]!r} not found")
-        elif not known and name not in TOPOLOGY_NAMES:
+        elif not known and name not in TOPOLOGY_SPECS:
             problems.append(
-                f"{where}: unknown topology {name!r}; valid: {', '.join(TOPOLOGY_NAMES)}, "
+                f"{where}: unknown topology {name!r}; valid: {', '.join(TOPOLOGY_SPECS)}, "
                 "exponential:K, file:PATH"
             )
-        elif name in DIRECTED_TOPOLOGIES:
+        elif topology_spec(name).directed:
             problems.append(
                 f"{where}: {name!r} is directed (push-sum only); ada-schedule gossips with "
                 "symmetric weights"

@@ -89,8 +89,9 @@ from concord.core.graphs.schedules import (
     TopologySchedule,
     check_connected_over_period,
 )
+from concord.core.plugins import accepts, is_spec, resolve
 from concord.core.registry import Registry
-from concord.core.suggest import closest
+from concord.core.specs import TOPOLOGY_SPECS, TopologySpec
 
 __all__ = [
     "DIRECTED_TOPOLOGIES",
@@ -111,6 +112,7 @@ __all__ = [
     "exponential_name",
     "make_schedule",
     "max_exponential_k",
+    "topology_spec",
     "validate_mixing",
 ]
 
@@ -167,7 +169,7 @@ class Family:
 
 
 FamilyBuilder = Callable[[int, int], Family]  # (n, seed) → Family
-TOPOLOGIES: Registry[FamilyBuilder] = Registry("topology")
+TOPOLOGIES: Registry[FamilyBuilder] = Registry("topology", TOPOLOGY_SPECS)
 
 
 def _static(graph: Graph) -> Family:
@@ -276,30 +278,45 @@ def _random_matching(n: int, seed: int) -> Family:
 _register_static("binary-tree", binary_tree_graph)
 _register_static("double-binary-tree", _double_tree_union)
 
-TOPOLOGY_NAMES: tuple[str, ...] = (
-    "complete",
-    "ring",
-    "chain",
-    "star",
-    "torus",
-    "hypercube",
-    "exponential",
-    "exponential-one-peer",
-    "exponential-one-peer-directed",
-    "bipartite-exponential",
-    "random-matching",
-    "binary-tree",
-    "double-binary-tree",
+# The built-in names and their traits, read from the spec table (`concord.core.specs`); code
+# asks `topology_spec(name)` (which knows registered names and plug-ins too).
+TOPOLOGY_NAMES: tuple[str, ...] = tuple(TOPOLOGY_SPECS)
+TIME_VARYING: tuple[str, ...] = tuple(
+    n for n in TOPOLOGY_SPECS if TOPOLOGY_SPECS.get(n).time_varying
 )
-TIME_VARYING: tuple[str, ...] = (
-    "exponential-one-peer",
-    "exponential-one-peer-directed",
-    "bipartite-exponential",
-    "random-matching",
+"""Built-in topologies whose graph changes from step to step (a period of graphs)."""
+DIRECTED_TOPOLOGIES: tuple[str, ...] = tuple(
+    n for n in TOPOLOGY_SPECS if TOPOLOGY_SPECS.get(n).directed
 )
-"""Topologies whose graph changes from step to step (a period of graphs, `make_schedule`)."""
-DIRECTED_TOPOLOGIES: tuple[str, ...] = ("exponential-one-peer-directed",)
-"""Topologies with column-stochastic (not symmetric) matrices: for push-sum algorithms only."""
+"""Built-in topologies with column-stochastic matrices: for push-sum algorithms only."""
+_FORMS = ("module:builder", "exponential:K", "or file:PATH")  # the forms besides the names
+
+
+def topology_spec(name: str) -> TopologySpec:
+    """The traits of topology ``name``: a declared name, ``exponential:K`` or ``file:PATH``
+    (static), or a ``module:builder`` plug-in (its builder's ``spec``, default static);
+    `UnknownTopologyError` (with the closest name) or `concord.core.plugins.PluginError`."""
+    if name.startswith((FILE_PREFIX, EXPONENTIAL_PREFIX)):
+        return TopologySpec(name)
+    spec = TOPOLOGY_SPECS.lookup(name)
+    if spec is None:
+        raise UnknownTopologyError(TOPOLOGY_SPECS.unknown(name, *_FORMS))
+    return spec
+
+
+def _plugin_family(name: str, n: int, seed: int) -> Family:
+    """A ``module:builder`` topology: ``builder(n[, seed=])`` returns a `Graph` (static) or a
+    `Family`."""
+    fn = resolve(name, "topology")
+    out = fn(n, seed=seed) if accepts(fn, "seed") else fn(n)
+    if isinstance(out, Family):
+        return out
+    if isinstance(out, Graph):
+        return _static(out)
+    raise TopologyError(
+        f"topology {name!r}: the builder returned a {type(out).__name__}; expected a Graph or a "
+        "concord.core.graphs.topology.Family"
+    )
 
 
 # ---- public entry points -------------------------------------------------------------------
@@ -338,16 +355,11 @@ def _family(name: str, n: int, seed: int) -> Family:
         return Family(lambda _k: graph, 1, "file" if W is not None else "metropolis", None, W)
     if name.startswith(EXPONENTIAL_PREFIX):
         return _static(k_peer_exponential_graph(n, exponential_k(name, n) or 1))
-    try:
-        builder = TOPOLOGIES.get(name)
-    except KeyError:
-        close = closest(name, TOPOLOGY_NAMES)
-        hint = f" (did you mean {close!r}?)" if close else ""
-        raise UnknownTopologyError(
-            f"unknown topology {name!r}{hint}; valid: {', '.join(TOPOLOGY_NAMES)}, "
-            "exponential:K, or file:PATH"
-        ) from None
-    return builder(n, seed)
+    if name not in TOPOLOGIES and is_spec(name):
+        return _plugin_family(name, n, seed)
+    if name not in TOPOLOGIES:
+        raise UnknownTopologyError(TOPOLOGY_SPECS.unknown(name, *_FORMS))
+    return TOPOLOGIES.get(name)(n, seed)
 
 
 def _round_builder(fam: Family, rule: str, name: str, n: int) -> RoundBuilder:
@@ -425,7 +437,7 @@ def build_graph(name: str, n: int) -> Graph:
     ``double-binary-tree`` returns the union of both trees (see `double_binary_trees`).
     """
     nn = _check_n(n)
-    if name in TIME_VARYING:
+    if topology_spec(name).time_varying:
         raise TopologyError(
             f"topology {name!r} is time-varying and has no single graph; use "
             f"make_schedule({name!r}, {nn}).graph(k) or .union_graph()"

@@ -48,9 +48,10 @@ from concord.core.models.layers import (
     fold,
 )
 from concord.core.registry import Registry
+from concord.core.specs import MODEL_SPECS
 
 ModelBuilder = Callable[..., ReplicaModel]
-MODELS: Registry[ModelBuilder] = Registry("model")
+MODELS: Registry[ModelBuilder] = Registry("model", MODEL_SPECS)
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "tanh": torch.tanh}
 
