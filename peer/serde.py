@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from google.protobuf.message import DecodeError
 
+from concord.core.plugins import is_spec
 from concord.errors import MalformedFrameError as MalformedFrameError
 from concord.protos import data_plane_pb2 as pb
 
@@ -38,6 +39,33 @@ CODEC_TO_WIRE: dict[str, int] = {
     "qsgd": pb.CODEC_QSGD,
 }
 WIRE_TO_CODEC = {v: k for k, v in CODEC_TO_WIRE.items()}
+# A plug-in codec ("module:Class", concord.core.plugins) travels as CODEC_PLUGIN: a process runs
+# one configuration, so the plug-in it announces (`hello_request`) is the one CODEC_PLUGIN means
+# on every frame it sends and receives (a peer runs the configuration its senders run).
+_plugin_codec: list[str] = []
+
+
+def codec_to_wire(codec: str) -> int:
+    """The wire value of ``codec``: a built-in's, or CODEC_PLUGIN for a ``module:Class`` (which
+    this process then takes as the meaning of CODEC_PLUGIN, `codec_from_wire`)."""
+    if codec in CODEC_TO_WIRE:
+        return CODEC_TO_WIRE[codec]
+    if not is_spec(codec):
+        raise KeyError(codec)
+    if _plugin_codec and _plugin_codec[0] != codec:
+        raise ValueError(
+            f"codec {codec!r}: this process already runs plug-in codec {_plugin_codec[0]!r}"
+        )
+    _plugin_codec[:] = [codec]
+    return int(pb.CODEC_PLUGIN)
+
+
+def codec_from_wire(value: int) -> str | None:
+    """The codec a wire value names (None: unknown, or CODEC_PLUGIN without a plug-in here)."""
+    if value == pb.CODEC_PLUGIN:
+        return _plugin_codec[0] if _plugin_codec else None
+    return WIRE_TO_CODEC.get(value)
+
 
 DTYPE_TO_WIRE: dict[torch.dtype, int] = {
     torch.float32: pb.DTYPE_FLOAT32,
@@ -98,7 +126,7 @@ def hello_request(run_id: str, peer_id: int, fingerprint: str, codec: str) -> pb
         peer_id=peer_id,
         protocol_version=PROTOCOL_VERSION,
         model_fingerprint=fingerprint,
-        codec=CODEC_TO_WIRE[codec],  # type: ignore[arg-type]
+        codec=codec_to_wire(codec),  # type: ignore[arg-type]
     )
 
 
@@ -108,7 +136,7 @@ def hello_from_wire(msg: pb.HelloRequest) -> Hello:
         peer_id=msg.peer_id,
         protocol_version=msg.protocol_version,
         model_fingerprint=msg.model_fingerprint,
-        codec=WIRE_TO_CODEC.get(msg.codec),
+        codec=codec_from_wire(msg.codec),
     )
 
 
@@ -175,7 +203,7 @@ class Outgoing:
             step=self.step,
             round=self.round,
             tensor_id=self.tensor_id,
-            codec=CODEC_TO_WIRE[self.codec],  # type: ignore[arg-type]
+            codec=codec_to_wire(self.codec),  # type: ignore[arg-type]
             chunk_index=index,
             chunk_count=self.count,
             byte_length=self.nbytes,
@@ -274,7 +302,7 @@ def _info(h: pb.FrameHeader) -> FrameInfo:
         step=h.step,
         round=h.round,
         tensor_id=h.tensor_id,
-        codec=WIRE_TO_CODEC.get(h.codec),
+        codec=codec_from_wire(h.codec),
         chunk_index=h.chunk_index,
         chunk_count=h.chunk_count,
         byte_length=h.byte_length,

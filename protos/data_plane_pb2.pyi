@@ -18,6 +18,7 @@ class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CODEC_RANDOMK: _ClassVar[Codec]
     CODEC_SIGN: _ClassVar[Codec]
     CODEC_QSGD: _ClassVar[Codec]
+    CODEC_PLUGIN: _ClassVar[Codec]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -44,6 +45,7 @@ CODEC_TOPK: Codec
 CODEC_RANDOMK: Codec
 CODEC_SIGN: Codec
 CODEC_QSGD: Codec
+CODEC_PLUGIN: Codec
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT16: DType
