@@ -165,6 +165,11 @@ class Orchestrator:
         # this incarnation's run nonce: in the presence and every message it publishes (the
         # Bus stamps it); peers obey nothing of another incarnation (an earlier run's leftover)
         self.incarnation = secrets.token_hex(8)
+        # peer → the nonce of its latest status, acknowledged in the presence (a peer follows
+        # this incarnation only once it sees its own nonce there: `concord.peer.control`)
+        self._acks: dict[int, str] = {}
+        self._online = False  # the first "online" presence is out: re-stamping may begin
+        self._restamp: asyncio.Task[None] | None = None
         self._lost_since: float | None = None  # monotonic time the broker was lost (liveness)
         self.broker_lost: str | None = None  # why the run gives up on the broker
         self.telemetry = OrchestratorMetrics(  # `metrics.listen` serves it
@@ -222,6 +227,12 @@ class Orchestrator:
                 log.warning("peer.back", peer=peer, step=message.step)
                 self._readmit(peer, now)
         if isinstance(message, Status):
+            if message.nonce and self._acks.get(peer) != message.nonce:
+                self._acks[peer] = message.nonce  # a new peer process: acknowledge it now
+                if self._online and (self._restamp is None or self._restamp.done()):
+                    self._restamp = asyncio.create_task(self._presence("online"), name="restamp")
+                    self._tasks.add(self._restamp)
+                    self._restamp.add_done_callback(self._tasks.discard)
             outcome = self.admission.on_status(peer, message, now, self.stage)
             if outcome.drop is not None:
                 self._drop(peer, outcome.drop)
@@ -369,7 +380,11 @@ class Orchestrator:
         assert self.bus is not None
         ts = time.time()
         self._own_presence.add(ts)
-        await self.bus.publish("orchestrator", Presence(state=state, ts=ts, reason=reason))
+        acks = sorted(self._acks.values())
+        await self.bus.publish(
+            "orchestrator", Presence(state=state, ts=ts, reason=reason, acks=acks)
+        )
+        self._online = state == "online"
 
     async def _refresh_presence(self) -> None:
         """Owned task: keep the retained "online" presence fresh (what tells a second

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -87,11 +88,6 @@ T = TypeVar("T")
 PRESENCE_SILENT = 30.0
 """Seconds without a presence message after which an "online" orchestrator counts as absent (it
 re-publishes its retained presence every 10 s: `concord.orchestrator.app.PRESENCE_REFRESH`)."""
-
-PRESENCE_MAX_AGE = 2 * PRESENCE_SILENT
-"""An "online" presence stamped longer ago than this (by the peer's clock) is a dead run's
-leftover, not trusted at start: a live orchestrator re-stamps it every 10 s (the margin allows
-for clocks of different hosts)."""
 
 ScheduleCheck = Callable[[Schedule, Schedule | None], str | None]
 """(candidate, schedule accepted so far) → why the candidate is refused (None: accepted)."""
@@ -140,9 +136,13 @@ class ControlClient:
         # per-run freshness: the incarnation (run nonce) of the presence this peer follows; the
         # orchestrator's other messages are acted on only when they carry it
         self.incarnation: str | None = None
+        # this process's nonce, in every status it publishes: a presence that lists it among
+        # its ``acks`` was published after this peer announced itself (a live orchestrator)
+        self.nonce = secrets.token_hex(8)
         self.stale_refused = 0  # messages of another incarnation (an earlier run), dropped
         self._pending: dict[str, Message] = {}  # retained kinds held until their presence
         self._told_stale: set[str] = set()
+        self._unconfirmed: set[tuple[str, str]] = set()  # presences not followed (logged once)
         self._refused: set[int] = set()  # versions refused (each logged once)
         # the waits' deadlines (`give_up`): monotonic times
         self.started = time.monotonic()
@@ -290,18 +290,18 @@ class ControlClient:
     def _on_presence(self, p: Presence) -> None:
         held = self.incarnation
         if p.state == "online" and p.incarnation != held:
-            age = time.time() - p.ts
-            if p.ts and age > PRESENCE_MAX_AGE:
-                # a dead run's retained (or replayed) presence: not who is in charge now
-                self.stale_refused += 1
-                if "presence" not in self._told_stale:
-                    self._told_stale.add("presence")
-                    log.warning(
-                        "orchestrator.stale_presence",
-                        age=round(age, 1),
+            if self.nonce not in p.acks:
+                # not (yet) acknowledging this peer: an earlier run's presence, retained or
+                # replayed, or the live one published before our status reached it (it
+                # re-stamps its presence when it does)
+                told = ("presence", p.incarnation)
+                if told not in self._unconfirmed and len(self._unconfirmed) < 64:
+                    self._unconfirmed.add(told)
+                    log.info(
+                        "orchestrator.presence_unconfirmed",
                         incarnation=p.incarnation,
-                        problem=f"an 'online' presence stamped {age:.0f} s ago (more than "
-                        f"{PRESENCE_MAX_AGE:g} s): a leftover, not trusted",
+                        problem="an 'online' presence that does not acknowledge this peer "
+                        "process: not followed (an earlier run's, or one older than our status)",
                     )
                 return
             self.incarnation = p.incarnation
@@ -449,6 +449,7 @@ class ControlClient:
                 step=self.current_step(),
                 ts=time.time(),
                 incarnation=self.incarnation or "",
+                nonce=self.nonce,
                 **fields,
             ),
             self.peer_id,

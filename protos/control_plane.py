@@ -351,6 +351,7 @@ class Status(Message):
     # the orchestrator incarnation this peer follows ("": it holds no presence yet); the
     # orchestrator ignores a status stamped with another one (an earlier run's leftover)
     incarnation: Str = ""
+    nonce: Str = ""  # a random nonce of this peer process, which the presence acknowledges
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,10 @@ class Presence(Message):
     # schedule, plan, control and decision it publishes carries it, and peers act only on those
     # of the presence they follow, so nothing of an earlier run under the same id is obeyed
     incarnation: Str = ""
+    # the nonces of the peers' latest statuses (`Status.nonce`, one per peer): a peer follows an
+    # incarnation only once its presence acknowledges this peer process — proof that it is live
+    # now, not a recording of an earlier run's
+    acks: Annotated[list[Str], Field(max_length=100_000)] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

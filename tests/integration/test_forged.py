@@ -106,7 +106,9 @@ def test_a_peer_refuses_forged_schedules_and_clamps_forged_rounds() -> None:
             async with ctl, _rogue(broker.url) as send:
                 assert await ctl.bus.wait_connected(T)
                 # without security anyone may pose as the orchestrator: presence, then messages
-                await send("orchestrator", Presence(state="online", ts=time.time()))
+                # (acknowledging this peer process, as the real orchestrator does)
+                online = Presence(state="online", ts=time.time(), acks=[ctl.nonce])
+                await send("orchestrator", online)
                 await send("schedule", _schedule(1, [0, 1, 2]))
                 await _until(lambda: ctl.schedule is not None, "the real schedule")
                 forged = [

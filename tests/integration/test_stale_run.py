@@ -67,6 +67,10 @@ async def _until(predicate: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.02)
 
 
+def _online(*peers: ControlClient) -> Presence:
+    return Presence(state="online", ts=time.time(), acks=[p.nonce for p in peers])
+
+
 def _orchestrator(url: str, pki: Path, incarnation: str) -> Bus:
     return Bus(
         url,
@@ -98,25 +102,31 @@ async def _recorded(url: str, kinds: list[str]) -> dict[str, bytes]:
 def test_a_signed_stop_of_an_earlier_run_is_obeyed_by_no_peer(kind: str, pki: Path) -> None:
     async def main() -> None:
         async with _broker(kind) as url:
-            # the earlier run: its presence and its final stop, 22 minutes ago
+            # the earlier run: its presence and its final stop, a moment ago (its peers'
+            # nonces acknowledged: any recent presence is a valid one)
             old = _orchestrator(url, pki, "a" * 16)
-            then = time.time() - 22 * 60
+            then = time.time() - 1.0
             async with old:
                 assert await old.wait_connected(T)
-                await old.publish("orchestrator", Presence(state="online", ts=then))
+                await old.publish(
+                    "orchestrator", Presence(state="online", ts=then, acks=["0123456789abcdef"])
+                )
                 await old.publish("control", RunControl(action="stop", ts=then, reason="end"))
                 recorded = await _recorded(url, ["orchestrator", "control"])
             # the new run under the same id: online, a schedule, no control yet
             new = _orchestrator(url, pki, "b" * 16)
             async with new:
                 assert await new.wait_connected(T)
-                await new.publish("orchestrator", Presence(state="online", ts=time.time()))
                 await new.publish("schedule", SCHEDULE)
                 await new.publish("control", RunControl(action="start", ts=time.time()))
                 early = ControlClient(
                     url, RUN, 0, heartbeat=1.0, step=lambda: 0, signing=signing(pki, "peer-0")
                 )
                 async with early:
+                    assert await early.bus.wait_connected(T)
+                    await early.status("ready")
+                    # the live orchestrator acknowledges the peer's status in its presence
+                    await new.publish("orchestrator", _online(early))
                     await _until(lambda: early.control is not None, "the real start")
                     # the attacker re-publishes the recorded messages, retained
                     async with client(url, "replayer") as rogue:
@@ -127,11 +137,13 @@ def test_a_signed_stop_of_an_earlier_run_is_obeyed_by_no_peer(kind: str, pki: Pa
                     )
                     async with late:
                         assert await late.bus.wait_connected(T)
+                        await late.status("ready")
                         await asyncio.sleep(1.0)  # the retained leftovers are in
-                        assert late.incarnation is None  # a 22-minute-old presence: not trusted
+                        # the recorded presence does not acknowledge this peer: not followed
+                        assert late.incarnation is None
                         assert late.control is None
-                        # the live orchestrator re-stamps its presence (every 10 s)
-                        await new.publish("orchestrator", Presence(state="online", ts=time.time()))
+                        # the live orchestrator re-stamps its presence on the peer's status
+                        await new.publish("orchestrator", _online(early, late))
                         await _until(lambda: late.incarnation == "b" * 16, "the live presence")
                         await _until(lambda: late.schedule is not None, "the schedule")
                         await asyncio.sleep(0.5)
@@ -143,4 +155,4 @@ def test_a_signed_stop_of_an_earlier_run_is_obeyed_by_no_peer(kind: str, pki: Pa
     with structlog.testing.capture_logs() as logs:
         asyncio.run(asyncio.wait_for(main(), 60))
     events = {e["event"] for e in logs}
-    assert "orchestrator.stale_presence" in events
+    assert "orchestrator.presence_unconfirmed" in events
