@@ -65,10 +65,11 @@ def _where(exc: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
-def resolve(spec: str, what: str) -> Any:
-    """The callable ``spec`` ("module:attr.path") names; `PluginError` saying which part fails
-    (``what``: "dataset", "partition scheme", "model", "algorithm", "codec", "topology" — used in
-    the message; a module that fails while importing is named with the file and line)."""
+def resolve(spec: str, what: str, *, need_callable: bool = True) -> Any:
+    """The callable ``spec`` ("module:attr.path") names (any object: ``need_callable=False``);
+    `PluginError` saying which part fails (``what``: "dataset", "partition scheme", "model",
+    "algorithm", "codec", "topology" — used in the message; a module that fails while importing
+    is named with the file and line)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise PluginError(f"{what} {spec!r}: expected 'module:callable'")
@@ -90,6 +91,6 @@ def resolve(spec: str, what: str) -> Any:
         if not hasattr(obj, part):
             raise PluginError(f"{what} {spec!r}: {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    if not callable(obj):
+    if need_callable and not callable(obj):
         raise PluginError(f"{what} {spec!r}: {attr!r} is not callable")
     return obj

@@ -65,11 +65,11 @@ from concord.core.control.plan import Phase
 from concord.core.graphs.adagraph import FeedbackConfig, feedback_config, initial_topologies
 from concord.core.graphs.mixing import validate_column_stochastic, validate_mixing
 from concord.core.graphs.topology import (
-    DIRECTED_TOPOLOGIES,
     exponential_k,
     exponential_name,
     make_schedule,
     max_exponential_k,
+    topology_spec,
 )
 from concord.core.loop import ControlHook, FixedRounds, StepRunner
 from concord.core.task import ClassificationTask
@@ -356,7 +356,7 @@ class ScheduleCheck:
         cfg = self.cfg
         if name.startswith("file:") and name != cfg.topology:
             return f"topology {name!r} is not this run's edge-list file"
-        directed = name in DIRECTED_TOPOLOGIES
+        directed = topology_spec(name).directed
         if directed and not cfg.spec.directed:
             algorithm = cfg.algorithm
             return f"topology {name!r} is directed; algorithm {algorithm!r} needs symmetric W"

@@ -373,7 +373,7 @@ def plugin_spec(name: str) -> AlgorithmSpec:
     The returned spec's ``implementation`` is what the engines load; `PluginError` naming the
     plug-in if it has no spec."""
     if name not in _PLUGINS:
-        obj = resolve(name, "algorithm")
+        obj = resolve(name, "algorithm", need_callable=False)
         spec = obj if isinstance(obj, AlgorithmSpec) else getattr(obj, "spec", None)
         if not isinstance(spec, AlgorithmSpec):
             raise PluginError(

@@ -7,6 +7,7 @@ codecs come from a directory outside the repository (docs/api.md's, `user_plugin
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -161,6 +162,30 @@ def test_a_user_algorithm_is_configured_and_built_by_module_and_class(plugin_dir
     assert algo.beta == 0.7
     with pytest.raises(ValueError, match="hyperparameters \\['gamma'\\] do not fit"):
         make_algorithm("mine:MyAlgo", opt, gamma=0.7)
+
+
+def test_an_algorithm_spec_plugin_keeps_the_validator_torch_free(plugin_dir: Path) -> None:
+    """``algorithm = "module:SPEC"`` names the `AlgorithmSpec` alone (its ``implementation`` the
+    class): validating the config imports neither the class's module nor torch."""
+    (plugin_dir / "mine_spec.py").write_text(
+        "from concord.core.algorithms.catalog import AlgorithmSpec\n\n"
+        "SPEC = AlgorithmSpec(name='damped', title='damped gossip', summary='s', citation='c',\n"
+        "                     implementation='mine:MyAlgo', repeats_rounds=False)\n"
+    )
+    script = (
+        "import sys\n"
+        "from concord.core.config import load_config\n"
+        "cfg = load_config(None, ['algorithm=mine_spec:SPEC'], environ={})\n"
+        "assert cfg.spec.implementation == 'mine:MyAlgo', cfg.spec\n"
+        "assert 'torch' not in sys.modules and 'mine' not in sys.modules\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    _drop("mine", "mine_spec")
+    opt = LocalSGD(SGDConfig())
+    assert type(make_algorithm("mine_spec:SPEC", opt)).__name__ == "MyAlgo"
 
 
 def test_a_user_codec_is_configured_and_built_by_module_and_class(plugin_dir: Path) -> None:
