@@ -70,7 +70,10 @@ Cases (``--cases`` picks some; each is ok only if every check listed holds):
   against the baseline's peer checkpoints
   with the command's refusal as the reason;
 * ``fuzz``: ``bench/fuzz.py``'s `run_target` on every target, 2,000 (``--quick``) or 10,000
-  cases each — ``fuzz_cases`` (total; per target in ``fuzz_cases_by_target``), ``fuzz_crashes``.
+  cases each — ``fuzz_cases`` (total; per target in ``fuzz_cases_by_target``), ``fuzz_crashes``;
+* ``takeover`` / ``stale_run`` / ``fetch_flood``: issue 26's attacks on real runs
+  (``bench/chaos_attacks.py`` says how) — ``takeover_accepted``, ``stale_run_accepted``,
+  ``fetch_non_neighbour_accepted``, each 0.
 
 ``orphans`` = processes still alive after all cases that carry this run's tag (`bench._procs`;
 they are then ended) + children still alive 5 s after their ``concord sim`` launcher exited by
@@ -106,7 +109,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _netns
+from bench import _netns, chaos_attacks
 from bench._procs import (
     ROOT,
     concord,
@@ -141,6 +144,7 @@ KEYS = [
     "forged_max_rounds_exceeded", "impersonation_accepted", "kill25_acc_gap_pp",
     "rejoin_acc_gap_pp", "detect_s", "rejoin_s", "rss_growth_mib_stalled", "rss_bound_mib",
     "resume_max_abs_diff", "resume_max_abs_diff_processes", "fuzz_cases", "fuzz_crashes",
+    "takeover_accepted", "stale_run_accepted", "fetch_non_neighbour_accepted",
 ]  # fmt: skip
 
 
@@ -700,7 +704,7 @@ def case_orch_kill_between(ctx: Ctx, d: dict[str, Any]) -> bool:
 
 
 def _forgeries(
-    run: str, step: int, max_rounds: int, own: bool = False
+    run: str, step: int, max_rounds: int, own: bool = False, own_peer: int = 0
 ) -> list[tuple[str, Any, int | None]]:
     """(kind, message, peer) of one burst of forged control messages around ``step``."""
     from concord.protos.control_plane import MAX_ROUNDS, Decision, Schedule, Stats, Status
@@ -725,15 +729,17 @@ def _forgeries(
         None,
     ))  # fmt: skip
     out.append(("stats", Stats(peer=0, step=step, round=1, theta=1e9, grad_norm=1.0), 0))
-    if own:  # on peer 0's own topics (what its broker credentials may publish)
-        out.append(("status", Status(peer=0, state="failed", reason=MARK), 0))
-        out.append(("stats", Stats(peer=0, step=step, round=1, theta=0.0, grad_norm=0.0), 0))
+    if own:  # on the rogue identity's own topics (what its broker credentials may publish)
+        out.append(("status", Status(peer=own_peer, state="failed", reason=MARK), own_peer))
+        out.append(("stats", Stats(peer=own_peer, step=step, round=1, theta=0.0, grad_norm=0.0),
+                    own_peer))  # fmt: skip
     return out
 
 
 async def _forge(
     url: str, run: str, who: str, auth: Any, running: Callable[[], bool],
     step: Callable[[], int], max_rounds: int, counts: dict[str, Any], own: bool = False,
+    own_peer: int = 0,
 ) -> None:  # fmt: skip
     """Connect as ``who`` and publish forgery bursts every 0.2 s while ``running()``."""
     import aiomqtt
@@ -746,7 +752,7 @@ async def _forge(
         async with client(url, who, auth=auth, timeout=5) as c:
             counts["connected"] = True
             while running():
-                for kind, msg, peer in _forgeries(run, step(), max_rounds, own):
+                for kind, msg, peer in _forgeries(run, step(), max_rounds, own, own_peer):
                     spec = TOPICS[kind]
                     await c.publish(topics.topic(kind, peer), encode(msg), qos=spec.qos,
                                     retain=spec.retain)  # fmt: skip
@@ -836,6 +842,8 @@ class Deployment:
         self.dir, self.peers, self.net = run_dir, peers, net
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         common = ["--config", str(config), "--broker", broker, "--run-id", run_id]
+        if net is not None:  # every interface, no TLS, an anonymous broker: a lab network
+            common.append("--insecure")
         if net is not None:  # the emulated hosts' bridge is this machine's own: said out loud
             common.append("--insecure")
         popen = net["orch"].run if net else None
@@ -971,7 +979,10 @@ def _forged_secure(ctx: Ctx, d: dict[str, Any], name: str, signed: bool) -> bool
     run_dir = ctx.dir(name)
     run_id = f"chaos-{name}-{os.getpid()}"
     certs = run_dir / "certs"
-    commands = [("init", "--run-id", run_id), ("broker", "--run-id", run_id, "--peers", "8")]
+    # broker identities for 9 peers: the rogue holds peer 8's, a valid peer login of no peer in
+    # the run (Mosquitto binds client ids to logins: one holding peer 0's would close peer 0's
+    # own session, an outage its owner causes, not a forgery)
+    commands = [("init", "--run-id", run_id), ("broker", "--run-id", run_id, "--peers", "9")]
     if signed:  # every peer's key signs its control messages (and serves mTLS)
         commands[1:1] = [("issue", "--peer", str(i)) for i in range(8)]
     for args in commands:
@@ -1036,8 +1047,8 @@ def _forged_secure(ctx: Ctx, d: dict[str, Any], name: str, signed: bool) -> bool
                 _monitor(broker.url, run_id, auth("monitor"), running, seen),
                 _forge(broker.url, run_id, "rogue", BrokerAuth(ca=ca), running, step,
                        FORGED_MAX_ROUNDS, anon),
-                _forge(broker.url, run_id, "rogue-peer-0", auth("peer-0"), running, step,
-                       FORGED_MAX_ROUNDS, as_peer, own=signed),
+                _forge(broker.url, run_id, "rogue-peer-8", auth("peer-8"), running, step,
+                       FORGED_MAX_ROUNDS, as_peer, own=signed, own_peer=8),
             )  # fmt: skip
 
         asyncio.run(attack())
@@ -1050,8 +1061,13 @@ def _forged_secure(ctx: Ctx, d: dict[str, Any], name: str, signed: bool) -> bool
     exceeded = over_max_rounds(peers, FORGED_MAX_ROUNDS)
     diverged = decisions_diverged(run_dir, peers)
     ok = dep.check(d, codes, set())
-    # signed: peer 0's own topics carried forged "failed" statuses, which drop it if believed
-    dropped_by_forgery = int(signed and 0 in (d.get("peers_dropped") or []))
+    # signed: peer 8's own topics carried unsigned statuses and statistics, which the broker lets
+    # through; one that passed the signature check would be refused next as an unknown peer
+    dropped_by_forgery = sum(
+        1 for r in jsonl(run_dir / "log.jsonl")
+        if r.get("event") == "control.rejected" and r.get("peer") == 8
+        and r.get("problem") == "unknown peer id"
+    ) if signed else 0  # fmt: skip
     accepted = (
         int(bool(anon.get("connected"))) + seen["forged_received"] + exceeded + diverged
         + dropped_by_forgery
@@ -1063,7 +1079,7 @@ def _forged_secure(ctx: Ctx, d: dict[str, Any], name: str, signed: bool) -> bool
             refused[key] = refused.get(key, 0) + 1
     d["orchestrator_refusals"] = dict(sorted(refused.items(), key=lambda kv: -kv[1])[:5])
     d.update(max_rounds_exceeded=exceeded, decisions_diverged=diverged, accepted=accepted,
-             peer0_dropped_by_forgery=bool(dropped_by_forgery))  # fmt: skip
+             unsigned_passed_signatures=dropped_by_forgery)  # fmt: skip
     ctx.metrics["forged_accepted"] = (ctx.metrics.get("forged_accepted") or 0) + accepted
     return ok and accepted == 0 and bool(as_peer.get("published"))
 
@@ -1395,6 +1411,8 @@ CASES: dict[str, Callable[[Ctx, dict[str, Any]], bool]] = {
     "resume_processes": case_resume_processes,
     "fuzz": case_fuzz,
 }
+# issue 26's attacks (bench/chaos_attacks.py): client-id takeover, a cross-run replay, a Fetch flood
+CASES.update(chaos_attacks.cases(sys.modules[__name__]))
 NEEDS_BASELINE = {"kill25"}  # restart runs its own, longer reference
 
 
@@ -1430,6 +1448,9 @@ SOURCES = {
     "resume_max_abs_diff": ["resume_vectorized"],
     "resume_max_abs_diff_processes": ["resume_processes"],
     "fuzz_crashes": ["fuzz"],
+    "takeover_accepted": ["takeover"],
+    "stale_run_accepted": ["stale_run"],
+    "fetch_non_neighbour_accepted": ["fetch_flood"],
 }
 
 
@@ -1476,6 +1497,9 @@ def targets(m: dict[str, Any], quick: bool) -> list[tuple[str, bool | None, str]
          judge("fuzz_crashes", min(per.values()) if per else None, lambda x: x >= need),
          str(per or None)),
         eq("fuzz_crashes", 0),
+        eq("takeover_accepted", 0),
+        eq("stale_run_accepted", 0),
+        eq("fetch_non_neighbour_accepted", 0),
     ]  # fmt: skip
 
 

@@ -15,6 +15,7 @@ REQUIRED = [
     "forged_max_rounds_exceeded", "impersonation_accepted", "kill25_acc_gap_pp",
     "rejoin_acc_gap_pp", "detect_s", "rejoin_s", "rss_growth_mib_stalled", "rss_bound_mib",
     "resume_max_abs_diff", "resume_max_abs_diff_processes", "fuzz_cases", "fuzz_crashes", "cases",
+    "takeover_accepted", "stale_run_accepted", "fetch_non_neighbour_accepted",
 ]  # fmt: skip
 
 
