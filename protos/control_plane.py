@@ -648,7 +648,13 @@ def _check(cls: type[M], data: Any, topic: str) -> M:
 # Several errors: unknown fields first, then missing ones, wrong types, broken constraints.
 
 _UNKNOWN, _MISSING, _TYPE, _CONSTRAINT = range(4)
-_NOT_TYPE_ERRORS = {"value_error", "assertion_error", "finite_number", "literal_error"}
+_NOT_TYPE_ERRORS = {
+    "value_error",
+    "assertion_error",
+    "finite_number",
+    "literal_error",
+    "string_pattern_mismatch",
+}
 
 
 class _Found(NamedTuple):
@@ -798,7 +804,7 @@ def _wording(metadata: list[Any]) -> str:
         if isinstance(m, _Check):
             return m.phrase
         for item in getattr(m, "metadata", [m]):  # Field(...) holds annotated-types objects
-            for attr in ("ge", "gt", "le", "lt", "min_length", "allow_inf_nan"):
+            for attr in ("ge", "gt", "le", "lt", "min_length", "allow_inf_nan", "pattern"):
                 if getattr(item, attr, None) is not None:
                     found[attr] = getattr(item, attr)
     low = ("[", found["ge"]) if "ge" in found else ("(", found["gt"]) if "gt" in found else None
@@ -812,4 +818,6 @@ def _wording(metadata: list[Any]) -> str:
         return f"must be {finite}{'≤' if high[0] == ']' else '<'} {high[1]}"
     if "min_length" in found:
         return f"must have at least {found['min_length']} item(s)"
+    if "pattern" in found:
+        return f"must match {found['pattern']!r}"
     return f"must be {finite.strip()}" if finite else ""

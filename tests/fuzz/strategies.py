@@ -577,6 +577,8 @@ def _bounds(meta: list[Any]) -> dict[str, Any]:
                     found[key] = next(iter(dataclasses.astuple(item)))
             if getattr(item, "allow_inf_nan", None) is False:
                 found["finite"] = True
+            if isinstance(getattr(item, "pattern", None), str):
+                found["pattern"] = item.pattern
     return found
 
 
@@ -624,6 +626,8 @@ def valid_value(tp: Any) -> st.SearchStrategy[Any]:
             allow_infinity=False if b.get("finite") or len(b) > 1 else None,
         )
     if tp is str:
+        if "pattern" in b:  # a constrained string: valid values match it
+            return st.from_regex(b["pattern"], fullmatch=True)
         return st.text(max_size=12)
     if origin is list:
         item = args[0]
