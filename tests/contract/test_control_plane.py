@@ -168,10 +168,17 @@ def _raw(**fields: object) -> bytes:
         (_raw(v=SCHEMA_VERSION - 1, kind="stats"), "this build speaks"),
         (_raw(v=SCHEMA_VERSION, kind="gossip"), "unknown kind 'gossip'"),
         (  # a constrained string says its pattern, not "must be str"
-            _raw(v=SCHEMA_VERSION, kind="plan", total_steps=0, phases={}, lr={}, control={},
-                 store_prefix=":"),
+            _raw(
+                v=SCHEMA_VERSION,
+                kind="plan",
+                total_steps=0,
+                phases={},
+                lr={},
+                control={},
+                store_prefix=":",
+            ),
             r"plan: store_prefix must match '\^\[0-9a-f\]\{0,64\}\$'; got ':'",
-        ),  # fmt: skip
+        ),
         (
             _raw(v=SCHEMA_VERSION, kind="stats", peer=1, step=1, round=1, theta=0.1),
             "stats.grad_norm is missing",
