@@ -175,11 +175,13 @@ _insecure_option = click.option(
 
 
 def _telemetry(log_format: str, metrics_listen: str | None) -> list[str]:
-    """Apply ``--log-format`` (for `concord.runtime.logs.console_from_env`) and return
-    ``--metrics-listen`` as a config override."""
-    from concord.runtime.logs import LOG_FORMAT_ENV
+    """Apply ``--log-format`` to this process (undone when the command ends: a test's
+    in-process invocation leaves nothing behind) and return ``--metrics-listen`` as a config
+    override."""
+    from concord.runtime.logs import set_console_format
 
-    os.environ[LOG_FORMAT_ENV] = log_format
+    set_console_format(log_format)
+    click.get_current_context().call_on_close(lambda: set_console_format("none"))
     return [] if metrics_listen is None else [f"metrics.listen={metrics_listen}"]
 
 

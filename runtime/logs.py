@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import threading
 from collections.abc import Mapping, MutableMapping
@@ -31,13 +30,13 @@ import structlog
 
 __all__ = [
     "LOG_FORMATS",
-    "LOG_FORMAT_ENV",
     "STDLIB_LEVELS",
     "Console",
     "LogSink",
-    "console_from_env",
+    "default_console",
     "json_default",
     "open_log",
+    "set_console_format",
 ]
 
 # stdlib loggers routed into the run's log, and the level each is kept at (their DEBUG and INFO
@@ -184,14 +183,23 @@ def _short(value: Any) -> str:
 
 
 LOG_FORMATS = ("text", "json", "none")
-LOG_FORMAT_ENV = "CONCORD_LOG_FORMAT"  # `concord peer|orchestrator --log-format` sets it
+
+# the format of the console `open_log` mirrors to by default, in this process only: "none"
+# unless a long-running command asks (`set_console_format`) — a CLI's own output, a progress
+# bar, stays clean, and the processes a command starts choose for themselves
+_console_format = "none"
 
 
-def console_from_env() -> Console | None:
-    """The console `open_log` mirrors to by default: ``$CONCORD_LOG_FORMAT`` (text, json or
-    none; unset: none — the CLI's own output, a progress bar, stays clean)."""
-    fmt = os.environ.get(LOG_FORMAT_ENV, "none").strip().lower() or "none"
-    return None if fmt == "none" else Console(fmt)
+def set_console_format(fmt: str) -> None:
+    """Mirror this process's logs to stderr as ``fmt`` (text, json or none) from now on."""
+    global _console_format
+    Console(fmt)  # validates
+    _console_format = fmt
+
+
+def default_console() -> Console | None:
+    """The console `open_log` mirrors to unless told otherwise (`set_console_format`)."""
+    return None if _console_format == "none" else Console(_console_format)
 
 
 class LogSink:
@@ -257,6 +265,6 @@ class LogSink:
 
 def open_log(path: Path, *, console: Console | None = None, **identity: Any) -> LogSink:
     """Route this process's logs to ``path`` (appending), every line bound with ``identity``;
-    and to stderr as ``console`` says (default: `console_from_env`)."""
+    and to stderr as ``console`` says (default: `default_console`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return LogSink(path, identity, console if console is not None else console_from_env())
+    return LogSink(path, identity, console if console is not None else default_console())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from concord.runtime.logs import LOG_FORMAT_ENV, Console, console_from_env, open_log
+from concord.runtime.logs import Console, default_console, open_log, set_console_format
 
 
 def lines(path: Path) -> list[dict[str, object]]:
@@ -100,13 +100,17 @@ def test_the_console_mirrors_info_and_above_to_stderr(tmp_path: Path) -> None:
     ]
 
 
-def test_the_console_format_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(LOG_FORMAT_ENV, "json")
-    console = console_from_env()
-    assert console is not None
-    assert console.fmt == "json"
-    monkeypatch.setenv(LOG_FORMAT_ENV, "none")
-    assert console_from_env() is None
-    monkeypatch.setenv(LOG_FORMAT_ENV, "xml")
-    with pytest.raises(ValueError, match="log format 'xml': one of text, json, none"):
-        console_from_env()
+def test_the_console_is_off_unless_the_process_asks() -> None:
+    """A CLI's own output (a progress bar) stays clean: `open_log` mirrors to stderr only after
+    a long-running command asked (`concord peer|orchestrator --log-format`)."""
+    assert default_console() is None
+    try:
+        set_console_format("json")
+        console = default_console()
+        assert console is not None
+        assert console.fmt == "json"
+        with pytest.raises(ValueError, match="log format 'xml': one of text, json, none"):
+            set_console_format("xml")
+    finally:
+        set_console_format("none")
+    assert default_console() is None
