@@ -63,7 +63,7 @@ from concord.peer.launcher import Identity
 from concord.peer.memory import tune_malloc
 from concord.peer.pace import pace_hooks
 from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
-from concord.peer.telemetry import PeerMetrics, peer_registry
+from concord.peer.telemetry import PeerMetrics, peer_registry, watch_refusals
 from concord.peer.tls import load_credentials
 from concord.peer.torch_plane import AgreedControl, TorchComm, TorchPlane, TorchPlaneError
 from concord.peer.transport import Fetched, Transport
@@ -331,6 +331,7 @@ class PeerProcess:
         joined = False
         started = time.perf_counter()
         plane_error: str | None = None
+        watch_refusals(self.telemetry, transport.counters.rejected)
         metrics = metrics_server(cfg.metrics.listen, self.telemetry, self.out)
         try:
             if metrics is not None:

@@ -4,6 +4,7 @@ docs/deployment.md#metrics), and a progress line in its log at every evaluation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -11,7 +12,7 @@ import structlog
 from concord.runtime.driver import StepHooks
 from concord.runtime.telemetry import Registry
 
-__all__ = ["PeerMetrics", "peer_registry"]
+__all__ = ["PeerMetrics", "peer_registry", "watch_refusals"]
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +36,11 @@ _DECLARED = (
     ("bytes_sent_total", "counter", "Bytes this peer sent on gossip edges."),
     ("neighbours_missing_total", "counter", "Neighbour tensors that missed a round's deadline."),
     ("frames_rejected_total", "counter", "Received tensors refused (shape, finiteness, …)."),
+    (
+        "requests_refused_total",
+        "counter",
+        "Data-plane requests this peer's server refused (Hello, frames, Fetch), by reason class.",
+    ),
     ("eval_accuracy", "gauge", "Accuracy of this peer's model at the last evaluation."),
     ("eval_loss", "gauge", "Test loss of this peer's model at the last evaluation."),
 )
@@ -46,6 +52,17 @@ def peer_registry(run: str, peer: int) -> Registry:
     for name, kind, help in _DECLARED:
         registry.declare(name, kind, help)
     return registry
+
+
+def watch_refusals(registry: Registry, refused: Mapping[str, int]) -> None:
+    """Export ``refused`` (the transport's reason class → count, kept up to date by its server)
+    as ``requests_refused_total{reason}`` at every scrape."""
+
+    def collect() -> None:
+        for reason, count in list(refused.items()):
+            registry.set("requests_refused_total", count, {"reason": reason})
+
+    registry.collector(collect)
 
 
 class PeerMetrics(StepHooks):

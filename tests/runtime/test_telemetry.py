@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from concord.peer.telemetry import PeerMetrics, peer_registry
+from concord.peer.telemetry import PeerMetrics, peer_registry, watch_refusals
 from concord.runtime.telemetry import ENDPOINT_FILE, MetricsServer, Registry, metrics_server
 
 
@@ -134,3 +134,15 @@ def test_a_taken_port_is_a_sentence() -> None:
 
         with pytest.raises(OSError, match=rf"metrics.listen 127.0.0.1:{port}: cannot listen"):
             asyncio.run(enter())
+
+
+def test_refusals_are_read_at_every_scrape() -> None:
+    registry = peer_registry("run-1", 0)
+    refused: dict[str, int] = {}  # the transport's counters, updated by its server
+    watch_refusals(registry, refused)
+    labels = (("peer", "0"), ("run", "run-1"))
+    assert _samples(registry.render())[("concord_peer_requests_refused_total", labels)] == 0
+    refused["permission"] = 3  # e.g. Fetches from a non-neighbour
+    got = _samples(registry.render())
+    key = tuple(sorted((*labels, ("reason", "permission"))))
+    assert got[("concord_peer_requests_refused_total", key)] == 3
