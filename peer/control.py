@@ -34,6 +34,13 @@ expects) accepts it, otherwise it is refused with a logged reason and counted in
 ``control.max_rounds`` whatever a decision says (a larger ``rounds_next``, or a barrier "repeat"
 at the last allowed round, is clamped, logged and counted in ``OrchestratedControl.clamped``).
 
+Per-run freshness: the peer follows the orchestrator incarnation (run nonce) of an "online"
+presence that acknowledges this peer process (its ``nonce``, sent in every status, listed in the
+presence's ``acks``), and acts only on schedules, plans, controls and decisions carrying that
+incarnation; before it follows one, retained messages are held back and decisions dropped, so a
+validly signed message of an earlier run under the same run id — retained or replayed — is never
+obeyed (``stale_refused``, ``control.stale_run``; docs/protocol.md#payloads).
+
 How long a peer waits for what it cannot do without (`ControlClient.give_up`, polled by the
 coordination's watchdog): the broker, once reached, may be lost for at most
 ``orchestrator.broker_lost_timeout`` seconds; while connected, the orchestrator may be absent for at

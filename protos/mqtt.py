@@ -23,7 +23,13 @@ participant (orchestrator, peer, the sim's progress view) runs.
   an envelope that verifies before it is decoded. A refused envelope is counted in ``rejected`` and
   logged (``control.rejected``) once per claimed sender and reason;
 * the handler is guarded here, once for every participant: an exception is logged with the
-  topic (``control.handler_failed``), counted in ``handler_errors`` and never ends the session.
+  topic (``control.handler_failed``), counted in ``handler_errors`` and never ends the session;
+* client ids belong to identities (`session_client_id`): ``<username>@<role>-<random>`` with a
+  broker login — the embedded broker refuses any other (`client_id_allowed`), Mosquitto replaces
+  it with the username (`MOSQUITTO_CLIENT_ID_BINDING`) — and ``<role>-<random>`` without one, so
+  no other login can take a session over by connecting with its id;
+* the orchestrator's Bus stamps its run nonce (``incarnation``) on every message that has the
+  field, its Last-Will included (`concord.protos.control_plane.Presence`).
 """
 
 from __future__ import annotations

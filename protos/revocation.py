@@ -148,7 +148,7 @@ def revoke(directory: Path, cert: Path, *, reason: str = "") -> tuple[Path, str,
         path.read_text(encoding="utf-8")
         if path.is_file()
         else (
-            "# revoked certificates of this run (`concord certs revoke`): SHA-256 of the DER, notes\n"
+            "# revoked certificates of this run (`concord certs revoke`): SHA-256 of DER, notes\n"
         )
     )
     tmp = path.with_name(path.name + ".tmp")
