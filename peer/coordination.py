@@ -356,7 +356,10 @@ class ScheduleCheck:
         cfg = self.cfg
         if name.startswith("file:") and name != cfg.topology:
             return f"topology {name!r} is not this run's edge-list file"
-        directed = topology_spec(name).directed
+        try:
+            directed = topology_spec(name).directed
+        except Exception as exc:  # an unknown name is a refusal, like every problem below
+            return f"topology {name!r} over {m} peers: {exc}"
         if directed and not cfg.spec.directed:
             algorithm = cfg.algorithm
             return f"topology {name!r} is directed; algorithm {algorithm!r} needs symmetric W"
