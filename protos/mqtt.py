@@ -412,6 +412,8 @@ class Bus:
         self.connected = asyncio.Event()
         self.connected_at: float | None = None  # time.monotonic() of the current connection
         self.connects = 0  # successful connections so far (1 + reconnects)
+        self.closed = 0  # live sessions the broker ended (`_closed_by_broker`)
+        self._said_closed = False  # … said for the current session
         self.rejected = 0  # invalid, unsigned or refused payloads received
         self.handler_errors = 0  # messages whose handling raised (logged, never propagated)
         self.duplicates = 0  # second copies of a signed message (dropped, not refusals)
@@ -463,6 +465,7 @@ class Bus:
                     await self._republish(client_)
                     self.connects += 1
                     self.connected_at = time.monotonic()
+                    self._said_closed = False
                     self.connected.set()
                     delay = self.backoff[0]
                     log.info("mqtt.connected", client=self.identifier, connects=self.connects)
@@ -479,15 +482,33 @@ class Bus:
                     )
                 elif not self._closing:
                     log.warning("mqtt.disconnected", client=self.identifier, error=str(exc))
+                    self._closed_by_broker()
             except aiomqtt.MqttError as exc:
                 if not self._closing:
                     log.warning("mqtt.disconnected", client=self.identifier, error=str(exc))
+                    self._closed_by_broker()
             finally:
                 self._client = None
                 self.connected.clear()
             if not self._closing:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff[1])
+
+    def _closed_by_broker(self) -> None:
+        """A live session ended by the broker. With a login that is how Mosquitto answers another
+        connection of the same identity (one session per username): said once per session as
+        what it may be — this identity's credentials in use elsewhere."""
+        if self.auth.username and self.connected_at is not None and not self._said_closed:
+            self._said_closed = True
+            self.closed += 1
+            log.warning(
+                "mqtt.session_closed",
+                client=self.identifier,
+                username=self.auth.username,
+                after_s=round(time.monotonic() - self.connected_at, 1),
+                hint="if the broker is up, another client logged in as this identity (the "
+                "broker keeps one session per login): its credentials may be in use elsewhere",
+            )
 
     async def _dispatch(self, topic: str, payload: Any) -> None:
         raw = payload if isinstance(payload, bytes | bytearray) else b""

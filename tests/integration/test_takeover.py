@@ -203,3 +203,33 @@ def test_the_embedded_broker_keeps_delivering_while_subscriptions_change(
                 return len(seen)
 
     assert asyncio.run(asyncio.wait_for(main(), 60)) == sent
+
+
+def test_on_mosquitto_a_second_session_of_the_same_login_is_reported_by_the_first(
+    creds: BrokerFiles,
+) -> None:
+    """Mosquitto keeps one session per login: another connection with peer 0's credentials
+    closes peer 0's Bus, which says so (``mqtt.session_closed``: its credentials may be in use
+    elsewhere) and reconnects."""
+
+    async def main() -> Bus:
+        async with _broker("mosquitto", creds) as url:
+            bus = Bus(url, f"peer-{RUN}-0", TOPICS, subscribe=[], handler=lambda *_: None,
+                      auth=auth(creds, "peer-0"), backoff=(0.2, 0.5))  # fmt: skip
+            async with bus:
+                assert await bus.wait_connected(10)
+                async with client(url, "anything", auth=auth(creds, "peer-0"), timeout=5):
+                    await asyncio.sleep(0.5)
+                for _ in range(50):
+                    if bus.connects >= 2 and bus.connected.is_set():
+                        break
+                    await asyncio.sleep(0.1)
+            return bus
+
+    with structlog.testing.capture_logs() as logs:
+        bus = asyncio.run(asyncio.wait_for(main(), 60))
+    assert bus.closed == 1
+    assert bus.connects >= 2
+    (said,) = [e for e in logs if e["event"] == "mqtt.session_closed"]
+    assert said["username"] == "peer-0"
+    assert "in use elsewhere" in said["hint"]
