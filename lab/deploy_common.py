@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from concord.core.config import RunConfig
+from concord.protos.mqtt import MOSQUITTO_CLIENT_ID_BINDING
 
 PEER_PORT = 50051  # every peer's gRPC port in a container
 METRICS_PORT = 9400  # the default of --metrics-port (0: no endpoint)
@@ -187,6 +188,8 @@ listener {MQTTS_PORT}
 allow_anonymous false
 password_file /mosquitto/certs/passwd
 acl_file /mosquitto/certs/acl
+# a login's client id is its username: no login can take over another identity's session
+{MOSQUITTO_CLIENT_ID_BINDING}
 cafile /mosquitto/certs/ca.crt
 certfile /mosquitto/certs/broker.crt
 keyfile /mosquitto/certs/broker.key

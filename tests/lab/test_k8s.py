@@ -557,3 +557,20 @@ def test_compose_and_k8s_share_the_peer_command_and_the_certs_script(tmp_path: P
     bare = certs_commands("r'x", 1, certs="c", tls=False, auth=False, peer_host=str,
                           broker_host="b")  # fmt: skip
     assert bare == ["concord certs init --dir c --run-id 'r'\"'\"'x'"]  # the run id quoted
+
+
+def test_the_authenticated_broker_binds_client_ids_to_logins(tmp_path: Path) -> None:
+    """No login may take over another identity's MQTT session: Mosquitto makes each
+    authenticated client's id its username (compose's committed config says the same)."""
+    from concord.protos.mqtt import MOSQUITTO_CLIENT_ID_BINDING
+
+    docs = _render(tmp_path, "--auth", peers=2)
+    conf = next(
+        d["data"]["mosquitto.conf"]
+        for d in _all(docs)
+        if d["kind"] == "ConfigMap" and "mosquitto.conf" in d.get("data", {})
+    )
+    listener = conf[conf.index("listener 8883") :]
+    assert MOSQUITTO_CLIENT_ID_BINDING in listener.splitlines()
+    compose = (ROOT / "compose" / "mosquitto" / "mosquitto.auth.conf").read_text()
+    assert MOSQUITTO_CLIENT_ID_BINDING in compose[compose.index("listener 8883") :].splitlines()
