@@ -419,8 +419,8 @@ class OrchestratorConfig(_Section):
 
     broker_username: str | None = Field(
         default=None,
-        description="username at the broker; '{identity}' becomes orchestrator, peer-<id> or "
-        "monitor (`concord certs broker` issues those identities)",
+        description="username at the broker; '{identity}' becomes orchestrator, peer-<id>, "
+        "monitor or observer (`concord certs broker` issues those identities)",
     )
     broker_password_file: str | None = Field(
         default=None,
@@ -430,7 +430,7 @@ class OrchestratorConfig(_Section):
     broker_password_env: str | None = Field(
         default=None,
         description="environment variable holding the broker password ('{identity}' becomes "
-        "ORCHESTRATOR, PEER_<id> or MONITOR); instead of broker_password_file",
+        "ORCHESTRATOR, PEER_<id>, MONITOR or OBSERVER); instead of broker_password_file",
     )
     broker_ca: str | None = Field(
         default=None,

@@ -950,6 +950,13 @@ def certs_broker(
     help="without --watch: seconds to listen before printing (heartbeats come every second)",
 )
 @click.option("--json", "as_json", is_flag=True, help="print the view as JSON")
+@click.option(
+    "--identity",
+    default="observer",
+    show_default=True,
+    help="the read-only broker login when the run's config sets credentials (`concord certs "
+    "broker` issues observer and monitor; concord sim's own view holds monitor)",
+)
 def status(
     target: str,
     run_id: str | None,
@@ -958,6 +965,7 @@ def status(
     interval: float,
     wait: float,
     as_json: bool,
+    identity: str,
 ) -> None:
     """Show a running run live: every peer's state, step, phase, rounds, θ, loss and last
     heartbeat, stragglers flagged, Θ against its target and the orchestrator's presence."""
@@ -979,6 +987,7 @@ def status(
                 interval=interval,
                 live=watch,
                 as_json=as_json,
+                identity=identity,
             )
         )
     except BrokerUnreachableError as exc:

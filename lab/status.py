@@ -1,7 +1,8 @@
 """``concord status RUN_DIR|BROKER``: a live view of a running run, from its control plane.
 
-It is an ordinary read-only MQTT client of the run (the ``monitor`` identity when the broker asks
-for credentials; it verifies signed messages when the run has a PKI, never signs): the retained
+It is an ordinary read-only MQTT client of the run (the ``observer`` identity when the broker asks
+for credentials — not ``monitor``, which `concord sim`'s own live view holds; it verifies signed
+messages when the run has a PKI, never signs): the retained
 plan, presence and per-peer status arrive at once, heartbeats every second, step metrics and
 decisions as the peers make them. `RunView` folds them into one table — every peer's state,
 step, phase, rounds, θ, loss and when it was last heard, with stragglers flagged — and the run's
@@ -257,6 +258,7 @@ async def watch(
     interval: float,
     live: bool,
     as_json: bool,
+    identity: str = "observer",
 ) -> RunView:
     """Follow ``target``: ``live`` redraws the view every ``interval`` seconds until Ctrl-C
     (or ``seconds``); otherwise listen ``seconds`` and return the view for one print."""
@@ -278,8 +280,8 @@ async def watch(
         view.heartbeat = o.heartbeat
         view.peers_planned = cfg.peers
         if o.broker or embedded_broker_secured(o):
-            auth = BrokerAuth.from_config(o, "monitor")
-        signing = signing_for(cfg, "monitor", target.run)
+            auth = BrokerAuth.from_config(o, identity)
+        signing = signing_for(cfg, "monitor", target.run)  # verifies, never signs
     await asyncio.to_thread(probe_broker, target.broker, auth, identifier="status")
     async with Bus(
         target.broker,

@@ -8,7 +8,8 @@ Layout, next to the run CA of `concord.peer.certs` (``DIR`` = ``--dir``)::
                      serverAuth, one SAN per ``--host``)
     DIR/broker/<identity>.password (0600)
                      one random password per identity: "orchestrator", "peer-<id>" for every
-                     peer, "monitor" (the launcher's read-only live view)
+                     peer, "monitor" (the launcher's read-only live view), "observer"
+                     (read-only too: `concord status`)
     DIR/broker/passwd (0600)
                      Mosquitto password file (``$7$`` PBKDF2-SHA512, what mosquitto_passwd
                      writes); the embedded broker reads it too
@@ -58,6 +59,10 @@ from concord.protos.mqtt import read_passwd as read_passwd
 BROKER_KEY, BROKER_CERT = "broker.key", "broker.crt"
 SUBDIR, PASSWD, ACL, CONF = "broker", "passwd", "acl", "mosquitto.conf"
 ORCHESTRATOR, MONITOR = "orchestrator", "monitor"
+# a second read-only identity for people and tools that watch a run (`concord status`): on a
+# broker that binds client ids to logins, two clients of one login close each other's session,
+# and the launcher's live view already holds "monitor"
+OBSERVER = "observer"
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ def acl_rules(run_id: str, peers: int) -> dict[str, dict[str, list[str]]]:
         own = [topics.topic(kind, i) for kind, spec in TOPICS.items() if spec.per_peer]
         rules[peer_identity(i)] = {"write": own, "read": everything}
     rules[MONITOR] = {"write": [], "read": everything}
+    rules[OBSERVER] = {"write": [], "read": everything}
     return rules
 
 

@@ -477,3 +477,44 @@ def test_identities_of_client_ids() -> None:
     assert identity_of("orchestrator-run1") == "orchestrator"
     assert identity_of("peer-run-1-7") == "peer-7"
     assert identity_of("monitor-run1") == "monitor"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_observer_watches_beside_the_launcher_s_monitor(kind: str, creds: BrokerFiles) -> None:
+    """`concord status` logs in as "observer", `concord sim`'s live view as "monitor": on a
+    broker that binds client ids to logins, two sessions of one login would close each other;
+    these two hold theirs side by side, both read the run, neither may write."""
+    from concord.protos.mqtt import Bus
+
+    async def body(url: str) -> None:
+        seen: dict[str, int] = {"monitor": 0, "observer": 0}
+
+        def counter(who: str) -> Callable[[str, int | None, Any], None]:
+            def handle(kind: str, peer: int | None, message: Any) -> None:
+                seen[who] += 1
+
+            return handle
+
+        buses = [
+            Bus(url, f"{who}-{RUN}", TOPICS, subscribe=["decision"], handler=counter(who),
+                auth=auth(creds, who, ca=creds.ca))
+            for who in ("monitor", "observer")
+        ]  # fmt: skip
+        async with buses[0], buses[1]:
+            for bus in buses:
+                assert await bus.wait_connected(10)
+            publisher = auth(creds, "orchestrator", ca=creds.ca)
+            async with client(url, session_client_id("o", publisher), auth=publisher) as pub:
+                await pub.publish(TOPICS.topic("decision"), _decision(), qos=1)
+            for _ in range(50):
+                if all(seen.values()):
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # a session closed by the other would reconnect by now
+            assert seen == {"monitor": 1, "observer": 1}
+            assert [bus.connects for bus in buses] == [1, 1]
+        observer = auth(creds, "observer", ca=creds.ca)
+        assert not await _delivered(url, observer, TOPICS.topic("decision"),
+                                    listener=auth(creds, "monitor", ca=creds.ca))  # fmt: skip
+
+    _run(kind, creds, body)
