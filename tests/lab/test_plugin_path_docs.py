@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,10 @@ def _study(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     work = tmp_path / "work"  # not the home directory: only --plugin-path finds my_study
     work.mkdir()
     (work / "run.toml").write_text(_block("toml", 'name = "my_study.writers:load"'))
-    return work, {**os.environ, "HOME": str(home)}
+    # the page's `concord` is the one installed beside this interpreter (CI runs the suite
+    # with the venv's python, without activating the venv)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return work, {**os.environ, "HOME": str(home), "PATH": path}
 
 
 def test_the_pages_sim_command_finds_the_plug_in(tmp_path: Path) -> None:

@@ -312,7 +312,7 @@ def test_broker_files(tmp_path: Path) -> None:
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.9")]
     assert san.get_values_for_type(x509.DNSName) == ["broker.lab"]
-    assert set(files.passwords) == {"orchestrator", "peer-0", "peer-1", "monitor"}
+    assert set(files.passwords) == {"orchestrator", "peer-0", "peer-1", "monitor", "observer"}
     hashes = read_passwd(files.passwd)
     assert set(hashes) == set(files.passwords)
     secrets_seen = set()
@@ -324,7 +324,7 @@ def test_broker_files(tmp_path: Path) -> None:
         assert mosquitto_verify(password, hashes[who])
         assert not mosquitto_verify(password + "x", hashes[who])
         assert password not in files.acl.read_text() + files.conf.read_text()
-    assert len(secrets_seen) == 4  # one random password per identity
+    assert len(secrets_seen) == 5  # one random password per identity
     assert stat.S_IMODE(files.passwd.stat().st_mode) == 0o600
     assert stat.S_IMODE(files.key.stat().st_mode) == 0o600
     # the ACL: peers write only their own per-peer topics, the orchestrator the run-wide ones
@@ -338,6 +338,7 @@ def test_broker_files(tmp_path: Path) -> None:
     assert f"{base}/status/+" in rules["orchestrator"]["write"]  # clears retained status
     assert not any("/stats" in t for t in rules["orchestrator"]["write"])
     assert rules["monitor"]["write"] == []
+    assert rules["observer"]["write"] == []  # read-only too (`concord status`)
     assert all(r["read"] == [f"{base}/#"] for r in rules.values())
     with pytest.raises(CertError, match="exists"):
         issue_broker(tmp_path, run_id="r1", peers=2)
