@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 import pytest
 
-from concord.core import config
+from concord.core import config_run
 from concord.core.algorithms import catalog
 from concord.core.algorithms.catalog import (
     CAST_CODECS,
@@ -170,7 +170,7 @@ def _use(monkeypatch: pytest.MonkeyPatch, entries: dict[str, AlgorithmSpec]) -> 
     """Make the config validator read ``entries`` as the catalog (restored after the test)."""
     view = MappingProxyType(entries)
     monkeypatch.setattr(catalog, "CATALOG", view)
-    monkeypatch.setattr(config, "CATALOG", view)
+    monkeypatch.setattr(config_run, "CATALOG", view)
 
 
 def test_a_codec_the_spec_does_not_admit_is_refused_naming_the_key(
