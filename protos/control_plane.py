@@ -52,51 +52,97 @@ retained: it is rare, and a retained message is what a late or reconnecting clie
 scalars, bounds, finite statistics, allowed values; unknown fields refused), validated by pydantic.
 `decode` is msgpack-unpack plus validation against that declaration, `encode` validates before it
 packs, and `message_schemas` exports every payload's JSON Schema (for the documentation).
+
+The declared field types and their constraints are `concord.protos.fields`; the base class
+`Message`, validation and the wording of a refused payload are `concord.protos.validation`. Every
+public name of the contract is importable from here (``__all__``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from types import NoneType, UnionType
-from typing import (
-    Annotated,
-    Any,
-    ClassVar,
-    Literal,
-    NamedTuple,
-    TypeAlias,
-    TypeVar,
-    Union,
-    get_args,
-    get_origin,
-    get_type_hints,
-)
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar
 
 import msgpack
-from pydantic import (
-    ConfigDict,
-    Field,
-    GetCoreSchemaHandler,
-    GetJsonSchemaHandler,
-    Strict,
-    TypeAdapter,
-    ValidationError,
-    model_validator,
-    with_config,
-)
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema, ErrorDetails, core_schema
-from typing_extensions import TypedDict
+from pydantic import Field, Strict, model_validator
 
-from concord.errors import PayloadError as PayloadError
+from concord.errors import PayloadError
+from concord.protos.fields import (
+    EVENTS,
+    MAX_ROUNDS,
+    PEER_STATES,
+    PRESENCE_STATES,
+    RUN_ACTIONS,
+    STAGES,
+    Address,
+    Bool,
+    FiniteNonNeg,
+    Float,
+    HostPort,
+    Int,
+    NonNeg,
+    OneOf,
+    PeerState,
+    PhaseEntry,
+    PhaseTopology,
+    PresenceState,
+    Round,
+    RunAction,
+    Says,
+    Shaped,
+    Stage,
+    StageName,
+    Str,
+)
+from concord.protos.validation import M, Message, adapter, check, layout
+
+# the contract's public names (the field vocabulary and the base class live in
+# `concord.protos.fields` and `concord.protos.validation`; they are imported from here)
+__all__ = [
+    "EVENTS",
+    "MAX_PAYLOAD_BYTES",
+    "MAX_ROUNDS",
+    "MESSAGES",
+    "PEER_STATES",
+    "PRESENCE_STATES",
+    "ROOT",
+    "RUN_ACTIONS",
+    "SCHEMA_VERSION",
+    "SIGNED_KIND",
+    "STAGES",
+    "TOPICS",
+    "Decision",
+    "Heartbeat",
+    "HostPort",
+    "Message",
+    "Metrics",
+    "OneOf",
+    "PayloadError",
+    "PeerState",
+    "PhaseTopology",
+    "Plan",
+    "Presence",
+    "PresenceState",
+    "RunAction",
+    "RunControl",
+    "Says",
+    "Schedule",
+    "Shaped",
+    "Stage",
+    "Stats",
+    "Status",
+    "TopicSpec",
+    "Topics",
+    "decode",
+    "encode",
+    "message_schemas",
+]
 
 SCHEMA_VERSION = 2  # 2: Metrics.stats (lagged statistics ride on the step record), Presence
 ROOT = "concord/v1"
 MAX_PAYLOAD_BYTES = 256 * 1024  # control messages are small; anything bigger is rejected
 SIGNED_KIND = "signed"  # the kind of a signed envelope (`concord.protos.signing`)
-MAX_ROUNDS = 10_000  # gossip rounds of one step: a round number beyond this is a forgery
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # a peer id level: ASCII digits only (str.isdigit also takes "²", which int() refuses), few
 # enough for int() (a 5,000-digit level exceeds its digit limit)
@@ -104,157 +150,8 @@ _PEER_LEVEL = re.compile(r"[0-9]{1,9}")
 
 
 # ---------------------------------------------------------------------------------------------
-# Declared field types
-#
-# Every payload schema below is its class declaration: a frozen dataclass whose field types
-# carry their constraints (pydantic validates them; type checkers see plain ``int``, ``str``, …).
-# Scalars are strict — no ``"1"`` → 1, ``1.0`` → 1 or ``True`` → 1 coercions (an int is accepted
-# for a float); unknown fields are refused. Invariants spanning fields are the classes'
-# ``@model_validator`` methods. The messages are plain dataclasses, not pydantic models:
-# constructing one does not validate (a sender may build a bad one), `encode` and `decode` do.
-
-PeerState = Literal["starting", "ready", "training", "done", "failed", "offline"]
-PEER_STATES: tuple[str, ...] = get_args(PeerState)
-RunAction = Literal["start", "stop"]
-RUN_ACTIONS: tuple[str, ...] = get_args(RunAction)
-PresenceState = Literal["online", "offline"]
-PRESENCE_STATES: tuple[str, ...] = get_args(PresenceState)
-Stage = Literal["calibrate", "train"]
-STAGES: tuple[str, ...] = get_args(Stage)
-EVENTS: tuple[str, ...] = ("step", "eval")
-
-
-@dataclass(frozen=True)
-class Says:
-    """How a constraint reads in an error: ``<field> <text>; got <value>`` (default: derived from
-    the field's bounds, e.g. "must be ≥ 0")."""
-
-    text: str
-
-
-class _Check:
-    """A constraint checked after the type (a ``value_error`` at the field's place); ``phrase``
-    is its wording in errors, `json` what it adds to the field's JSON Schema."""
-
-    def __init__(self, phrase: str) -> None:
-        self.phrase = phrase
-
-    def check(self, value: Any) -> bool:
-        raise NotImplementedError
-
-    def json(self) -> dict[str, Any]:
-        return {}
-
-    def _validate(self, value: Any) -> Any:
-        if not self.check(value):
-            raise ValueError(self.phrase)
-        return value
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        return core_schema.no_info_after_validator_function(self._validate, handler(source))
-
-    def __get_pydantic_json_schema__(
-        self, schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        return {**handler(schema), **self.json()}
-
-
-class OneOf(_Check):
-    """A string out of ``values`` (an ``enum`` in the JSON Schema; ``str`` to type checkers, so
-    senders may pass any ``str`` variable)."""
-
-    def __init__(self, values: tuple[str, ...]) -> None:
-        super().__init__(f"must be one of {', '.join(values)}")
-        self.values = values
-
-    def check(self, value: Any) -> bool:
-        return value in self.values
-
-    def json(self) -> dict[str, Any]:
-        return {"enum": list(self.values)}
-
-
-class HostPort(_Check):
-    """``host:port`` with a port in 1–65535 (a gRPC address)."""
-
-    def __init__(self) -> None:
-        super().__init__("must be 'host:port' with a port in 1–65535")
-
-    def check(self, value: Any) -> bool:
-        host, sep, port = value.rpartition(":")
-        return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
-
-    def json(self) -> dict[str, Any]:
-        return {"pattern": r"^.+:[0-9]{1,5}$"}
-
-
-@with_config(ConfigDict(extra="forbid"))
-class PhaseTopology(TypedDict):
-    """One entry of `Schedule.phases`: a phase and its topology (None: the run's topology)."""
-
-    index: Annotated[int, Strict(), Field(ge=0)]
-    topology: Annotated[str, Strict()] | None
-
-
-class Shaped(_Check):
-    """A map validated as a `TypedDict` (its JSON Schema), kept a plain ``dict`` in Python."""
-
-    def __init__(self, shape: type, phrase: str) -> None:
-        super().__init__(phrase)
-        self.adapter: TypeAdapter[Any] = TypeAdapter(shape)
-
-    def check(self, value: Any) -> bool:
-        try:
-            self.adapter.validate_python(value)
-        except ValidationError:
-            return False
-        return True
-
-    def __get_pydantic_json_schema__(
-        self, schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        return self.adapter.json_schema()
-
-
-Int: TypeAlias = Annotated[int, Strict()]
-NonNeg: TypeAlias = Annotated[int, Strict(), Field(ge=0)]
-Round: TypeAlias = Annotated[
-    int, Strict(), Field(ge=1, le=MAX_ROUNDS), Says(f"is 1-based, at most {MAX_ROUNDS}")
-]
-Float: TypeAlias = Annotated[float, Strict()]
-FiniteNonNeg: TypeAlias = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
-Str: TypeAlias = Annotated[str, Strict()]
-Bool: TypeAlias = Annotated[bool, Strict()]
-StageName: TypeAlias = Annotated[str, Strict(), OneOf(STAGES)]
-Address: TypeAlias = Annotated[str, Strict(), HostPort()]
-PhaseEntry: TypeAlias = Annotated[
-    dict[Str, Any], Shaped(PhaseTopology, "must be {index: int ≥ 0, topology: str | None}")
-]
-
-# decoding: strict scalars in lax containers (a dict is accepted for an embedded message);
-# encoding re-validates the message object itself
-_CONFIG = ConfigDict(extra="forbid", revalidate_instances="always")
-
-
-# ---------------------------------------------------------------------------------------------
-# Payload schemas
-
-
-@dataclass(frozen=True)
-class Message:
-    """Base of all payloads: ``KIND`` names the schema; subclasses declare their fields."""
-
-    KIND: ClassVar[str] = ""
-    __pydantic_config__: ClassVar[ConfigDict] = _CONFIG
-
-    def validate(self) -> None:
-        """Check the message against its schema; `PayloadError` (topic: the kind) if it fails."""
-        try:
-            _check(type(self), self, self.KIND)
-        except PayloadError as exc:  # the topic names the kind already
-            raise PayloadError(self.KIND, exc.problem.removeprefix(f"{self.KIND}: ")) from None
+# Payload schemas (the field types: `concord.protos.fields`; the base class, validation and the
+# wording of a refusal: `concord.protos.validation`)
 
 
 @dataclass(frozen=True)
@@ -452,16 +349,13 @@ MESSAGES: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (Schedule, Plan, RunControl, Status, Presence, Heartbeat, Stats, Decision, Metrics)
 }
-_ADAPTERS: dict[type[Message], TypeAdapter[Any]] = {
-    cls: TypeAdapter(cls) for cls in MESSAGES.values()
-}
 
 
 def message_schemas() -> dict[str, dict[str, Any]]:
     """The JSON Schema of every payload, by kind: the wire map, ``v`` and ``kind`` included."""
     out: dict[str, dict[str, Any]] = {}
     for kind, cls in MESSAGES.items():
-        schema = _ADAPTERS[cls].json_schema()
+        schema = adapter(cls).json_schema()
         schema["properties"] = {
             "v": {"const": SCHEMA_VERSION, "type": "integer", "title": "Schema version"},
             "kind": {"const": kind, "type": "string", "title": "Kind"},
@@ -564,14 +458,11 @@ def encode(message: Message) -> bytes:
 def _to_map(message: Message) -> dict[str, Any]:
     """The message's fields in declaration order, embedded messages as maps (what
     `dataclasses.asdict` gives for a validated message, without copying every container)."""
-    layout = _layout(type(message))
-    out = {name: getattr(message, name) for name in layout.names}
-    for name in layout.embedded:
+    shape = layout(type(message))
+    out = {name: getattr(message, name) for name in shape.names}
+    for name in shape.embedded:
         out[name] = [_to_map(m) if isinstance(m, Message) else m for m in out[name]]
     return out
-
-
-M = TypeVar("M", bound=Message)
 
 
 def decode(topic: str, payload: bytes, expect: type[M] | None = None) -> Message:
@@ -604,7 +495,7 @@ def decode(topic: str, payload: bytes, expect: type[M] | None = None) -> Message
         raise PayloadError(topic, f"unknown kind {kind!r}")
     if expect is not None and cls is not expect:
         raise PayloadError(topic, f"expected a {expect.KIND!r} message, got {kind!r}")
-    message = _check(cls, data, topic)
+    message = check(cls, data, topic)
     carries = _topic_kind(topic)  # after the schema: a malformed message says what is wrong
     if carries is not None and carries != cls.KIND:
         raise PayloadError(topic, f"a {kind!r} message on a {carries!r} topic")
@@ -628,196 +519,3 @@ def _topic_kind(topic: str) -> str | None:
         return None
     spec = TOPICS.get(levels[3])
     return None if spec is None else spec.kind
-
-
-def _check(cls: type[M], data: Any, topic: str) -> M:
-    """Validate ``data`` (a map, or a message object) as a ``cls``; `PayloadError` otherwise."""
-    try:
-        message: M = _ADAPTERS[cls].validate_python(data)
-    except ValidationError as exc:
-        raise PayloadError(topic, _problem(cls, data, exc.errors(include_url=False))) from None
-    return message
-
-
-# ---------------------------------------------------------------------------------------------
-# Validation errors → one specific problem, in the contract's words
-#
-# "stats.theta must be float; got 'x'" (a wrong type: the field and its declared type),
-# "stats.grad_norm is missing", "unknown field(s) extra in 'stats'", "stats: theta must be a
-# finite number ≥ 0; got nan" (a constraint), "metrics.stats[0]: …" (inside an embedded message).
-# Several errors: unknown fields first, then missing ones, wrong types, broken constraints.
-
-_UNKNOWN, _MISSING, _TYPE, _CONSTRAINT = range(4)
-_NOT_TYPE_ERRORS = {
-    "value_error",
-    "assertion_error",
-    "finite_number",
-    "literal_error",
-    "string_pattern_mismatch",
-}
-
-
-class _Found(NamedTuple):
-    rank: int  # _UNKNOWN … _CONSTRAINT
-    where: str  # "" or the embedded message's place, "metrics.stats[0]: "
-    kind: str  # of the message it concerns
-    text: str  # the problem (for an unknown field: its name)
-
-
-def _problem(cls: type[Message], data: Any, errors: list[ErrorDetails]) -> str:
-    found = [_describe(cls, data, e) for e in errors]
-    first = min(found, key=lambda f: f.rank)  # min keeps the first of a rank: pydantic's order
-    if first.rank != _UNKNOWN:
-        return first.text
-    names = sorted(f.text for f in found if f[:3] == first[:3])  # all of that message, at once
-    return f"{first.where}unknown field(s) {', '.join(names)} in {first.kind!r}"
-
-
-def _describe(cls: type[Message], data: Any, error: ErrorDetails) -> _Found:
-    loc, kind, where = list(error["loc"]), error["type"], ""
-    is_type = _is_type_error(kind)
-    # descend into embedded messages (metrics.stats[i]) unless the item itself has a wrong type
-    while len(loc) >= 2 and isinstance(loc[1], int) and not (len(loc) == 2 and is_type):
-        inner = _layout(cls).embedded.get(str(loc[0]))
-        if inner is None:
-            break
-        where += f"{cls.KIND}.{loc[0]}[{loc[1]}]: "
-        data, cls, loc = _child(_child(data, loc[0]), loc[1]), inner, loc[2:]
-    if not loc:  # an invariant across fields (a model validator)
-        return _Found(_CONSTRAINT, where, cls.KIND, f"{where}{cls.KIND}: {_error_text(error)}")
-    name = str(loc[0])
-    if kind == "unexpected_keyword_argument" and len(loc) == 1:
-        return _Found(_UNKNOWN, where, cls.KIND, name)
-    if kind == "missing" and len(loc) == 1:
-        return _Found(_MISSING, where, cls.KIND, f"{where}{cls.KIND}.{name} is missing")
-    if is_type:  # the field and its declared type, whatever inside it is wrong
-        shown = _layout(cls).type_names.get(name, "?")
-        text = f"{where}{cls.KIND}.{name} must be {shown}; got {_child(data, name)!r}"
-        return _Found(_TYPE, where, cls.KIND, text)
-    place = name + "".join(f"[{k!r}]" if isinstance(k, str) else f"[{k}]" for k in loc[1:])
-    hint = _layout(cls).hints.get(name)
-    phrase = (_phrase(hint, len(loc) - 1) if hint is not None else "") or _error_text(error)
-    text = f"{where}{cls.KIND}: {place} {phrase}; got {error['input']!r}"
-    return _Found(_CONSTRAINT, where, cls.KIND, text)
-
-
-def _is_type_error(kind: str) -> bool:
-    return kind not in _NOT_TYPE_ERRORS and not kind.startswith(("greater_", "less_", "too_"))
-
-
-def _error_text(error: ErrorDetails) -> str:
-    ctx = error.get("ctx") or {}
-    if isinstance(ctx.get("error"), Exception):
-        return str(ctx["error"])
-    return error["msg"]
-
-
-def _child(data: Any, key: str | int) -> Any:
-    try:
-        if isinstance(key, str) and not isinstance(data, Mapping):
-            return getattr(data, key)
-        return data[key]
-    except (AttributeError, KeyError, IndexError, TypeError):
-        return None
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """What encoding and error reporting need to know of a message class's declaration."""
-
-    names: tuple[str, ...]  # the fields, in declaration (= wire) order
-    hints: dict[str, Any]  # declared types, constraints included (``Annotated``)
-    type_names: dict[str, str]  # as errors name them: "int", "float | None", "list[Stats]"
-    embedded: dict[str, type[Message]]  # fields holding lists of embedded messages
-
-    @classmethod
-    def of(cls, message: type[Message]) -> _Layout:
-        names = tuple(f.name for f in fields(message))
-        extras = get_type_hints(message, include_extras=True)
-        plain = get_type_hints(message)
-        embedded = {}
-        for name in names:
-            args = get_args(plain[name])
-            if get_origin(plain[name]) is list and _is_message_class(args[0]):
-                embedded[name] = args[0]
-        return cls(
-            names,
-            {n: extras[n] for n in names},
-            {n: _type_name(plain[n]) for n in names},
-            embedded,
-        )
-
-
-_LAYOUTS: dict[type[Message], _Layout] = {}
-
-
-def _layout(cls: type[Message]) -> _Layout:
-    layout = _LAYOUTS.get(cls)
-    if layout is None:
-        layout = _LAYOUTS[cls] = _Layout.of(cls)
-    return layout
-
-
-def _is_message_class(tp: object) -> bool:
-    return isinstance(tp, type) and issubclass(tp, Message)
-
-
-def _type_name(tp: Any) -> str:
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is Annotated:
-        return _type_name(args[0])
-    if origin in (Union, UnionType):
-        return " | ".join(_type_name(a) for a in args)
-    if origin is not None:
-        return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in args)}]"
-    if tp is NoneType:
-        return "None"
-    return getattr(tp, "__name__", None) or str(tp).removeprefix("typing.")
-
-
-def _phrase(tp: Any, depth: int) -> str:
-    """The wording of the constraints declared ``depth`` levels into ``tp`` (0: on the field,
-    1: on a list item or dict value, …)."""
-    metadata: list[Any] = []
-    while True:
-        if get_origin(tp) is Annotated:
-            tp, *meta = get_args(tp)
-            metadata += meta
-            continue
-        if get_origin(tp) in (Union, UnionType):  # X | None: the constraints of X
-            tp = next(a for a in get_args(tp) if a is not NoneType)
-            continue
-        if depth == 0:
-            break
-        args = get_args(tp)
-        if not args:
-            return ""
-        tp, metadata, depth = args[-1], [], depth - 1
-    return _wording(metadata)
-
-
-def _wording(metadata: list[Any]) -> str:
-    found: dict[str, Any] = {}
-    for m in metadata:
-        if isinstance(m, Says):
-            return m.text
-        if isinstance(m, _Check):
-            return m.phrase
-        for item in getattr(m, "metadata", [m]):  # Field(...) holds annotated-types objects
-            for attr in ("ge", "gt", "le", "lt", "min_length", "allow_inf_nan", "pattern"):
-                if getattr(item, attr, None) is not None:
-                    found[attr] = getattr(item, attr)
-    low = ("[", found["ge"]) if "ge" in found else ("(", found["gt"]) if "gt" in found else None
-    high = ("]", found["le"]) if "le" in found else (")", found["lt"]) if "lt" in found else None
-    finite = "a finite number " if found.get("allow_inf_nan") is False else ""
-    if low and high:
-        return f"must be {finite}in {low[0]}{low[1]}, {high[1]}{high[0]}"
-    if low:
-        return f"must be {finite}{'≥' if low[0] == '[' else '>'} {low[1]}"
-    if high:
-        return f"must be {finite}{'≤' if high[0] == ']' else '<'} {high[1]}"
-    if "min_length" in found:
-        return f"must have at least {found['min_length']} item(s)"
-    if "pattern" in found:
-        return f"must match {found['pattern']!r}"
-    return f"must be {finite.strip()}" if finite else ""
