@@ -62,14 +62,11 @@ from concord.peer.coordination import STOP_WAIT, OrchestratedCoordination, Stati
 from concord.peer.launcher import Identity
 from concord.peer.memory import tune_malloc
 from concord.peer.pace import pace_hooks
-from concord.peer.serde import TENSOR_ALLREDUCE, TENSOR_EDGE, TENSOR_MIX
 from concord.peer.telemetry import PeerMetrics, peer_registry, watch_refusals
-from concord.peer.tls import load_credentials
 from concord.peer.torch_plane import AgreedControl, TorchComm, TorchPlane, TorchPlaneError
-from concord.peer.transport import Fetched, Transport
+from concord.peer.transport import Fetched, Transport, TransportOptions
 from concord.peer.validate import STEP_WINDOW
 from concord.protos.exposure import check_exposure, exposure_of
-from concord.protos.revocation import Revocations
 from concord.runtime.driver import StepHooks, drive
 from concord.runtime.lifecycle import dump_tasks, task_stacks
 from concord.runtime.rundir import (
@@ -143,15 +140,6 @@ def check_orchestrated(
             "the other peers reach this one at"
         )
     return address
-
-
-def expected_tensor_ids(cfg: RunConfig) -> frozenset[int]:
-    """The tensor ids this run's algorithm sends within a round: gossip and all-reduce always
-    (exact phases), per-edge messages only for algorithms that send them (catalog trait)."""
-    ids = {TENSOR_MIX, TENSOR_ALLREDUCE}
-    if cfg.spec.per_edge_messages:
-        ids.add(TENSOR_EDGE)
-    return frozenset(ids)
 
 
 class PeerProcess:
@@ -273,34 +261,14 @@ class PeerProcess:
         is_neighbour: Callable[[int, int, int, int], bool],
     ) -> Transport:
         """The gRPC data plane of this peer (mTLS credentials when ``network.tls`` is set)."""
-        cfg, i = self.cfg, self.peer_id
-        server_creds = channel_creds = revocations = None
-        if cfg.network.tls is not None:
-            t = cfg.network.tls
-            server_creds, channel_creds = load_credentials(t.ca, t.cert, t.key, i)
-            revocations = Revocations.for_ca(t.ca)  # `concord certs revoke`'s list
-        return Transport(
+        options = TransportOptions.from_config(
+            self.cfg,
             run_id=self.run_id,
-            peer_id=i,
-            world_size=cfg.peers,
-            addresses=addresses,
+            peer_id=self.peer_id,
             fingerprint=task.flat.fingerprint(),
             dim=int(task.x.shape[1]),
-            codec=cfg.compression.codec,
-            ratio=cfg.compression.ratio,
-            levels=cfg.compression.levels,
-            chunk_bytes=cfg.network.chunk_bytes,
-            max_tensor_bytes=cfg.network.max_tensor_bytes,
-            deadline=cfg.network.deadline,
-            max_abs_value=cfg.network.max_abs_value,
-            stream_idle_timeout=cfg.network.stream_idle_timeout,
-            skip_after=cfg.network.skip_after,
-            tensor_ids=expected_tensor_ids(cfg),
-            is_neighbour=is_neighbour,
-            server_credentials=server_creds,
-            channel_credentials=channel_creds,
-            revocations=revocations,
         )
+        return Transport(options, addresses, is_neighbour)
 
     def coordination(self) -> Coordination:
         if self.broker is None:

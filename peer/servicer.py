@@ -73,19 +73,30 @@ class Greetings:
 class ServedPeer(Protocol):
     """What the servicers need of the peer they serve (`concord.peer.transport.Transport`)."""
 
-    peer_id: int
     step_window: int
     mailbox: Mailbox
     counters: Counters
     greeted: Greetings
     rejections: dict[int, tuple[int, str]]
-    require_identity: bool  # mTLS: the client certificate must name the claimed peer id
     budget: int  # bytes in flight per sender (`Mailbox.reserve`)
-    idle_timeout: float  # seconds a stream may stay silent
 
     # who may Fetch (`concord.peer.coordination.FetchPeers`: the run's graph); None: any peer
     may_fetch: Callable[[int], bool] | None
-    revocations: Revocations | None  # mTLS: `concord certs revoke`'s list
+
+    @property
+    def peer_id(self) -> int: ...
+
+    @property
+    def require_identity(self) -> bool:
+        """mTLS: the client certificate must name the claimed peer id."""
+
+    @property
+    def idle_timeout(self) -> float:
+        """Seconds a stream may stay silent."""
+
+    @property
+    def revocations(self) -> Revocations | None:
+        """mTLS: `concord certs revoke`'s list."""
 
     def view(self) -> ReceiverView: ...
 

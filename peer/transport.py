@@ -1,7 +1,8 @@
 """The gRPC data plane of one peer: an aio server (`concord.peer.servicer`) receiving tensors into a
 mailbox (`concord.peer.mailbox`), the standard grpc.health.v1 service, and one channel with one
-long-lived bidirectional stream per neighbour (`Link`) for sending: ``ExchangeRaw`` (raw chunks
-behind identity serializers, the default) or the protobuf ``Exchange`` (``wire="protobuf"``).
+long-lived bidirectional stream per neighbour (`concord.peer.links.Link`) for sending:
+``ExchangeRaw`` (raw chunks behind identity serializers, the default) or the protobuf ``Exchange``
+(``wire="protobuf"``). `TransportOptions` configures it, built from the run config in one place.
 
 Everything here runs on the peer's event loop and only moves bytes: the training thread packs its
 tensor (`Transport.frames`: zero-copy for a single part), the loop cuts it into chunks as it
@@ -54,9 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Literal
 
 import grpc
 import numpy as np
@@ -65,9 +64,12 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from concord.core.comm import MixOutcome
+from concord.core.config import RunConfig
 from concord.peer import serde
+from concord.peer.links import MAX_MESSAGE, Dialer, Fanout, Link, Prebuilt, Wire, bounded
 from concord.peer.mailbox import Arrival, Counters, Mailbox, Rejection
-from concord.peer.servicer import REJECTION_CODES, GossipServicer, Greetings
+from concord.peer.servicer import GossipServicer, Greetings
+from concord.peer.tls import load_credentials
 from concord.peer.validate import (
     STEP_WINDOW,
     TENSOR_IDS,
@@ -81,18 +83,6 @@ from concord.protos import data_plane_pb2 as pb
 from concord.protos import data_plane_pb2_grpc as pb_grpc
 from concord.protos.revocation import Revocations
 
-MAX_MESSAGE = 16 << 20
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE),
-    ("grpc.max_receive_message_length", MAX_MESSAGE),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    # each channel its own subchannel: a fresh channel to a neighbour that came back must not
-    # inherit the refused connection's reconnect backoff from gRPC's global subchannel pool
-    ("grpc.use_local_subchannel_pool", 1),
-]
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -122,58 +112,11 @@ def server_options(chunk_bytes: int, idle_timeout: float) -> list[tuple[str, int
     ]
 
 
-RAW_METHOD = "/concord.v1.Gossip/ExchangeRaw"
-Wire = Literal["raw", "protobuf"]
 log = structlog.get_logger("concord.peer.transport")
 _STOP_LIMIT = 10.0  # seconds `Transport.stop` may take beyond its grace
-_REAP_LIMIT = 2.0  # seconds a cancelled link task (ack reader, send behind) gets to end
 # seconds a round waits for a suspect neighbour after the others have arrived (at most a tenth of
 # the deadline): a neighbour that is back in step is taken back, one still stalled costs this
 SUSPECT_GRACE = 0.05
-
-
-async def _bounded(
-    aw: asyncio.Future[Any] | Any, what: str, limit: float = _REAP_LIMIT, *, cancel: bool = False
-) -> bool:
-    """Wait at most ``limit`` seconds for ``aw`` (cancelled first with ``cancel``); True when it
-    ended. Never awaits it directly: awaiting a task waits for as long as it ignores a
-    cancellation (a gRPC call can), and `asyncio.wait_for` waits for the cancelled inner task
-    too; `asyncio.wait` does neither — our own cancellation still raises here at once, and a
-    task that will not end is logged and left behind."""
-    task = asyncio.ensure_future(aw)
-    if cancel:
-        task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=limit)
-    if not done:
-        task.cancel()
-        log.warning("transport.task_left", task=what, waited=limit)
-        return False
-    if not task.cancelled():
-        task.exception()  # retrieved: asyncio does not log it at exit, and it is not ours
-    return True
-
-
-class Fanout:
-    """The chunks of one outgoing tensor for ``readers`` links: chunk k is built (one copy) by the
-    first link to reach it, shared with the others, and dropped once every link has taken it."""
-
-    def __init__(self, out: serde.Outgoing, readers: int, wire: Wire) -> None:
-        self.out = out
-        self.count = out.count
-        self.readers = readers
-        self.raw = wire == "raw"
-        self._built: dict[int, tuple[bytes | pb.TensorFrame, int]] = {}
-
-    def message(self, index: int) -> bytes | pb.TensorFrame:
-        got = self._built.pop(index, None)
-        if got is None:
-            msg = self.out.raw(index) if self.raw else self.out.frame(index)
-            left = self.readers - 1
-        else:
-            msg, left = got[0], got[1] - 1
-        if left > 0:
-            self._built[index] = (msg, left)
-        return msg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,257 +132,92 @@ class Fetched:
     state: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # each [dim]
 
 
-class Prebuilt:
-    """Every chunk of one outgoing tensor, built (copied) now: for a send that may outlive its
-    round (`Link.send_behind`), when the training thread is free to change the tensor again."""
+@dataclasses.dataclass(frozen=True)
+class TransportOptions:
+    """Everything that configures one peer's `Transport`, fixed for the process's life; a peer
+    builds it from its config in one place (`from_config`). ``wire``: how this peer sends
+    ("raw": ExchangeRaw; "protobuf": Exchange), it receives both; ``tensor_ids``: the tensor ids
+    the run's algorithm sends (others are refused). With ``server_credentials`` (mTLS) a client
+    certificate must name the peer id its Hello and frames claim, and not be on ``revocations``
+    (`concord certs revoke`)."""
 
-    def __init__(self, out: serde.Outgoing, wire: Wire) -> None:
-        build = out.raw if wire == "raw" else out.frame
-        self._messages: list[bytes | pb.TensorFrame] = [build(k) for k in range(out.count)]
-        self.count = out.count
+    run_id: str
+    peer_id: int
+    world_size: int
+    fingerprint: str  # the model's (`concord.core.flat.FlatParams.fingerprint`)
+    dim: int  # the model's parameter count
+    codec: str  # compression.codec
+    chunk_bytes: int  # network.chunk_bytes
+    max_tensor_bytes: int  # network.max_tensor_bytes
+    deadline: float  # network.deadline: seconds per tensor, sent or awaited
+    ratio: float = 0.01  # compression.ratio
+    levels: int = 16  # compression.levels (qsgd's s: the dtype of its incoming level parts)
+    wire: Wire = "raw"
+    max_abs_value: float | None = None  # network.max_abs_value
+    stream_idle_timeout: float = 60.0  # network.stream_idle_timeout
+    skip_after: int = 3  # network.skip_after
+    tensor_ids: frozenset[int] = TENSOR_IDS
+    server_credentials: grpc.ServerCredentials | None = None
+    channel_credentials: grpc.ChannelCredentials | None = None
+    revocations: Revocations | None = None
 
-    def message(self, index: int) -> bytes | pb.TensorFrame:
-        return self._messages[index]
-
-
-class Link:
-    """Our sending side towards one neighbour: channel, handshake, one ExchangeRaw (or Exchange)
-    stream."""
-
-    def __init__(self, transport: Transport, peer_id: int, address: str) -> None:
-        self.t = transport
-        self.peer_id = peer_id
-        self.address = address
-        self.channel: grpc.aio.Channel | None = None
-        self.call: Any = None
-        self.reader: asyncio.Task[None] | None = None
-        self.up = False  # our Exchange stream to the neighbour is open
-        # the neighbour answers at all: False after a connection failure (refused, reset, a
-        # write timed out), still True when it merely refused one of our tensors (its stream
-        # ended with a rejection status, or the HTTP/2 connection is still READY — a write racing
-        # the abort can surface as INTERNAL). Rounds wait for its tensor only while this holds.
-        self.alive = False
-        self.next_try = 0.0
-        self.backoff = 0.2
-        self.refused: str | None = None  # the neighbour rejected our Hello (permanent)
-        self.acks: dict[tuple[int, int, int], asyncio.Future[None]] = {}
-        self.lock = asyncio.Lock()  # one tensor at a time on the stream (a send behind a round)
-        self.behind: asyncio.Task[bool] | None = None  # the send to a suspect still in flight
-
-    async def connect(self, timeout: float, *, wait_for_ready: bool = False) -> bool:
-        """Handshake; ``wait_for_ready`` keeps trying until ``timeout`` (start-up barrier),
-        otherwise a refused connection fails at once (reconnects of a dead neighbour)."""
-        if self.up:
-            return True
-        await self.close()
-        try:
-            if self.t.channel_credentials is not None:
-                self.channel = grpc.aio.secure_channel(
-                    self.address, self.t.channel_credentials, options=CHANNEL_OPTIONS
-                )
-            else:
-                self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-            stub = pb_grpc.GossipStub(self.channel)
-            reply = await stub.Hello(self.t.hello, timeout=timeout, wait_for_ready=wait_for_ready)
-            if not reply.accepted:
-                self.refused = reply.reason
-                log.error(
-                    "hello.refused",
-                    peer=self.t.peer_id,
-                    neighbour=self.peer_id,
-                    reason=reply.reason,
-                )
-                return False
-            if self.t.wire == "raw":
-                self.call = self.channel.stream_stream(
-                    RAW_METHOD, request_serializer=None, response_deserializer=pb.Ack.FromString
-                )()
-            else:
-                self.call = stub.Exchange()
-            self.reader = asyncio.create_task(self._read_acks(), name=f"acks-{self.peer_id}")
-            self.up, self.alive, self.backoff = True, True, 0.2
-            return True
-        except (TimeoutError, grpc.aio.AioRpcError, OSError) as exc:
-            self._mark_down(exc)
-            return False
-
-    async def _read_acks(self) -> None:
-        try:
-            async for ack in self.call:
-                fut = self.acks.get((ack.step, ack.round, ack.tensor_id))
-                if fut is not None and not fut.done():
-                    fut.set_result(None)
-        except grpc.aio.AioRpcError as exc:
-            log.warning(
-                "link.closed",
-                peer=self.t.peer_id,
-                neighbour=self.peer_id,
-                code=exc.code().name,
-                detail=exc.details(),
+    def __post_init__(self) -> None:
+        if self.skip_after < 1:
+            raise ValueError(
+                f"skip_after = {self.skip_after}; a neighbour must miss at least 1 round"
             )
-            self.alive = exc.code() in REJECTION_CODES or self._connected()
-        finally:
-            self.up = False
 
-    def _connected(self) -> bool:
-        """The channel's connection to the neighbour is up (whatever happened to one stream)."""
-        return (
-            self.channel is not None
-            and self.channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
+    @classmethod
+    def from_config(
+        cls, cfg: RunConfig, *, run_id: str, peer_id: int, fingerprint: str, dim: int
+    ) -> TransportOptions:
+        """The options of peer ``peer_id`` of run ``run_id`` under ``cfg`` (``compression.*``,
+        ``network.*``; mTLS credentials loaded when ``network.tls`` is set)."""
+        net, comp = cfg.network, cfg.compression
+        server = channel = revocations = None
+        if net.tls is not None:
+            server, channel = load_credentials(net.tls.ca, net.tls.cert, net.tls.key, peer_id)
+            revocations = Revocations.for_ca(net.tls.ca)  # `concord certs revoke`'s list
+        ids = {serde.TENSOR_MIX, serde.TENSOR_ALLREDUCE}  # gossip and exact phases: always
+        if cfg.spec.per_edge_messages:  # per-edge messages: only algorithms that send them
+            ids.add(serde.TENSOR_EDGE)
+        return cls(
+            run_id=run_id,
+            peer_id=peer_id,
+            world_size=cfg.peers,
+            fingerprint=fingerprint,
+            dim=dim,
+            codec=comp.codec,
+            ratio=comp.ratio,
+            levels=comp.levels,
+            chunk_bytes=net.chunk_bytes,
+            max_tensor_bytes=net.max_tensor_bytes,
+            deadline=net.deadline,
+            max_abs_value=net.max_abs_value,
+            stream_idle_timeout=net.stream_idle_timeout,
+            skip_after=net.skip_after,
+            tensor_ids=frozenset(ids),
+            server_credentials=server,
+            channel_credentials=channel,
+            revocations=revocations,
         )
-
-    def _mark_down(self, exc: BaseException | None, code: grpc.StatusCode | None = None) -> None:
-        """Our stream is gone; ``code`` (or ``exc``'s) tells whether the neighbour is alive."""
-        if self.up or exc is not None:
-            log.warning(
-                "link.down",
-                peer=self.t.peer_id,
-                neighbour=self.peer_id,
-                error=repr(exc) if exc else "stream ended",
-            )
-        self.up = False
-        if code is None and isinstance(exc, grpc.aio.AioRpcError):
-            code = exc.code()
-        self.alive = not isinstance(exc, TimeoutError) and (
-            code in REJECTION_CODES or self._connected()
-        )
-        if self.alive:  # it refused one tensor: the next one may do (it fell behind, say)
-            self.next_try = time.monotonic()
-            return
-        self.next_try = time.monotonic() + self.backoff
-        self.backoff = min(self.backoff * 2, 5.0)
-
-    def send_behind(self, chunks: Prebuilt, key: tuple[int, int, int], timeout: float) -> bool:
-        """Send to a suspect neighbour without the round waiting for it; False (not sent) while
-        the previous such send is still in flight — a stalled neighbour holds one tensor here,
-        not one per round."""
-        if self.behind is not None and not self.behind.done():
-            return False
-        self.behind = asyncio.create_task(
-            self.send(chunks, key, timeout), name=f"send-behind-{self.peer_id}"
-        )
-        return True
-
-    async def send(self, fan: Fanout | Prebuilt, key: tuple[int, int, int], timeout: float) -> bool:
-        """Write every chunk of ``fan``, the whole tensor (a reconnect included) within
-        ``timeout`` seconds; False when the link is refused, down, or fails now (then marked
-        down), or a send behind an earlier round holds the stream until then."""
-        if self.refused is not None:
-            return False
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        try:
-            async with asyncio.timeout_at(end):
-                await self.lock.acquire()
-        except TimeoutError:
-            return False
-        try:
-            return await self._send(fan, key, end)
-        finally:
-            self.lock.release()
-
-    async def _send(self, fan: Fanout | Prebuilt, key: tuple[int, int, int], end: float) -> bool:
-        loop = asyncio.get_running_loop()
-        if not self.up and (
-            time.monotonic() < self.next_try
-            or not await self.connect(min(max(0.0, end - loop.time()), 2.0))
-        ):
-            return False
-        for done in [k for k, f in self.acks.items() if f.done()]:
-            del self.acks[done]
-        self.acks[key] = loop.create_future()
-        try:
-            async with asyncio.timeout_at(end):  # per tensor, not per chunk
-                for index in range(fan.count):
-                    await self.call.write(fan.message(index))
-            return True
-        except (
-            TimeoutError,
-            grpc.aio.AioRpcError,
-            asyncio.InvalidStateError,
-            grpc.aio.UsageError,
-        ) as exc:
-            self.t.counters.send_failures += 1
-            code = None
-            if isinstance(exc, asyncio.InvalidStateError | grpc.aio.UsageError):
-                # the RPC already ended (e.g. the neighbour rejected a frame): its status says
-                # whether the neighbour is alive
-                with contextlib.suppress(Exception):
-                    code = await asyncio.wait_for(self.call.code(), 1.0)
-            self._mark_down(exc, code)
-            return False
-
-    async def drain(self, timeout: float) -> None:
-        pending = [f for f in self.acks.values() if not f.done()]
-        if pending and self.up:
-            await asyncio.wait(pending, timeout=timeout)
-
-    async def shutdown(self) -> None:
-        """`close`, after ending a send still in flight behind the rounds."""
-        if self.behind is not None:
-            behind, self.behind = self.behind, None
-            await _bounded(behind, f"send-behind-{self.peer_id}", cancel=True)
-        await self.close()
-
-    async def close(self) -> None:
-        # each wait is bounded (`_bounded`); `up` stays as it was until the end, as a concurrent
-        # send must not reconnect on a link half closed
-        if self.call is not None:
-            await _bounded(self.call.done_writing(), f"done-writing-{self.peer_id}")
-            self.call = None
-        if self.reader is not None:
-            await _bounded(self.reader, f"acks-{self.peer_id}", cancel=True)
-            self.reader = None
-        if self.channel is not None:
-            await _bounded(self.channel.close(), f"channel-{self.peer_id}")
-            self.channel = None
-        self.up = False
 
 
 class Transport:
+    """The data plane of one peer (module docstring), configured by its `TransportOptions`;
+    ``addresses``: where to reach each peer (id order; "" for not known yet, `set_addresses`);
+    ``is_neighbour(sender, step, round, tensor_id)``: whether a frame's sender is this peer's
+    neighbour there (the coordination's)."""
+
     def __init__(
         self,
-        *,
-        run_id: str,
-        peer_id: int,
-        world_size: int,
+        options: TransportOptions,
         addresses: Sequence[str],
-        fingerprint: str,
-        dim: int,
-        codec: str,
-        ratio: float = 0.01,
-        levels: int = 16,
-        chunk_bytes: int,
-        max_tensor_bytes: int,
-        deadline: float,
         is_neighbour: Callable[[int, int, int, int], bool],
-        server_credentials: grpc.ServerCredentials | None = None,
-        channel_credentials: grpc.ChannelCredentials | None = None,
-        wire: Wire = "raw",
-        max_abs_value: float | None = None,
-        stream_idle_timeout: float = 60.0,
-        tensor_ids: frozenset[int] = TENSOR_IDS,
-        skip_after: int = 3,
-        fetch_state: frozenset[str] = frozenset(),
-        revocations: Revocations | None = None,
     ) -> None:
-        """``wire``: how this peer sends ("raw": ExchangeRaw; "protobuf": Exchange); it receives
-        both. ``max_abs_value`` / ``stream_idle_timeout`` / ``skip_after``: ``network.*``;
-        ``tensor_ids``: the tensor ids the run's algorithm sends (others are refused);
-        ``fetch_state``: the algorithm state a Fetch answer may carry besides the parameters
-        (`concord.core.algorithms.base.Algorithm.portable_state`). With
-        ``server_credentials`` (mTLS) a client certificate must name the peer id its Hello and
-        frames claim, and not be on ``revocations`` (`concord certs revoke`)."""
-        if skip_after < 1:
-            raise ValueError(f"skip_after = {skip_after}; a neighbour must miss at least 1 round")
-        self.run_id, self.peer_id, self.world_size = run_id, peer_id, world_size
+        o = self.options = options
         self.addresses = list(addresses)
-        self.fingerprint, self.dim, self.codec, self.ratio = fingerprint, dim, codec, ratio
-        self.levels = levels  # qsgd's s: the dtype of its incoming level parts
-        self.chunk_bytes, self.max_tensor_bytes = chunk_bytes, max_tensor_bytes
-        self.deadline = deadline
-        self.skip_after = skip_after
-        self.grace = min(SUSPECT_GRACE, deadline / 10)
+        self.grace = min(SUSPECT_GRACE, o.deadline / 10)
         self.misses: dict[int, int] = {}  # neighbour → rounds missed in a row
         self._noted: dict[int, int] = {}  # neighbour → its newest step when its last round ended
         self.suspects: set[int] = set()  # neighbours not waited for (module docstring)
@@ -448,23 +226,20 @@ class Transport:
         # (`saw_ahead`); read and cleared by the training thread (`take_ahead`)
         self.ahead: dict[int, tuple[int, int]] = {}
         self._moving: dict[int, int] = {}  # neighbour → distinct (growing) steps refused ahead
-        self.step_window = STEP_WINDOW  # how far ahead a neighbour's frame may be (steps)
+        # set per stage by the training set-up: how far ahead a neighbour's frame may be (steps;
+        # + the algorithm's silent steps), and the algorithm state a Fetch answer may carry
+        # besides the parameters (`concord.core.algorithms.base.Algorithm.portable_state`)
+        self.step_window = STEP_WINDOW
+        self.fetch_state: frozenset[str] = frozenset()
         self.is_neighbour = is_neighbour
-        self.server_credentials = server_credentials
-        self.channel_credentials = channel_credentials
-        self.wire: Wire = wire
-        self.max_abs_value = max_abs_value
-        self.idle_timeout = stream_idle_timeout
-        self.tensor_ids = frozenset(tensor_ids)
-        self.fetch_state = frozenset(fetch_state)
-        self.require_identity = server_credentials is not None
-        codecs = frozenset({"none", codec})
-        self.budget = BUDGET_TENSORS * max(1, tensor_bytes(dim, codecs, ratio, levels))
-        self.mailbox = Mailbox(per_sender=PER_SENDER, per_step=max(PER_STEP, 4 * world_size))
+        codecs = frozenset({"none", o.codec})
+        self.budget = BUDGET_TENSORS * max(1, tensor_bytes(o.dim, codecs, o.ratio, o.levels))
+        self.mailbox = Mailbox(per_sender=PER_SENDER, per_step=max(PER_STEP, 4 * o.world_size))
         self.counters = Counters()
-        self.greeted = Greetings(capacity=max(1024, 8 * world_size))
+        self.greeted = Greetings(capacity=max(1024, 8 * o.world_size))
         self.rejections: dict[int, tuple[int, str]] = {}  # sender → (step, reason), latest
-        self.hello = serde.hello_request(run_id, peer_id, fingerprint, codec)
+        hello = serde.hello_request(o.run_id, o.peer_id, o.fingerprint, o.codec)
+        self.dialer = Dialer(o.peer_id, hello, o.wire, o.channel_credentials, self.counters)
         self.links: dict[int, Link] = {}
         self.set_addresses(dict(enumerate(self.addresses)))
         self._closing: set[asyncio.Future[None]] = set()
@@ -479,10 +254,31 @@ class Transport:
         # waiting for it
         self.training = False
         self.may_fetch: Callable[[int], bool] | None = None  # the run's graph (coordination's)
-        self.revocations = revocations  # mTLS: certificates no client may use any more
         self._wanted: list[asyncio.Future[serde.Outgoing | None]] = []
         self._joins: set[int] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def peer_id(self) -> int:
+        return self.options.peer_id
+
+    @property
+    def deadline(self) -> float:
+        """Seconds per tensor, sent or awaited (``network.deadline``)."""
+        return self.options.deadline
+
+    @property
+    def require_identity(self) -> bool:
+        """mTLS: a client certificate must name the peer id its Hello and frames claim."""
+        return self.options.server_credentials is not None
+
+    @property
+    def idle_timeout(self) -> float:
+        return self.options.stream_idle_timeout
+
+    @property
+    def revocations(self) -> Revocations | None:
+        return self.options.revocations
 
     def set_addresses(self, addresses: dict[int, str]) -> None:
         """Where to reach each peer (static config, or the orchestrator's schedule). A peer whose
@@ -494,29 +290,33 @@ class Transport:
             if link is None or link.address != address:
                 if link is not None:
                     self._closing.add(asyncio.ensure_future(link.shutdown()))
-                self.links[j] = Link(self, j, address)
+                self.links[j] = Link(self.dialer, j, address)
 
     def view(self) -> ReceiverView:
+        """What the receiver checks a frame against now (`concord.peer.validate.check_frame`)."""
+        o = self.options
         return ReceiverView(
-            run_id=self.run_id,
-            peer_id=self.peer_id,
-            fingerprint=self.fingerprint,
-            dim=self.dim,
-            codecs=frozenset({"none", self.codec}),
-            ratio=self.ratio,
-            levels=self.levels,
-            chunk_bytes=self.chunk_bytes,
-            max_tensor_bytes=self.max_tensor_bytes,
+            run_id=o.run_id,
+            peer_id=o.peer_id,
+            fingerprint=o.fingerprint,
+            dim=o.dim,
+            codecs=frozenset({"none", o.codec}),
+            ratio=o.ratio,
+            levels=o.levels,
+            chunk_bytes=o.chunk_bytes,
+            max_tensor_bytes=o.max_tensor_bytes,
             current_step=self.mailbox.step,
             is_neighbour=self.is_neighbour,
-            world_size=self.world_size,
+            world_size=o.world_size,
             step_window=self.step_window,
-            tensor_ids=self.tensor_ids,
-            max_abs_value=self.max_abs_value,
+            tensor_ids=o.tensor_ids,
+            max_abs_value=o.max_abs_value,
         )
 
     async def start(self, listen: str) -> int:
-        self.server = grpc.aio.server(options=server_options(self.chunk_bytes, self.idle_timeout))
+        """Serve on ``listen`` (HOST:PORT; port 0: any free one); returns the port."""
+        o = self.options
+        self.server = grpc.aio.server(options=server_options(o.chunk_bytes, o.stream_idle_timeout))
         servicer = GossipServicer(self)
         servicer.on_hello = self.greeted_by
         servicer.on_ahead = self.saw_ahead
@@ -528,8 +328,8 @@ class Transport:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for service in ("", "concord.v1.Gossip"):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        if self.server_credentials is not None:
-            self.port = self.server.add_secure_port(listen, self.server_credentials)
+        if o.server_credentials is not None:
+            self.port = self.server.add_secure_port(listen, o.server_credentials)
         else:
             self.port = self.server.add_insecure_port(listen)
         await self.server.start()
@@ -559,15 +359,15 @@ class Transport:
         several parts is a full copy, which must not run on the event loop. A single part is not
         copied: leave it unchanged until `round_` has returned."""
         return serde.Outgoing(
-            run_id=self.run_id,
+            run_id=self.options.run_id,
             sender=self.peer_id,
             step=step,
             round=round,
             tensor_id=tensor_id,
             codec=codec,
-            dim=self.dim,
+            dim=self.options.dim,
             parts=parts,
-            chunk_bytes=self.chunk_bytes,
+            chunk_bytes=self.options.chunk_bytes,
             push_weight=push_weight,
         )
 
@@ -594,14 +394,14 @@ class Transport:
         waited = [link for link in targets if link.peer_id not in self.suspects]
         sends = []
         if frames is not None and waited:
-            fan = Fanout(frames, len(waited), self.wire)
+            fan = Fanout(frames, len(waited), self.options.wire)
             sends = [
                 asyncio.create_task(link.send(fan, key, self.deadline), name=f"send-{link.peer_id}")
                 for link in waited
             ]
         behind = [link for link in targets if link.peer_id in self.suspects]
         if frames is not None and behind:
-            chunks = Prebuilt(frames, self.wire)  # a copy: the send may outlive this round
+            chunks = Prebuilt(frames, self.options.wire)  # a copy: the send may outlive this round
             for link in behind:
                 if not link.send_behind(chunks, key, self.deadline):
                     self.counters.dropped_sends += 1
@@ -680,7 +480,7 @@ class Transport:
             elif moved and step - self.step_window <= newest < step:
                 # alive and just behind us (its tensors arrive, late): waiting for it again
                 # keeps this peer from running away from it for good, cutting the graph apart
-                self._take_back(j, "close behind", misses=self.skip_after - 1, step=step)
+                self._take_back(j, "close behind", misses=self.options.skip_after - 1, step=step)
             elif got is None:
                 self.counters.not_waited += 1
             return
@@ -692,7 +492,7 @@ class Transport:
             self.misses[j] = 0
         elif got is None:
             misses = self.misses[j] = self.misses.get(j, 0) + 1
-            if misses >= self.skip_after:
+            if misses >= self.options.skip_after:
                 self.suspects.add(j)
                 self.suspected = tuple(sorted(self.suspects))
                 self.counters.skipped += 1
@@ -727,7 +527,7 @@ class Transport:
         """This peer jumped to its neighbours' step (`behind`): in step with them now, it waits
         for them again — on probation — instead of running away from them."""
         for j in sorted(self.suspects):
-            self._take_back(j, "jumped", misses=self.skip_after - 1)
+            self._take_back(j, "jumped", misses=self.options.skip_after - 1)
 
     def greeted_by(self, j: int) -> None:
         """Neighbour ``j`` said Hello (the servicer's hook): a suspect we had lost our connection
@@ -736,7 +536,7 @@ class Transport:
         tensor of it too far ahead) and changes nothing."""
         link = self.links.get(j)
         if j in self.suspects and (link is None or not link.alive):
-            self._take_back(j, "hello", misses=self.skip_after - 1)
+            self._take_back(j, "hello", misses=self.options.skip_after - 1)
 
     # -- Fetch: parameters for a neighbour that (re)joins ------------------------------------
 
@@ -785,8 +585,8 @@ class Transport:
         if self._joins and step not in self._joins:
             return  # answered at the boundary of the joining step (bounded by `snapshot`)
         parts = {"values": x.detach().to(torch.float32).reshape(-1).clone()}
-        extra = {k: v for k, v in sorted((state or {}).items()) if v.numel() == self.dim}
-        if 4 * self.dim * (1 + len(extra)) <= self.max_tensor_bytes:
+        extra = {k: v for k, v in sorted((state or {}).items()) if v.numel() == self.options.dim}
+        if 4 * self.options.dim * (1 + len(extra)) <= self.options.max_tensor_bytes:
             parts |= {k: v.detach().to(torch.float32).reshape(-1).clone() for k, v in extra.items()}
         elif extra:
             log.warning("fetch.state_left_out", peer=self.peer_id, parts=sorted(extra))
@@ -822,7 +622,7 @@ class Transport:
                 if not await link.connect(timeout) or link.channel is None:
                     return None
                 call = pb_grpc.GossipStub(link.channel).Fetch(
-                    pb.FetchRequest(run_id=self.run_id, peer_id=self.peer_id)
+                    pb.FetchRequest(run_id=self.options.run_id, peer_id=self.peer_id)
                 )
                 return await self._fetched(j, aiter(call))
         except grpc.aio.AioRpcError as exc:
@@ -875,7 +675,7 @@ class Transport:
             raise RejectedError("invalid", "an incomplete Fetch answer")
         tensors = serde.tensors_from_payload(buf, head.parts or ())
         values = tensors.pop("values", None)
-        if values is None or values.numel() != self.dim or values.dtype != torch.float32:
+        if values is None or values.numel() != self.options.dim or values.dtype != torch.float32:
             raise RejectedError("invalid", "a Fetch answer without the float32 parameters")
         state = {k: v.clone() for k, v in tensors.items()}  # `check_parts`: portable, [dim]
         return Fetched(j, head.step, head.round, values.clone(), state)
@@ -931,7 +731,7 @@ class Transport:
         minutes after its neighbours exited) — after ``grace + limit`` seconds it logs what it
         gave up on, sets `stop_timed_out` (the process then exits without waiting for the tasks
         left behind) and returns."""
-        if not await _bounded(self._stop(grace), "transport.stop", grace + limit):
+        if not await bounded(self._stop(grace), "transport.stop", grace + limit):
             self.stop_timed_out = True
             log.warning(
                 "transport.stop_timeout",

@@ -24,8 +24,9 @@ import torch
 
 from concord.peer import serde
 from concord.peer.certs import init_ca, issue_peer
+from concord.peer.links import Fanout, Link
 from concord.peer.tls import load_credentials
-from concord.peer.transport import Fanout, Link, Transport
+from concord.peer.transport import Transport, TransportOptions
 from concord.protos import data_plane_pb2 as pb
 
 DIM = 300_000  # 1.2 MB of float32: two chunks of 1 MiB
@@ -48,17 +49,15 @@ def _transport(peer_id: int, addresses: list[str], **kw: Any) -> Transport:
         "run_id": "t",
         "peer_id": peer_id,
         "world_size": len(addresses),
-        "addresses": addresses,
         "fingerprint": "f" * 64,
         "dim": DIM,
         "codec": "none",
         "chunk_bytes": 1 << 20,
         "max_tensor_bytes": 1 << 26,
         "deadline": 5.0,
-        "is_neighbour": lambda *a: True,
     }
     args.update(kw)
-    return Transport(**args)
+    return Transport(TransportOptions(**args), addresses, lambda *a: True)
 
 
 def _messages(
@@ -316,7 +315,7 @@ def test_the_whole_tensor_shares_one_deadline() -> None:
 
     async def body() -> None:
         t = _transport(0, ["127.0.0.1:1", "127.0.0.1:2"], deadline=1.0, chunk_bytes=1024)
-        link = Link(t, 1, "127.0.0.1:2")
+        link = Link(t.dialer, 1, "127.0.0.1:2")
         link.call, link.up, link.alive = SlowCall(), True, True
         out = t.frames(step=0, round=0, tensor_id=0, codec="none", parts={"x": torch.zeros(2560)})
         assert out.count == 10
@@ -379,15 +378,16 @@ RECEIVER = textwrap.dedent(
     """
     import asyncio, sys
     from concord.peer.memory import tune_malloc
-    from concord.peer.transport import Transport
+    from concord.peer.transport import Transport, TransportOptions
 
     async def main():
         port, dim, budget = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
         addresses = ["127.0.0.1:1", f"127.0.0.1:{port}"]
-        t = Transport(run_id="t", peer_id=1, world_size=2, addresses=addresses,
-                      fingerprint="f" * 64, dim=dim, codec="none", chunk_bytes=1 << 20,
-                      max_tensor_bytes=1 << 30, deadline=5.0, is_neighbour=lambda *a: True,
-                      stream_idle_timeout=60.0)
+        options = TransportOptions(run_id="t", peer_id=1, world_size=2, fingerprint="f" * 64,
+                                   dim=dim, codec="none", chunk_bytes=1 << 20,
+                                   max_tensor_bytes=1 << 30, deadline=5.0,
+                                   stream_idle_timeout=60.0)
+        t = Transport(options, addresses, lambda *a: True)
         if budget != "default":
             t.budget = int(budget)  # "unbounded": what the receiver did before the budget
         await t.start(addresses[1])

@@ -18,7 +18,7 @@ import torch
 
 from concord.core.comm import MixResult
 from concord.peer.comm import PeerComm, RoundHandle
-from concord.peer.transport import Transport
+from concord.peer.transport import Transport, TransportOptions
 
 DIM = 300_000  # 1.2 MB of float32: two chunks of ≤ 1 MiB
 T = TypeVar("T")
@@ -40,17 +40,19 @@ class Pair:
         addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
         self.transports = [
             Transport(
-                run_id="t",
-                peer_id=i,
-                world_size=2,
-                addresses=addresses,
-                fingerprint="f" * 64,
-                dim=DIM,
-                codec="none",
-                chunk_bytes=1 << 20,
-                max_tensor_bytes=1 << 26,
-                deadline=20.0,
-                is_neighbour=lambda *a: True,
+                TransportOptions(
+                    run_id="t",
+                    peer_id=i,
+                    world_size=2,
+                    fingerprint="f" * 64,
+                    dim=DIM,
+                    codec="none",
+                    chunk_bytes=1 << 20,
+                    max_tensor_bytes=1 << 26,
+                    deadline=20.0,
+                ),
+                addresses,
+                lambda *a: True,
             )
             for i in range(2)
         ]

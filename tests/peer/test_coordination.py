@@ -24,7 +24,7 @@ from concord.peer.coordination import (
     phase_topologies,
 )
 from concord.peer.serde import TENSOR_ALLREDUCE
-from concord.peer.transport import Transport
+from concord.peer.transport import Transport, TransportOptions
 from concord.protos.control_plane import Schedule
 
 N = 8  # ring: 0's neighbours are {1, 7}; exponential:3 adds {2, 4, 6}
@@ -156,17 +156,19 @@ def _transports(n: int, deadline: float = 1.0) -> list[Transport]:
     addresses = [f"127.0.0.1:{_free_port()}" for _ in range(n)]
     return [
         Transport(
-            run_id="t",
-            peer_id=i,
-            world_size=n,
-            addresses=addresses,
-            fingerprint="f" * 64,
-            dim=8,
-            codec="none",
-            chunk_bytes=1 << 20,
-            max_tensor_bytes=1 << 20,
-            deadline=deadline,
-            is_neighbour=lambda *a: True,
+            TransportOptions(
+                run_id="t",
+                peer_id=i,
+                world_size=n,
+                fingerprint="f" * 64,
+                dim=8,
+                codec="none",
+                chunk_bytes=1 << 20,
+                max_tensor_bytes=1 << 20,
+                deadline=deadline,
+            ),
+            addresses,
+            lambda *a: True,
         )
         for i in range(n)
     ]

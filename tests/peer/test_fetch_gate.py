@@ -18,7 +18,7 @@ from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules
 from concord.peer.coordination import FetchPeers, graph_neighbours
 from concord.peer.servicer import FETCH_BURST, FetchGate
-from concord.peer.transport import Transport
+from concord.peer.transport import Transport, TransportOptions
 from concord.peer.validate import RejectedError
 
 DIM = 64
@@ -80,17 +80,19 @@ def _transports(n: int, world: int) -> list[Transport]:
     addresses = [f"127.0.0.1:{_free_port()}" for _ in range(world)]
     return [
         Transport(
-            peer_id=i,
-            is_neighbour=lambda *a: True,
-            run_id="t",
-            world_size=world,
-            addresses=addresses,
-            fingerprint="f" * 64,
-            dim=DIM,
-            codec="none",
-            chunk_bytes=1 << 20,
-            max_tensor_bytes=1 << 26,
-            deadline=1.0,
+            TransportOptions(
+                run_id="t",
+                peer_id=i,
+                world_size=world,
+                fingerprint="f" * 64,
+                dim=DIM,
+                codec="none",
+                chunk_bytes=1 << 20,
+                max_tensor_bytes=1 << 26,
+                deadline=1.0,
+            ),
+            addresses,
+            lambda *a: True,
         )
         for i in range(n)
     ]

@@ -14,8 +14,9 @@ import torch
 
 from concord.core.comm import MixOutcome
 from concord.peer import serde
+from concord.peer.links import Fanout, Wire
 from concord.peer.mailbox import Arrival
-from concord.peer.transport import Fanout, Fetched, Transport, Wire
+from concord.peer.transport import Fetched, Transport, TransportOptions
 
 DIM = 300_000  # 1.2 MB of float32: two chunks of ≤ 1 MiB
 
@@ -34,25 +35,24 @@ def _pair(
     skip_after: int = 3,
 ) -> tuple[Transport, Transport]:
     addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
-    common = {
-        "run_id": "t",
-        "world_size": 2,
-        "addresses": addresses,
-        "fingerprint": "f" * 64,
-        "dim": DIM,
-        "codec": "none",
-        "chunk_bytes": 1 << 20,
-        "max_tensor_bytes": 1 << 26,
-        "deadline": deadline,
-        "wire": wire,
-        "skip_after": skip_after,
-    }
-    t0 = Transport(peer_id=0, is_neighbour=lambda *a: True, **common)  # type: ignore[arg-type]
-    t1 = Transport(
-        peer_id=1,
-        is_neighbour=lambda s, *a: neighbours_of_1(s),
-        **common,  # type: ignore[arg-type]
-    )
+
+    def options(peer_id: int) -> TransportOptions:
+        return TransportOptions(
+            run_id="t",
+            peer_id=peer_id,
+            world_size=2,
+            fingerprint="f" * 64,
+            dim=DIM,
+            codec="none",
+            chunk_bytes=1 << 20,
+            max_tensor_bytes=1 << 26,
+            deadline=deadline,
+            wire=wire,
+            skip_after=skip_after,
+        )
+
+    t0 = Transport(options(0), addresses, lambda *a: True)
+    t1 = Transport(options(1), addresses, lambda s, *a: neighbours_of_1(s))
     return t0, t1
 
 
