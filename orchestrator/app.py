@@ -49,11 +49,12 @@ Run ids and retained state: the run's retained topics (``control``, ``schedule``
 presence and every peer's ``status``) are cleared at the end of the run, and ``control``,
 ``schedule`` and ``plan`` at its start. Peers' ``status`` topics are not cleared at the start —
 a peer started before the orchestrator announced itself there — but a retained "ready" stamped
-more than ``network.startup_timeout`` + `STALE_SLACK` seconds before this orchestrator started
-(a crashed run's leftover: its peer gave up long ago) is refused and its topic cleared
-(`concord.orchestrator.admission`). A run refuses to start (`OrchestratorError`) while another
-orchestrator's presence under the same run id is retained "online" and fresh (refreshed every
-`PRESENCE_REFRESH` seconds by its owner; older than `PRESENCE_STALE`: a crashed run's leftover).
+more than ``network.startup_timeout`` + `concord.orchestrator.options.STALE_SLACK` seconds before
+this orchestrator started (a crashed run's leftover: its peer gave up long ago) is refused and
+its topic cleared (`concord.orchestrator.admission`). A run refuses to start
+(`OrchestratorError`) while another orchestrator's presence under the same run id is retained
+"online" and fresh (refreshed every `PRESENCE_REFRESH` seconds by its owner; older than
+`PRESENCE_STALE`: a crashed run's leftover).
 """
 
 from __future__ import annotations
@@ -81,11 +82,11 @@ from concord.core.control.runplan import (
 from concord.core.graphs.adagraph import FeedbackDecision, GraphFeedback, feedback_config
 from concord.errors import OrchestratorError as OrchestratorError
 from concord.orchestrator import checkpoint
-from concord.orchestrator.admission import Admission
-from concord.orchestrator.admission import PeerInfo as PeerInfo
+from concord.orchestrator.admission import Admission, PeerAdmission
 from concord.orchestrator.broker import EmbeddedBroker, embedded_broker_secured
 from concord.orchestrator.graphs import GraphBook
 from concord.orchestrator.metrics import MetricsTable
+from concord.orchestrator.options import OrchestratorOptions
 from concord.orchestrator.records import RunRecords, manifest, summary
 from concord.orchestrator.rounds import RoundBook
 from concord.orchestrator.schedules import Schedules, plan_message
@@ -93,7 +94,6 @@ from concord.orchestrator.store import StoreError, TorchStore, torch_store
 from concord.orchestrator.telemetry import OrchestratorMetrics
 from concord.protos.control_plane import (
     Decision,
-    Heartbeat,
     Message,
     Metrics,
     Presence,
@@ -116,7 +116,6 @@ PRESENCE_REFRESH = 10.0  # seconds between re-publications of the retained "onli
 PRESENCE_STALE = 3 * PRESENCE_REFRESH  # an "online" presence older than this is a leftover
 RETAINED_SETTLE = 0.5  # seconds to let the retained messages arrive after (re)subscribing
 MAX_STATISTIC = 1e100  # θ_i or ‖g_i‖ above this is no measurement (and would overflow sums)
-STALE_SLACK = 60.0  # seconds of clock skew allowed for before a retained "ready" is a leftover
 
 
 class Orchestrator:
@@ -129,24 +128,22 @@ class Orchestrator:
         run_id: str,
         resume_step: int | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.cfg = cfg  # for the builders that take the whole config (plan, checkpoint, …)
+        self.options = options = OrchestratorOptions.resolve(cfg, run_id=run_id, broker=broker)
         self.out = out
         # continue an interrupted run after this step (`concord.orchestrator.checkpoint`)
         self.resume_step = resume_step
         self.resumed = None if resume_step is None else checkpoint.load(out, resume_step, cfg)
-        self.broker_url = broker or cfg.orchestrator.broker
         self.store: TorchStore | None = None  # network.transport = "torch": the rendezvous
         self.run_id = run_id
         self.topics = Topics(run_id)
-        o = cfg.orchestrator
-        self.admission = Admission(
-            cfg.peers,
-            liveness_timeout=o.liveness_timeout,
-            heartbeat=o.heartbeat,
-            started_at=time.time(),
-            stale_after=cfg.network.startup_timeout + STALE_SLACK,
+        # this incarnation's run nonce: in the presence and every message it publishes (the
+        # Bus stamps it); peers obey nothing of another incarnation (an earlier run's leftover)
+        self.incarnation = secrets.token_hex(8)
+        self.admission: PeerAdmission = Admission(
+            options.admission, incarnation=self.incarnation, started_at=time.time()
         )
-        self.schedules = Schedules(cfg)
+        self.schedules = Schedules(options.schedules)
         self.book: RoundBook | None = None
         self.graphs: GraphBook | None = None  # ada-feedback: per-step statistics → graphs
         self.stage = ""
@@ -154,17 +151,12 @@ class Orchestrator:
         self.stop_requested = False
         self.started = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()  # publishing tasks, drained at the end
-        self.records = RunRecords(
-            out, graphs=cfg.spec.adaptive_graph == "feedback", resume_after=resume_step
-        )
+        self.records = RunRecords(out, graphs=options.graph_feedback, resume_after=resume_step)
         self.metrics = MetricsTable(self.records.metric)
         self.bus: Bus | None = None
         self.stats_refused = 0  # statistics refused here (the round book counts its own)
         self.rival: Presence | None = None  # another orchestrator's presence on our run id
         self._own_presence: set[float] = set()  # ts of the presences we published
-        # this incarnation's run nonce: in the presence and every message it publishes (the
-        # Bus stamps it); peers obey nothing of another incarnation (an earlier run's leftover)
-        self.incarnation = secrets.token_hex(8)
         # peer → the nonce of its latest status, acknowledged in the presence (a peer follows
         # this incarnation only once it sees its own nonce there: `concord.peer.control`)
         self._acks: dict[int, str] = {}
@@ -207,54 +199,47 @@ class Orchestrator:
             return
         if peer is None:
             return  # every other subscribed kind is per-peer
-        if not self.admission.knows(peer):
-            self._refuse(kind, peer, "unknown peer id")
-            return
-        if (
-            isinstance(message, Status)
-            and message.incarnation
-            and message.incarnation != self.incarnation
-        ):
-            self._refuse(kind, peer, "a status of another orchestrator incarnation (stale)")
-            return
         now = time.monotonic()
-        self.admission.heard(peer, message, now)
-        if isinstance(message, Heartbeat) and self.stage == "train":
-            info = self.admission.peers[peer]
-            if info.gone and info.stage_done != self.stage:
-                # dropped while it was stalled or cut off, and alive after all: take it back
-                # like a restarted peer (it jumps to its neighbours' step once they send to it)
-                log.warning("peer.back", peer=peer, step=message.step)
-                self._readmit(peer, now)
-        if isinstance(message, Status):
-            if message.nonce and self._acks.get(peer) != message.nonce:
-                self._acks[peer] = message.nonce  # a new peer process: acknowledge it now
-                if self._online and (self._restamp is None or self._restamp.done()):
-                    self._restamp = asyncio.create_task(self._presence("online"), name="restamp")
-                    self._tasks.add(self._restamp)
-                    self._restamp.add_done_callback(self._tasks.discard)
-            outcome = self.admission.on_status(peer, message, now, self.stage)
-            if outcome.drop is not None:
-                self._drop(peer, outcome.drop)
-            if outcome.readmit:
-                self._readmit(peer, now)
-            if outcome.stale and self.bus is not None:  # a leftover of an earlier run: gone
-                self._spawn(self.bus.clear("status", peer), "clear")
-            if outcome.changed:
-                self.changed.set()
-        elif isinstance(message, Stats):
-            self._on_stats(kind, peer, [message], now)
+        heard = self.admission.heard(peer, message, now, self.stage)
+        if heard.refused is not None:
+            self._refuse(kind, peer, heard.refused)
+            return
+        if isinstance(message, Status) and message.nonce:
+            self._acknowledge(peer, message.nonce)
+        if heard.drop is not None:
+            self._drop(peer, heard.drop)
+        if heard.readmit:
+            self._readmit(peer, now)
+        if heard.stale and self.bus is not None:  # a leftover of an earlier run: gone
+            self._spawn(self.bus.clear("status", peer), "clear")
+        if heard.changed:
+            self.changed.set()
+        if isinstance(message, Stats):
+            self._on_stats(kind, peer, [message], now, dropped=heard.gone)
         elif isinstance(message, Metrics):
             if message.stats:  # a lagged step's statistics: decide first, then bookkeeping
-                self._on_stats(kind, peer, message.stats, now)
+                self._on_stats(kind, peer, message.stats, now, dropped=heard.gone)
             self.metrics.add(peer, message.step, message.event, message.values)
-            self.metrics.emit(self.expected() if self.stage == "train" else self.admission.live())
+            live = set(self.admission.roster().peers)
+            self.metrics.emit(self.expected() if self.stage == "train" else live)
 
-    def _on_stats(self, kind: str, peer: int, stats: list[Stats], now: float) -> None:
+    def _acknowledge(self, peer: int, nonce: str) -> None:
+        """A status carrying ``nonce``: a new peer process is acknowledged in the presence."""
+        if self._acks.get(peer) == nonce:
+            return
+        self._acks[peer] = nonce
+        if self._online and (self._restamp is None or self._restamp.done()):
+            self._restamp = asyncio.create_task(self._presence("online"), name="restamp")
+            self._tasks.add(self._restamp)
+            self._restamp.add_done_callback(self._tasks.discard)
+
+    def _on_stats(
+        self, kind: str, peer: int, stats: list[Stats], now: float, *, dropped: bool
+    ) -> None:
         if any(s.peer != peer for s in stats):
             self._refuse(kind, peer, "peer mismatch")
             return
-        if self.admission.peers[peer].gone:
+        if dropped:
             self._refuse(kind, peer, "statistics of a dropped peer")
             return
         if any(max(s.theta, s.grad_norm) > MAX_STATISTIC for s in stats):
@@ -273,12 +258,12 @@ class Orchestrator:
 
     def _drop(self, peer: int, reason: str) -> None:
         """Drop ``peer``: pending rounds stop waiting for it, the schedule is repaired."""
-        if not self.admission.drop(peer, reason):
+        dropped = self.admission.drop(peer, reason, self.stage)
+        if dropped is None:
             return
         if self.book is not None:
             self._publish_all(self.book.expire(self.expected(), time.monotonic()))
-        owed = self.admission.peers[peer].stage_done != self.stage
-        if self.stage and self.admission.live() and owed:
+        if self.stage and self.admission.roster().peers and dropped.owed:
             self._spawn(self._publish_schedule(f"peer {peer} left ({reason})"), "schedule")
         self.changed.set()
 
@@ -288,16 +273,14 @@ class Orchestrator:
         schedule version effective where the live peers will be shortly
         (`Admission.rejoin_step`); it fetches its parameters from a neighbour, answered at that
         step's boundary, and starts there (`concord.peer.app`)."""
-        a = self.admission
-        if not a.peers[peer].gone:
-            a.drop(peer, "restarted (announced ready during training)")
-            if self.book is not None:
-                self._publish_all(self.book.expire(self.expected(), now))
-        joins_at = a.rejoin_step(now, self.cfg.network.deadline)
-        if not a.readmit(peer, joins_at, now):
+        restarted = "restarted (announced ready during training)"
+        if self.admission.drop(peer, restarted, self.stage) is not None and self.book is not None:
+            self._publish_all(self.book.expire(self.expected(), now))
+        back = self.admission.readmit(peer, now)
+        if back is None:
             return
-        reason = f"peer {peer} re-admitted at {a.peers[peer].address}"
-        self._spawn(self._publish_schedule(reason, effective_step=joins_at), "schedule")
+        reason = f"peer {peer} re-admitted at {back.address}"
+        self._spawn(self._publish_schedule(reason, effective_step=back.joins_at), "schedule")
         self.changed.set()
 
     async def _liveness(self) -> None:
@@ -336,15 +319,15 @@ class Orchestrator:
             self.book.records.clear()
 
     async def _publish_schedule(self, reason: str, effective_step: int | None = None) -> None:
-        live = sorted(self.admission.live())
-        if not live:  # every peer left between the drop that asked for it and now
+        roster = self.admission.roster()
+        if not roster.peers:  # every peer left between the drop that asked for it and now
             log.warning("schedule.skipped", reason=reason, why="no live peer left")
             return
         schedule = self.schedules.next(
             reason,
-            live,
-            self.admission.addresses(live),
-            self.admission.newest_step(live),
+            list(roster.peers),
+            list(roster.addresses),
+            roster.newest_step,
             effective_step,
         )
         assert self.bus is not None
@@ -367,7 +350,7 @@ class Orchestrator:
         if self._lost_since is None:
             self._lost_since = now
             return
-        lost, limit = now - self._lost_since, self.cfg.orchestrator.broker_lost_timeout
+        lost, limit = now - self._lost_since, self.options.broker_lost_timeout
         if lost >= limit and self.broker_lost is None:
             self.broker_lost = (
                 f"the MQTT broker has been unreachable for {lost:.1f} s "
@@ -413,7 +396,7 @@ class Orchestrator:
         for kind in ("control", "schedule", "plan"):
             await self.bus.clear(kind)
         if peers:
-            for i in range(self.cfg.peers):
+            for i in range(self.options.admission.peers):
                 await self.bus.clear("status", i)
             await self.bus.clear("orchestrator")
 
@@ -436,24 +419,27 @@ class Orchestrator:
     async def _gather_peers(self) -> int:
         try:
             await self._wait(
-                self.admission.ready, self.cfg.network.startup_timeout, "peers to be ready"
+                lambda: self.admission.roll_call().ready,
+                self.options.startup_timeout,
+                "peers to be ready",
             )
         except OrchestratorError as exc:
-            raise OrchestratorError(f"{exc}; missing peers {self.admission.missing()}") from None
+            missing = list(self.admission.roll_call().missing)
+            raise OrchestratorError(f"{exc}; missing peers {missing}") from None
         return self.admission.agreed_steps_per_epoch()
 
     def _lagged_plans(self, controller: ConsensusController) -> list[Decision]:
         """A resumed lagged run: the decisions that planned the rounds of the steps after the
         resumed one (made before the interruption; the peers' copies were lost with them)."""
-        c, after = self.cfg.control, self.resume_step
-        if after is None or not c.lagged:
+        lag, after = self.options.lag, self.resume_step
+        if after is None or lag is None:
             return []
         out = []
-        for step in range(after + 1, after + 1 + c.lag):
+        for step in range(after + 1, after + 1 + lag):
             rounds = controller.planned(step)
             if rounds is not None:
                 decision = Decision(
-                    step=step - c.lag,
+                    step=step - lag,
                     round=0,
                     repeat=False,
                     rounds_next=rounds,
@@ -480,7 +466,8 @@ class Orchestrator:
         await self.bus.publish("control", start)
         for decision in plans:
             await self.bus.publish("decision", decision)
-        log.info("stage.start", stage=stage, steps=steps, live=sorted(self.admission.live()))
+        live = list(self.admission.roster().peers)
+        log.info("stage.start", stage=stage, steps=steps, live=live)
         await self._wait(lambda: not self.expected(), None, f"peers to finish stage {stage!r}")
         self._publish_all(book.expire(set(), time.monotonic()))
         log.info("stage.done", stage=stage, ignored=book.ignored)
@@ -491,8 +478,8 @@ class Orchestrator:
             loop.add_signal_handler(sig, self._request_stop, sig)
         loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
         async with contextlib.AsyncExitStack() as stack:
-            url, o = self.broker_url, self.cfg.orchestrator
-            metrics = metrics_server(self.cfg.metrics.listen, self.telemetry.registry, self.out)
+            url, o = self.options.broker, self.cfg.orchestrator
+            metrics = metrics_server(self.options.metrics_listen, self.telemetry.registry, self.out)
             if metrics is not None:
                 await stack.enter_async_context(metrics)
             if url is None:
@@ -508,7 +495,7 @@ class Orchestrator:
                     will=will,
                     auth=(
                         BrokerAuth.from_config(o, "orchestrator")
-                        if self.broker_url or embedded_broker_secured(o)
+                        if self.options.broker or embedded_broker_secured(o)
                         else None
                     ),
                     signing=signing_for(self.cfg, "orchestrator", self.run_id),
@@ -523,7 +510,7 @@ class Orchestrator:
             if self.store is not None:
                 info["torch_store"] = self.store.address
             self.records.write_json("orchestrator.json", info)
-            if not await self.bus.wait_connected(self.cfg.network.startup_timeout):
+            if not await self.bus.wait_connected(self.options.startup_timeout):
                 raise OrchestratorError(f"cannot reach the MQTT broker at {url}")
             await asyncio.sleep(RETAINED_SETTLE)  # the retained presence, if any, is in
             try:
@@ -558,7 +545,7 @@ class Orchestrator:
                 self.records.close()
 
     async def _run_inner(self) -> int:
-        cfg, bus, admission = self.cfg, self.bus, self.admission
+        cfg, bus, options = self.cfg, self.bus, self.options
         assert bus is not None
         spe = await self._gather_peers()
         lr = make_lr_schedule(cfg, spe)
@@ -577,12 +564,12 @@ class Orchestrator:
                 plan,
                 spe,
                 topologies=self.schedules.topologies,
-                peers=admission.peers,
+                peers=self.admission.peers,
             ),
         )
         calibration = None
         step_base = 0
-        timeout = cfg.orchestrator.decision_timeout
+        timeout = options.decision_timeout
         resumed = self.resumed
         if resumed is not None:  # the calibration pass is behind us: its result is kept
             if resumed["steps_per_epoch"] != spe:
@@ -591,9 +578,9 @@ class Orchestrator:
                     f"{resumed['steps_per_epoch']}"
                 )
             calibration, step_base = resumed["calibration"], resumed["step_base"]
-        elif cfg.control.mode == "constant" and cfg.controlled_phases():
+        elif options.calibrate:
             steps = calibration_steps(plan)
-            recorder = CalibrationRecorder(cfg.control.statistic)
+            recorder = CalibrationRecorder(options.statistic)
             book = RoundBook("calibrate", plan, recorder=recorder, timeout=timeout)
             await self._run_stage("calibrate", steps, 0, book)
             calibration = book.calibration()
@@ -614,41 +601,24 @@ class Orchestrator:
             resumed=resumed,
         )
         book.on_end = saver.ended
-        if cfg.spec.adaptive_graph == "feedback":
+        if options.graph_feedback:
             feedback = GraphFeedback(feedback_config(cfg.hyper), cfg.peers)
             self.graphs = GraphBook(plan, feedback, timeout=timeout)
         await self._run_stage(
             "train", plan.total_steps, step_base, book, plans=self._lagged_plans(controller)
         )
-        graphs = self.graphs
-        if graphs is not None:
-            self._publish_graphs(graphs.expire(set(), time.monotonic()))
-        done = admission.finished("train")
-        self.records.write_json(
-            "orchestrator-summary.json",
-            summary(
-                self.run_id,
-                peers_done=done,
-                peers_dropped=admission.dropped(),
-                schedule_versions=self.schedules.version,
-                rejected_payloads=bus.rejected,
-                stats_ignored=book.ignored + (graphs.ignored if graphs else 0),
-                stats_refused=self.stats_refused,
-                handler_errors=self.handler_errors,
-                graph_decisions=len(graphs.feedback.decisions) if graphs else None,
-                graph_steps_partial=graphs.partial if graphs else None,
-                wall_seconds=time.monotonic() - self.started,
-            ),
-        )
-        return 0 if done else 1
+        if self.graphs is not None:
+            self._publish_graphs(self.graphs.expire(set(), time.monotonic()))
+        self.records.write_json("orchestrator-summary.json", self._summary())
+        return 0 if self.admission.tally("train").done else 1
 
-    def _error_summary(self, error: str) -> None:
-        """``orchestrator-summary.json`` of a run that ended with ``error``."""
-        book, graphs = self.book, self.graphs
-        record = summary(
+    def _summary(self) -> dict[str, Any]:
+        """``orchestrator-summary.json``'s record as the run stands."""
+        book, graphs, tally = self.book, self.graphs, self.admission.tally("train")
+        return summary(
             self.run_id,
-            peers_done=self.admission.finished("train"),
-            peers_dropped=self.admission.dropped(),
+            peers_done=list(tally.done),
+            peers_dropped=list(tally.dropped),
             schedule_versions=self.schedules.version,
             rejected_payloads=self.bus.rejected if self.bus is not None else 0,
             stats_ignored=(book.ignored if book else 0) + (graphs.ignored if graphs else 0),
@@ -658,6 +628,10 @@ class Orchestrator:
             graph_steps_partial=graphs.partial if graphs else None,
             wall_seconds=time.monotonic() - self.started,
         )
+
+    def _error_summary(self, error: str) -> None:
+        """``orchestrator-summary.json`` of a run that ended with ``error``."""
+        record = self._summary()
         record.update(completed=False, error=error, stage=self.stage or None)
         self.records.write_json("orchestrator-summary.json", record)
 

@@ -3,7 +3,8 @@ MQTT; the caller publishes the messages this module builds).
 
 * the phase plan (`plan_message`): total steps, phases, learning-rate schedule and the control
   settings every peer runs;
-* the schedule (`Schedules.next`, retained): a version number, the live peers and their gRPC
+* the schedule (`Schedules.next`, retained; the run's graph settings:
+  `concord.orchestrator.options.ScheduleOptions`): a version number, the live peers and their gRPC
   addresses, and the topology of every phase. Version 1 (``initial``) is effective at step 0;
   every later one — a *repair* after a peer left, or an adaptive-graph decision — at an
   ``effective_step`` ahead of the newest step any live peer reported (two steps, or the
@@ -27,6 +28,7 @@ from concord.core.config import RunConfig
 from concord.core.control.plan import LRSchedule, PhasePlan
 from concord.core.graphs.adagraph import FeedbackDecision, initial_topologies
 from concord.core.graphs.topology import exponential_name
+from concord.orchestrator.options import ScheduleOptions
 from concord.protos.control_plane import Plan, Schedule, Stats
 
 REPAIR_AHEAD = 2  # steps past the newest step a live peer reported, for a repaired schedule
@@ -65,8 +67,8 @@ def plan_message(
 class Schedules:
     """The schedule versions of one run (see the module docstring)."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, options: ScheduleOptions) -> None:
+        self.options = options
         self.plan: PhasePlan | None = None
         self.version = 0  # of the last schedule built
         self.topologies: dict[int, str] = {}  # phase index → topology published (adaptive)
@@ -74,9 +76,9 @@ class Schedules:
 
     def start(self, plan: PhasePlan) -> None:
         """The plan is known: the schedule carries each phase's topology (adaptive graphs)."""
-        cfg = self.cfg
+        o = self.options
         self.plan = plan
-        self.topologies = initial_topologies(cfg.algorithm, cfg.hyper, cfg.peers, len(plan.phases))
+        self.topologies = initial_topologies(o.algorithm, o.hyper, o.peers, len(plan.phases))
 
     def next(
         self,
@@ -96,14 +98,14 @@ class Schedules:
             {"index": p.index, "topology": self.topologies.get(p.index, p.topology)}
             for p in self.plan.phases
         ]
-        cfg = self.cfg
+        o = self.options
         return Schedule(
             version=self.version,
             peers=live,
-            topology=cfg.topology,
-            weights=cfg.weights,
-            kappa=cfg.kappa,
-            seed=cfg.seed,
+            topology=o.topology,
+            weights=o.weights,
+            kappa=o.kappa,
+            seed=o.seed,
             phases=phases,
             reason=reason,
             addresses=addresses,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from concord.orchestrator.admission import Admission
+from concord.orchestrator.admission import PeerAdmission
 from concord.protos.control_plane import Decision
 from concord.runtime.telemetry import Registry
 
@@ -31,13 +31,13 @@ _DECLARED = (
 
 
 class OrchestratorMetrics:
-    """``concord_orchestrator_*``: updated by `decided`, the rest read from ``admission`` and
-    the ``counters`` callback at scrape time."""
+    """``concord_orchestrator_*``: updated by `decided`, the rest read at scrape time from
+    ``admission``'s snapshot of its peers and the ``counters`` callback."""
 
     def __init__(
         self,
         run: str,
-        admission: Admission,
+        admission: PeerAdmission,
         counters: Callable[[], tuple[int, int]],
     ) -> None:
         self.registry = Registry("concord_orchestrator", {"run": run})
@@ -60,15 +60,15 @@ class OrchestratorMetrics:
                 r.set("target", d.target)
 
     def _collect(self) -> None:
-        r, a = self.registry, self.admission
+        r, peers = self.registry, self.admission.peers
         now = time.monotonic()
-        live = a.live()
-        r.set("peers_live", len(live))
-        r.set("peers_dropped", len(a.dropped()))
-        for peer, info in a.peers.items():
+        dropped = sum(info.gone for info in peers.values())
+        r.set("peers_live", len(peers) - dropped)
+        r.set("peers_dropped", dropped)
+        for peer, info in peers.items():
             labels = {"peer": str(peer)}
             r.set("peer_step", info.step, labels)
-            r.set("peer_live", int(peer in live), labels)
+            r.set("peer_live", int(not info.gone), labels)
             if info.last_seen:
                 r.set("peer_heartbeat_age_seconds", max(0.0, now - info.last_seen), labels)
         rejected, refused = self.counters()

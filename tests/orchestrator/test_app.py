@@ -70,7 +70,7 @@ def test_a_failed_peer_is_dropped_its_round_decided_and_the_schedule_repaired(
         return bus, orch
 
     bus, orch = asyncio.run(scenario())
-    assert orch.admission.live() == {0, 1}
+    assert orch.admission.roster().peers == (0, 1)
     (decision,) = [m for k, m in bus.sent if k == "decision"]
     assert isinstance(decision, Decision)
     (schedule,) = [m for k, m in bus.sent if k == "schedule"]
@@ -129,7 +129,7 @@ def test_a_restarted_peer_is_readmitted_in_a_new_schedule_at_its_new_address(
         return bus, orch
 
     bus, orch = asyncio.run(scenario())
-    assert orch.admission.live() == {0, 1, 2}
+    assert orch.admission.roster().peers == (0, 1, 2)
     assert orch.admission.peers[2].readmissions == 1
     (schedule,) = [m for k, m in bus.sent if k == "schedule"]
     assert isinstance(schedule, Schedule)
@@ -151,7 +151,7 @@ def test_a_dropped_peer_heard_again_during_training_is_readmitted(tmp_path: Path
         orch.stage = "calibrate"
         orch._drop(2, "silent for 6.1 s")
         await orch.on_message("heartbeat", 2, Heartbeat(peer=2, step=3, ts=1.0))
-        assert orch.admission.live() == {0, 1}  # not in training: stays dropped
+        assert orch.admission.roster().peers == (0, 1)  # not in training: stays dropped
         orch.stage = "train"
         for i in (0, 1):
             await orch.on_message("heartbeat", i, Heartbeat(peer=i, step=20, ts=2.0))
@@ -161,7 +161,7 @@ def test_a_dropped_peer_heard_again_during_training_is_readmitted(tmp_path: Path
         return bus, orch
 
     bus, orch = asyncio.run(scenario())
-    assert orch.admission.live() == {0, 1, 2}
+    assert orch.admission.roster().peers == (0, 1, 2)
     assert orch.admission.peers[2].readmissions == 1
     schedules = [m for k, m in bus.sent if k == "schedule"]
     assert isinstance(schedules[-1], Schedule)

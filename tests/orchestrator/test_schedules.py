@@ -7,6 +7,7 @@ from __future__ import annotations
 from concord.core.config import RunConfig, load_config
 from concord.core.control.runplan import make_lr_schedule, make_plan
 from concord.core.graphs.adagraph import FeedbackDecision
+from concord.orchestrator.options import OrchestratorOptions
 from concord.orchestrator.schedules import REPAIR_AHEAD, Schedules, plan_message
 from concord.protos.control_plane import Stats
 
@@ -18,7 +19,7 @@ def config(*overrides: str) -> RunConfig:
 
 
 def started(cfg: RunConfig) -> Schedules:
-    s = Schedules(cfg)
+    s = Schedules(OrchestratorOptions.resolve(cfg, run_id="t", broker=None).schedules)
     s.start(make_plan(cfg, make_lr_schedule(cfg, STEPS_PER_EPOCH)))
     return s
 
