@@ -4,11 +4,22 @@ One asyncio loop, no torch. With no broker given it embeds one (amqtt on 127.0.0
 This module wires the concerns together and owns the loop, the broker session and the tasks; the
 logic lives, sans-io, in
 
+* `concord.orchestrator.options` — the config, resolved once into each part's options;
 * `concord.orchestrator.admission` — the peer table: ready peers, liveness, drops;
 * `concord.orchestrator.schedules` — the phase plan and the schedule versions (repairs, graphs);
 * `concord.orchestrator.rounds` — the round book: statistics in, repeat/stop decisions out
   (`concord.orchestrator.graphs` for ada-feedback's graph decisions);
 * `concord.orchestrator.records` and `concord.orchestrator.metrics` — the run directory's files.
+
+The parts do not reach into one another. Admission owns its peers' state, and the orchestrator
+talks to it only through `concord.orchestrator.admission.PeerAdmission`: it hands over every
+per-peer message (``heard``) and is told, in a frozen `Heard`, what to do about it (refuse and
+count it, drop the peer, re-admit it, clear a stale status, wake the waiters); it asks who a
+round waits for (``expected``), who gossips at which address (``roster``), whether every peer
+is here (``roll_call``) and how the run ended (``tally``), and reads peers only as snapshots
+(``peers``). Each part is given its settings (`concord.orchestrator.options`) rather than the
+config; the config itself goes only to the builders that take it whole (the phase plan, the
+controller's settings, the checkpoint, the manifest, the broker session's credentials).
 
 The run, as seen from here:
 
