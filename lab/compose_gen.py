@@ -510,15 +510,7 @@ topic write healthcheck
 
 
 def certs_script(options: ComposeOptions, cfg: RunConfig) -> str:
-    lines = certs_commands(
-        cfg.name or "concord",
-        options.peers,
-        certs=CERTS,
-        tls=options.tls,
-        auth=options.auth,
-        peer_host=_peer,
-        broker_host="mosquitto",
-    )
+    lines = certs_commands(options, cfg.name, certs=CERTS, peer_host=_peer, broker_host="mosquitto")
     body = "\n".join(lines)
     what = ["the run CA and the orchestrator's signing key"]
     what += ["a certificate per peer, named for its service"] * options.tls

@@ -9,41 +9,27 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from concord.lab.cli_common import F, fail, options
 from concord.lab.deploy_common import METRICS_PORT
 
 if TYPE_CHECKING:
+    from concord.core.config import RunConfig
     from concord.lab.compose_gen import ComposeOptions
     from concord.lab.k8s import K8sOptions
 
-F = TypeVar("F", bound=Callable[..., Any])
 _SIZE = re.compile(r"\d+(?:\.\d+)?(?:[KMGT]i?)?")
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
-def _options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
-    def apply(f: F) -> F:
-        for decorator in reversed(decorators):
-            f = decorator(f)
-        return f
-
-    return apply
 
 
 def shared_options(out_help: str, config_help: str) -> Callable[[F], F]:
     """The options both generators take: --peers, --out, --config, --tls, --auth,
     --metrics-port, --force."""
-    return _options(
+    return options(
         click.option(
             "--peers", "-n", type=click.IntRange(min=2), required=True, help="number of peers (≥ 2)"
         ),
@@ -70,12 +56,59 @@ def shared_options(out_help: str, config_help: str) -> Callable[[F], F]:
     )
 
 
-def _load(config: Path | None, text: str) -> Any:
+def _pick(params: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {name: params[name] for name in names}
+
+
+def _shared(params: dict[str, Any]) -> dict[str, Any]:
+    """The fields both generators' options take from `shared_options`' parameters (--out and
+    --config as the user wrote them; --force is for the writing)."""
+    config = params["config"]
+    return {
+        **_pick(params, "peers", "tls", "auth", "metrics_port"),
+        "out": str(params["out"]),
+        "config": None if config is None else str(config),
+    }
+
+
+def _generate(
+    params: dict[str, Any],
+    default_text: str,
+    render: Callable[[RunConfig, str], dict[str, str]],
+    *,
+    generated: str,
+    stale_glob: str,
+    private: Iterable[str] = (),
+    errors: tuple[type[Exception], ...] = (),
+) -> tuple[RunConfig, dict[str, str], list[Path]]:
+    """What both generators do with their parsed ``params``: read the run config (--config, or
+    ``default_text`` when none is given), ``render`` the files from the config and its text, and
+    write them under --out (`concord.lab.deploy_common.write_files`; ``certs.sh`` executable,
+    ``private`` ones 0600, --force replaces). A config, deployment or ``errors`` exception is the
+    command's error. Returns the config, the files and the paths written."""
     import tomllib
 
-    from concord.core.config import build_config, load_config
+    from concord.core.config import ConfigError, build_config, load_config
+    from concord.lab.deploy_common import DeployError, write_files
 
-    return load_config(config, environ={}) if config else build_config(tomllib.loads(text))
+    caught: tuple[type[Exception], ...] = (ConfigError, DeployError, *errors)
+    config: Path | None = params["config"]
+    text = default_text if config is None else config.read_text(encoding="utf-8")
+    try:
+        cfg = load_config(config, environ={}) if config else build_config(tomllib.loads(text))
+        files = render(cfg, text)
+        written = write_files(
+            params["out"],
+            files,
+            force=params["force"],
+            generated=generated,
+            executable={"certs.sh"},
+            private=private,
+            stale_glob=stale_glob,
+        )
+    except caught as exc:
+        fail(str(exc))
+    return cfg, files, written
 
 
 # ------------------------------------------------------------------------------------ compose
@@ -117,36 +150,21 @@ def _load(config: Path | None, text: str) -> Any:
 )
 def compose_cmd(**params: Any) -> None:
     """Write a docker compose stack for N peers: compose.yaml and the overlays asked for."""
-    from concord.core.config import ConfigError
-    from concord.lab.compose_gen import (
-        default_run_toml,
-        project_name,
-        render,
-        workflow,
-    )
+    from concord.lab.compose_gen import default_run_toml, project_name, render, workflow
     from concord.lab.compose_image import GENERATED
-    from concord.lab.deploy_common import DeployError, write_files
 
     out: Path = params["out"]
-    config: Path | None = params["config"]
     context: Path = params["context"]
     if not (context / "pyproject.toml").is_file():
-        _fail(f"--context {context}: not the Concord repository root (no pyproject.toml there)")
+        fail(f"--context {context}: not the Concord repository root (no pyproject.toml there)")
     options = compose_options(params)
-    text = default_run_toml(options.peers) if config is None else config.read_text("utf-8")
-    try:
-        cfg = _load(config, text)
-        files = render(options, cfg, text)
-        written = write_files(
-            out,
-            files,
-            force=params["force"],
-            generated=GENERATED,
-            executable={"certs.sh"},
-            stale_glob="compose.*.yaml",
-        )
-    except (ConfigError, DeployError) as exc:
-        _fail(str(exc))
+    cfg, files, written = _generate(
+        params,
+        default_run_toml(options.peers),
+        lambda cfg, text: render(options, cfg, text),
+        generated=GENERATED,
+        stale_glob="compose.*.yaml",
+    )
     click.echo(f"wrote {len(written)} files to {out}:")
     for path in written:
         click.echo(f"  {path}")
@@ -184,23 +202,13 @@ def compose_options(params: dict[str, Any]) -> ComposeOptions:
     """The `ComposeOptions` of ``concord compose``'s parsed parameters."""
     from concord.lab.compose_gen import ComposeOptions
 
-    out: Path = params["out"]
-    root, target = Path(params.get("context") or ".").resolve(), out.resolve()
-    config = params.get("config")
+    root, target = Path(params.get("context") or ".").resolve(), params["out"].resolve()
     return ComposeOptions(
-        peers=params["peers"],
-        tls=params["tls"],
-        auth=params["auth"],
-        shape=params["shape"],
-        cpus=params["cpus"],
-        memory=params["memory"],
+        **_shared(params),
+        **_pick(params, "shape", "cpus", "memory", "project"),
         gpus=params["gpus"] or 0,
-        out=str(out),
         context=Path(os.path.relpath(root, target)).as_posix(),
         dockerfile=Path(os.path.relpath(target / "Dockerfile", root)).as_posix(),
-        config=None if config is None else str(config),
-        project=params["project"],
-        metrics_port=params["metrics_port"],
     )
 
 
@@ -264,8 +272,6 @@ def _storage(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def k8s_cmd(**params: Any) -> None:
     """Write Kubernetes manifests for N peers: ConfigMaps, Secrets, broker, orchestrator, peers,
     volumes, network policies and the metrics Service."""
-    from concord.core.config import ConfigError
-    from concord.lab.deploy_common import DeployError, write_files
     from concord.lab.k8s import (
         GENERATED,
         PRIVATE,
@@ -279,36 +285,32 @@ def k8s_cmd(**params: Any) -> None:
     from concord.peer.certs import CertError
 
     out: Path = params["out"]
-    config: Path | None = params["config"]
     options = k8s_options(params)
     secured = options.tls or options.auth
-    text = (
-        default_run_toml(options.peers, options.name)
-        if config is None
-        else config.read_text(encoding="utf-8")
-    )
     certs_dir: Path = params["certs"] or out / "certs"
     inside = certs_dir.resolve().is_relative_to(out.resolve())
-    try:
-        cfg = _load(config, text)
+    issued: list[str] = []
+
+    def render_all(cfg: RunConfig, text: str) -> dict[str, str]:
         check(options, cfg)
-        issued = issue_identities(options, cfg, certs_dir) if secured else []
+        if secured:
+            issued.extend(issue_identities(options, cfg, certs_dir))
         files = render(options, cfg, text, certs_dir)
         if secured:
             files["certs.sh"] = certs_script(options, cfg, str(certs_dir))
         ignored = certs_dir.resolve().relative_to(out.resolve()).as_posix() if inside else None
         files[".gitignore"] = gitignore(ignored)
-        written = write_files(
-            out,
-            files,
-            force=params["force"],
-            generated=GENERATED,
-            executable={"certs.sh"},
-            private=PRIVATE,
-            stale_glob="*.yaml",
-        )
-    except (ConfigError, DeployError, CertError, ValueError) as exc:
-        _fail(str(exc))
+        return files
+
+    _, _, written = _generate(
+        params,
+        default_run_toml(options.peers, options.name),
+        render_all,
+        generated=GENERATED,
+        private=PRIVATE,
+        stale_glob="*.yaml",
+        errors=(CertError, ValueError),
+    )
     for what in issued:
         click.echo(f"issued {what} in {certs_dir}")
     click.echo(f"wrote {len(written)} files to {out}; apply with: kubectl apply -f {out}")
@@ -323,21 +325,5 @@ def k8s_options(params: dict[str, Any]) -> K8sOptions:
     """The `K8sOptions` of ``concord k8s``'s parsed parameters."""
     from concord.lab.k8s import K8sOptions
 
-    config = params.get("config")
-    return K8sOptions(
-        peers=params["peers"],
-        name=params["name"],
-        image=params["image"],
-        tls=params["tls"],
-        auth=params["auth"],
-        cpu=params["cpu"],
-        memory=params["memory"],
-        gpu=params["gpu"],
-        storage=params["storage"],
-        storage_size=params["storage_size"],
-        storage_class=params["storage_class"],
-        metrics_port=params["metrics_port"],
-        metrics_namespace=params["metrics_namespace"],
-        out=str(params["out"]),
-        config=None if config is None else str(config),
-    )
+    own = ("name", "image", "cpu", "memory", "gpu", "storage", "storage_size", "storage_class")
+    return K8sOptions(**_shared(params), **_pick(params, *own, "metrics_namespace"))

@@ -11,6 +11,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from concord.core.config import RunConfig
 from concord.protos.mqtt import MOSQUITTO_CLIENT_ID_BINDING
@@ -66,27 +67,38 @@ def peer_command(i: int, *, advertise: str, out: str, metrics_port: int) -> list
     ]
 
 
+class Identities(Protocol):
+    """What `certs_commands` reads of a generator's options (`ComposeOptions`, `K8sOptions`)."""
+
+    @property
+    def peers(self) -> int: ...
+    @property
+    def tls(self) -> bool: ...
+    @property
+    def auth(self) -> bool: ...
+
+
 def certs_commands(
-    run_id: str,
-    peers: int,
+    options: Identities,
+    run_id: str | None,
     *,
     certs: str,
-    tls: bool,
-    auth: bool,
     peer_host: Callable[[int], str],
     broker_host: str,
 ) -> list[str]:
     """The `concord certs` commands that issue a deployment's identities into ``certs``: the run
-    CA (``run_id``, quoted here), with ``tls`` a certificate per peer (``peer_host(i)``: the name
-    the others dial), with ``auth`` the broker's certificate, passwords and ACL."""
-    run = shlex.quote(run_id)
+    CA (``run_id``, quoted here; None: the config's default, ``concord``), with ``options.tls`` a
+    certificate per peer (``peer_host(i)``: the name the others dial), with ``options.auth`` the
+    broker's certificate, passwords and ACL."""
+    peers = options.peers
+    run = shlex.quote(run_id or "concord")
     lines = [f"concord certs init --dir {certs} --run-id {run}"]
-    if tls:
+    if options.tls:
         lines += [
             f"concord certs issue --dir {certs} --peer {i} --host {peer_host(i)}"
             for i in range(peers)
         ]
-    if auth:
+    if options.auth:
         lines.append(
             f"concord certs broker --dir {certs} --run-id {run} --peers {peers} "
             f"--host {broker_host}"

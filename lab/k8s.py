@@ -78,11 +78,9 @@ def default_run_toml(peers: int, name: str) -> str:
 def certs_script(options: K8sOptions, cfg: RunConfig, certs: str) -> str:
     """The `concord certs` commands that issue this deployment's identities into ``certs``."""
     lines = certs_commands(
-        cfg.name or "concord",
-        options.peers,
+        options,
+        cfg.name,
         certs=certs,
-        tls=options.tls,
-        auth=options.auth,
         peer_host=lambda i: peer_host(options.name, i),
         broker_host=broker_name(options.name),
     )

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from kubernetes_validate.utils import all_versions
 
 from concord.lab.cli import main
-from concord.lab.k8s import K8S_VERSIONS, MIN_VERSION, peer_host
+from concord.lab.k8s import K8S_VERSIONS, MIN_VERSION, K8sOptions, peer_host
 
 Docs = dict[str, list[dict[str, Any]]]
 ROOT = Path(__file__).resolve().parents[2]
@@ -554,8 +554,7 @@ def test_compose_and_k8s_share_the_peer_command_and_the_certs_script(tmp_path: P
         issued = [ln for ln in text.splitlines() if ln.startswith("concord certs ")]
         assert len(issued) == 1 + 3 + 1  # the CA, a certificate per peer, the broker's
         assert issued[-1].endswith(f"--peers 3 --host {host}"), issued[-1]
-    bare = certs_commands("r'x", 1, certs="c", tls=False, auth=False, peer_host=str,
-                          broker_host="b")  # fmt: skip
+    bare = certs_commands(K8sOptions(peers=1), "r'x", certs="c", peer_host=str, broker_host="b")
     assert bare == ["concord certs init --dir c --run-id 'r'\"'\"'x'"]  # the run id quoted
 
 
