@@ -1,5 +1,5 @@
-"""The attacks of issue 26 as chaos cases (``bench/chaos.py`` registers them; its helpers come in
-as ``h``, the chaos module itself). Each is a real run under attack, checked afterwards:
+"""The attacks of issue 26 as chaos cases (``bench/chaos.py`` registers `CASES`). Each is a real
+run under attack, checked afterwards:
 
 * ``takeover``: an authenticated, signed ``concord sim`` (the embedded broker with
   `concord certs broker`'s password and ACL files on mqtts://); from the first training step to
@@ -38,28 +38,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench._procs import ROOT, concord, jsonl, read_json, steps, tail, wait_for
+from bench.chaos_runs import (
+    RUN_TIMEOUT,
+    Ctx,
+    Deployment,
+    SimRun,
+    Skip,
+    base_sets,
+    final_params,
+    finished,
+    max_abs_diff,
+    write_config,
+)
+
 TAKEOVER_EVERY = 0.3  # seconds between two takeover attempts of each login
 REPLAY_EVERY = 0.5  # seconds between two re-publications of the recorded messages
 FLOOD_SECONDS = 5.0  # each Fetch flood
 FLOOD_EPOCHS = 40  # the fetch_flood run's length (a --quick run of 4 epochs lasts about 10 s)
 
 
-def cases(h: Any) -> dict[str, Callable[[Any, dict[str, Any]], bool]]:
-    """The cases, bound to the chaos module ``h``."""
-    return {
-        "takeover": lambda ctx, d: case_takeover(h, ctx, d),
-        "stale_run": lambda ctx, d: case_stale_run(h, ctx, d),
-        "fetch_flood": lambda ctx, d: case_fetch_flood(h, ctx, d),
-    }
-
-
-def _certs(h: Any, certs: Path, run_id: str, *, broker: bool) -> str | None:
+def _certs(certs: Path, run_id: str, *, broker: bool) -> str | None:
     """`concord certs` material for 8 peers (and the broker's); None, or what failed."""
     commands = [("init", "--run-id", run_id), *(("issue", "--peer", str(i)) for i in range(8))]
     if broker:
         commands.append(("broker", "--run-id", run_id, "--peers", "8"))
     for args in commands:
-        p = subprocess.run(h.concord("certs", args[0], "--dir", str(certs), *args[1:]),
+        p = subprocess.run(concord("certs", args[0], "--dir", str(certs), *args[1:]),
                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
         if p.returncode:
             return f"concord certs {args[0]}: {p.stderr[-500:]}"
@@ -74,7 +79,7 @@ def _tls_sets(certs: Path) -> list[str]:
     ]
 
 
-def _param_diff(h: Any, ctx: Any, peer_dirs: list[Path]) -> float | None:
+def _param_diff(ctx: Ctx, peer_dirs: list[Path]) -> float | None:
     """Max |Δ| of the final parameters against the baseline's, peer by peer (None: no baseline
     or a checkpoint missing)."""
     base = (ctx.baseline or {}).get("run_dir")
@@ -82,8 +87,8 @@ def _param_diff(h: Any, ctx: Any, peer_dirs: list[Path]) -> float | None:
         return None
     try:
         return max(
-            h._max_diff(h._params(h.ROOT / base / "peers" / f"peer-{i}" / "checkpoint.pt")[0],
-                        h._params(p / "checkpoint.pt")[0])
+            max_abs_diff(final_params(ROOT / base / "peers" / f"peer-{i}" / "checkpoint.pt")[0],
+                        final_params(p / "checkpoint.pt")[0])
             for i, p in enumerate(peer_dirs)
         )  # fmt: skip
     except (OSError, KeyError, RuntimeError):
@@ -121,17 +126,17 @@ async def _takeovers(
         await asyncio.sleep(TAKEOVER_EVERY)
 
 
-def case_takeover(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
+def case_takeover(ctx: Ctx, d: dict[str, Any]) -> bool:
     name = "takeover"
     run_id = f"chaos-takeover-{os.getpid()}"
     work = ctx.out / f"{name}.certs"
     certs = work / "certs"
-    why = _certs(h, certs, run_id, broker=True)
+    why = _certs(certs, run_id, broker=True)
     if why:
         d["error"] = why
         return False
     sets = [
-        *h.base_sets(ctx),
+        *base_sets(ctx),
         f"name={run_id}",
         *_tls_sets(certs),
         f"orchestrator.embedded_broker_passwd={certs}/broker/passwd",
@@ -142,21 +147,21 @@ def case_takeover(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
         f"orchestrator.broker_password_file={certs}/broker/{{identity}}.password",
         f"orchestrator.broker_ca={certs}/ca.crt",
     ]
-    run = h.SimRun(ctx, name, sets)
+    run = SimRun(ctx, name, sets)
     seen: dict[str, Any] = {}
     try:
         if not run.until_steps(1) or run.proc.poll() is not None:
             d["error"] = "training never started"
-            d["launcher_tail"] = h.tail(run.log, 800)
+            d["launcher_tail"] = tail(run.log, 800)
             return False
-        info = h.read_json(run.dir / "orchestrator.json") or {}
+        info = read_json(run.dir / "orchestrator.json") or {}
         asyncio.run(_takeovers(str(info["broker"]), run_id, certs,
                                lambda: run.proc.poll() is None, seen))  # fmt: skip
         run.wait()
     finally:
         run.stop()
-    ok = h.finished(run, d, dropped=[])
-    log = h.jsonl(run.dir / "log.jsonl")
+    ok = finished(run, d, dropped=[])
+    log = jsonl(run.dir / "log.jsonl")
     connects = sum(
         1 for r in log
         if r.get("event") == "mqtt.connected" and str(r.get("client", "")).startswith("orch")
@@ -168,7 +173,7 @@ def case_takeover(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
     d.update(attempts=seen.get("attempts", 0), refused=seen.get("refused", 0),
              accepted_connections=seen.get("accepted", 0), orchestrator_connects=connects,
              takeover_refused_logged=refused_logged, peers_not_completed=not_completed,
-             param_max_abs_diff=_param_diff(h, ctx, [run.dir / "peers" / f"peer-{i}"
+             param_max_abs_diff=_param_diff(ctx, [run.dir / "peers" / f"peer-{i}"
                                                      for i in range(8)]))  # fmt: skip
     ctx.metrics["takeover_accepted"] = accepted
     return ok and accepted == 0 and int(seen.get("attempts", 0)) > 0
@@ -222,11 +227,11 @@ async def _replay(
                 await asyncio.sleep(REPLAY_EVERY)
 
 
-def case_stale_run(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
+def case_stale_run(ctx: Ctx, d: dict[str, Any]) -> bool:
     from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
 
     if mosquitto_binary() is None:
-        raise h.Skip("mosquitto is not installed")
+        raise Skip("mosquitto is not installed")
     name = "stale_run"
     run_id = f"chaos-stale-{os.getpid()}"
     root = ctx.dir(name)  # the run under attack; the first run and the certificates beside it
@@ -236,11 +241,11 @@ def case_stale_run(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
     certs = ctx.out / f"{name}.certs" / "certs"
     if certs.parent.exists():
         shutil.rmtree(certs.parent)
-    why = _certs(h, certs, run_id, broker=False)
+    why = _certs(certs, run_id, broker=False)
     if why:
         d["error"] = why
         return False
-    sets = [*h.base_sets(ctx), *_tls_sets(certs)]
+    sets = [*base_sets(ctx), *_tls_sets(certs)]
     broker = MosquittoBroker()  # anonymous: the signatures alone protect the control plane
     broker.start()
     got: dict[str, bytes] = {}
@@ -248,7 +253,7 @@ def case_stale_run(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
     try:
         # the earlier run: short, recorded off the broker
         first_sets = [s for s in sets if not s.startswith("epochs=")] + ["epochs=1"]
-        first = h.Deployment(before, h.write_config(before / "run.toml", first_sets),
+        first = Deployment(before, write_config(before / "run.toml", first_sets),
                              broker.url, run_id, 8)  # fmt: skip
         done = threading.Event()
         recorder = threading.Thread(
@@ -266,12 +271,12 @@ def case_stale_run(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
             d["error"] = f"recorded only {sorted(got)} of the first run"
             return False
         # the run under attack: same run id, same CA
-        dep = h.Deployment(root, h.write_config(root / "run.toml", sets), broker.url, run_id, 8)
+        dep = Deployment(root, write_config(root / "run.toml", sets), broker.url, run_id, 8)
         try:
             # "after the new orchestrator came up": its peers train (a presence replayed while
             # it starts makes it refuse to start, as another live orchestrator would)
-            if not h.wait_for(lambda: dep.steps() >= 1 or dep.procs["orchestrator"].poll()
-                              is not None, h.RUN_TIMEOUT, 0.1):  # fmt: skip
+            if not wait_for(lambda: dep.steps() >= 1 or dep.procs["orchestrator"].poll()
+                              is not None, RUN_TIMEOUT, 0.1):  # fmt: skip
                 d["error"] = "the second run never started training"
                 return False
 
@@ -288,14 +293,14 @@ def case_stale_run(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
     peers = [root / "peers" / f"peer-{i}" for i in range(8)]
     not_completed = len(d.get("not_completed") or [])
     stale_logged = sum(
-        1 for p in peers for r in h.jsonl(p / "log.jsonl")
+        1 for p in peers for r in jsonl(p / "log.jsonl")
         if r.get("event") in ("control.stale_run", "orchestrator.presence_unconfirmed",
                               "control.rejected")
     )  # fmt: skip
     accepted = not_completed + int(codes.get("orchestrator") != 0)
     d.update(replayed=seen.get("replayed", 0), peers_not_completed=not_completed,
              refusals_logged=stale_logged,
-             param_max_abs_diff=_param_diff(h, ctx, peers))  # fmt: skip
+             param_max_abs_diff=_param_diff(ctx, peers))  # fmt: skip
     ctx.metrics["stale_run_accepted"] = accepted
     return ok and accepted == 0 and seen.get("replayed", 0) > 0
 
@@ -351,15 +356,15 @@ def _flood(address: str, run: str, claim: int, fingerprint: str, seconds: float)
     return out
 
 
-def case_fetch_flood(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
+def case_fetch_flood(ctx: Ctx, d: dict[str, Any]) -> bool:
     # long enough for both floods (a --quick run trains for about 10 s)
-    sets = [s for s in h.base_sets(ctx) if not s.startswith("epochs=")]
-    run = h.SimRun(ctx, "fetch_flood", [*sets, f"epochs={FLOOD_EPOCHS}"])
+    sets = [s for s in base_sets(ctx) if not s.startswith("epochs=")]
+    run = SimRun(ctx, "fetch_flood", [*sets, f"epochs={FLOOD_EPOCHS}"])
     try:
-        if not h.wait_for(lambda: (run.dir / "orchestrator.json").is_file(), 120, 0.05):
+        if not wait_for(lambda: (run.dir / "orchestrator.json").is_file(), 120, 0.05):
             d["error"] = "the orchestrator never started"
             return False
-        info = h.read_json(run.dir / "orchestrator.json") or {}
+        info = read_json(run.dir / "orchestrator.json") or {}
         url, run_id = str(info["broker"]), str(info["run"])
         # peer 0's "ready" (its address and model fingerprint), as anyone on the broker sees it
         status = asyncio.run(_status_of(url, run_id, 0))
@@ -367,8 +372,8 @@ def case_fetch_flood(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
             d["error"] = "peer 0's ready status (address, fingerprint) never came"
             return False
         peer0 = run.dir / "peers" / "peer-0" / "metrics.jsonl"
-        started = h.wait_for(lambda: h.steps(peer0) >= 1 or run.proc.poll() is not None,
-                             h.RUN_TIMEOUT, 0.05)  # fmt: skip
+        started = wait_for(lambda: steps(peer0) >= 1 or run.proc.poll() is not None,
+                             RUN_TIMEOUT, 0.05)  # fmt: skip
         if not started or run.proc.poll() is not None:
             d["error"] = "training never started"
             return False
@@ -380,12 +385,20 @@ def case_fetch_flood(h: Any, ctx: Any, d: dict[str, Any]) -> bool:
         run.wait()
     finally:
         run.stop()
-    ok = h.finished(run, d, dropped=[])
+    ok = finished(run, d, dropped=[])
     accepted = int(d["non_neighbour"].get("answered", 0))
-    summary = h.read_json(run.dir / "peers" / "peer-0" / "summary.json") or {}
+    summary = read_json(run.dir / "peers" / "peer-0" / "summary.json") or {}
     d["peer0_frames_rejected"] = summary.get("frames_rejected")
     ctx.metrics["fetch_non_neighbour_accepted"] = accepted
     refused = int(d["non_neighbour"].get("PERMISSION_DENIED", 0))
     if not refused:
         d.setdefault("error", "the flood never reached peer 0 (its run ended first?)")
     return ok and accepted == 0 and refused > 0
+
+
+# the cases, by name (`bench/chaos.py` registers them after its own)
+CASES: dict[str, Callable[[Ctx, dict[str, Any]], bool]] = {
+    "takeover": case_takeover,
+    "stale_run": case_stale_run,
+    "fetch_flood": case_fetch_flood,
+}
