@@ -268,7 +268,12 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
         for log in logs:
             log.close()
         broker.stop()
-    assert codes == {"orchestrator": 0, **{f"peer-{i}": 0 for i in range(4)}}
+    tails = {
+        n: (tmp_path / f"{n}.out").read_text(errors="replace")[-3000:]
+        for n, c in codes.items()
+        if c
+    }
+    assert codes == {"orchestrator": 0, **{f"peer-{i}": 0 for i in range(4)}}, tails
     schedules = [
         json.loads(line)
         for line in (tmp_path / "orchestrator" / "schedules.jsonl").read_text().splitlines()
@@ -297,8 +302,11 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
         assert summary["completed"]
         accuracy[i] = summary["accuracy"]
         steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
-        assert any(3 in r["missing"] for r in steps)
-        assert max(r["step"] for r in steps if 3 in r["missing"]) < 1500 - 100
+        # On an idle machine the Last-Will drop can reach the neighbours inside one deadline, so
+        # they may never have waited for it (the schedules above show it was out): if they did,
+        # they mixed it again from its re-admission on
+        missed = [r["step"] for r in steps if 3 in r["missing"]]
+        assert max(missed, default=0) < 1500 - 100
     assert mixed_at is not None
     print(
         f"orchestrated: drop {_ts(dropped) - killed_at:.2f} s after SIGKILL; first step mixing "
