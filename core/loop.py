@@ -44,6 +44,7 @@ from concord.core.control.consensus import theta
 from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules, make_lr_schedule, make_plan
 from concord.core.graphs.topology import exponential_k
+from concord.core.records import StepRecord
 from concord.core.task import ClassificationTask
 
 
@@ -216,6 +217,12 @@ class StepRunner:
         return max(1, round(self.cfg.eval.every * self.task.steps_per_epoch))
 
     def step(self, step: int) -> tuple[dict[str, Any], StepReport]:
+        """`run_step` with the record as its JSON document, for ``concord.peer.app`` (which
+        adds its own keys to it) until it builds on `run_step`."""
+        record, report = self.run_step(step)
+        return record.to_json(), report
+
+    def run_step(self, step: int) -> tuple[StepRecord, StepReport]:
         """One training step of every local replica; returns its metrics record and report.
 
         Record values are over the local replicas (all n in the vectorized engine)."""
@@ -249,25 +256,25 @@ class StepRunner:
         stats = report.theta_local
         if not math.isfinite(loss) or (stats is not None and not bool(stats.isfinite().all())):
             raise DivergedError(step, phase.index, lr, out.loss, stats, task.ranks)
-        record = {
-            "kind": "step",
-            "step": step,
-            "epoch": (step + 1) / task.steps_per_epoch,
-            "phase": phase.index,
-            "lr": lr,
-            "loss": loss,
-            "train_acc": float(out.correct.sum()) / (out.correct.numel() * task.batch_size),
-            "rounds": report.rounds,
-            "theta": theta(report.theta_local) if report.theta_local is not None else None,
-            "target": target,
-            "grad_norm": float(grad_norms.mean()),
-            "bytes_sent": self.comm.counters.bytes_wire,
-            "rounds_total": self.rounds_total,
-        }
+        graph = None
+        if self.cfg.spec.adaptive_graph is not None and phase.mode == "gossip":
+            graph = self.schedules.topology_name(phase)
+        record = StepRecord(
+            step=step,
+            epoch=(step + 1) / task.steps_per_epoch,
+            phase=phase.index,
+            lr=lr,
+            loss=loss,
+            train_acc=float(out.correct.sum()) / (out.correct.numel() * task.batch_size),
+            rounds=report.rounds,
+            theta=theta(report.theta_local) if report.theta_local is not None else None,
+            target=target,
+            grad_norm=float(grad_norms.mean()),
+            bytes_sent=self.comm.counters.bytes_wire,
+            rounds_total=self.rounds_total,
+            graph=graph,
+            graph_k=None if graph is None else exponential_k(graph, self.cfg.peers),
+        )
         if self.graphs is not None and report.theta_local is not None:
             self.graphs.observe(step, phase, grad_norms, report)
-        if self.cfg.spec.adaptive_graph is not None and phase.mode == "gossip":
-            name = self.schedules.topology_name(phase)
-            record["graph"] = name
-            record["graph_k"] = exponential_k(name, self.cfg.peers)
         return record, report

@@ -151,7 +151,7 @@ class Record:
         ``where`` (file and line) and the field, `RecordVersionError` for a newer version."""
         if not isinstance(obj, Mapping):
             raise RecordError(where, "", f"expected a JSON object, got {type(obj).__name__}")
-        body = dict(obj)
+        body: dict[str, Any] = _plain(obj)
         version = body.pop("version", 0)
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise RecordError(where, "version", f"{version!r} is not a record version")
@@ -390,7 +390,8 @@ class CounterState:
 class CheckpointRunState(Record):
     """``checkpoint.pt``'s ``"run"`` table: what the engine needs beyond tensors to continue
     after ``next_step − 1``. ``controller`` and ``feedback`` are the consensus and graph
-    controllers' own JSON states; ``peer``, ``step_base`` and ``config`` are a peer's."""
+    controllers' own JSON states; ``peer``, ``step_base`` and ``config`` (the run's identity,
+    `concord.core.config.run_identity`) are a peer's."""
 
     KIND: ClassVar[str] = "checkpoint"
 
@@ -404,7 +405,7 @@ class CheckpointRunState(Record):
     wall_seconds: float | None = None
     peer: int | None = None
     step_base: int = 0
-    config: dict[str, JSON] | None = None
+    config: str | None = None
 
     @property
     def finished(self) -> bool:

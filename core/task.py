@@ -11,7 +11,7 @@ replicas in the vectorized engine (ranks = 0..n−1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from concord.core.data import (
     partition_stats,
 )
 from concord.core.models import FlatParams, build_model, evaluate, loss_and_grad
+from concord.core.records import EvalRecord
 
 
 @dataclass
@@ -189,22 +190,49 @@ class ClassificationTask:
         return torch.cat(rows)
 
     @torch.no_grad()
-    def evaluate(self, *, peers: bool = True, peer_samples: int | None = None) -> dict[str, float]:
-        """Test accuracy of the averaged model and (optionally) of every local replica, the latter
-        on the first ``peer_samples`` test samples (None: all)."""
-        out: dict[str, float] = {}
+    def eval_record(
+        self,
+        step: int,
+        epoch: float | None,
+        *,
+        xi: float | None = None,
+        peers: bool = True,
+        peer_samples: int | None = None,
+    ) -> EvalRecord:
+        """The evaluation record after ``step``: test accuracy and loss of the averaged model
+        and (``peers``) of every local replica, the latter on the first ``peer_samples`` test
+        samples (None: all)."""
         self.avg_flat.data.copy_(self.x.mean(dim=0, keepdim=True))
         buffers = self.flat.buffers_flat()
         if buffers is not None:
             self.avg_flat.load_buffers_flat(buffers.mean(dim=0, keepdim=True))
         acc, loss = evaluate(self.avg_model, self.x_test, self.y_test)
-        out["acc_avg_model"] = float(acc[0])
-        out["loss_avg_model"] = float(loss[0])
-        if peers:
-            m = peer_samples or len(self.y_test)
-            acc, loss = evaluate(self.model, self.x_test[:m], self.y_test[:m])
-            out["acc_mean_peer"] = float(acc.mean())
-            out["acc_worst_peer"] = float(acc.min())
-            out["acc_best_peer"] = float(acc.max())
-            out["loss_mean_peer"] = float(loss.mean())
-        return out
+        record = EvalRecord(
+            step=step,
+            epoch=epoch,
+            xi=xi,
+            accuracy_avg_model=float(acc[0]),
+            loss_avg_model=float(loss[0]),
+        )
+        if not peers:
+            return record
+        m = peer_samples or len(self.y_test)
+        acc, loss = evaluate(self.model, self.x_test[:m], self.y_test[:m])
+        return replace(
+            record,
+            accuracy_mean_peer=float(acc.mean()),
+            accuracy_worst_peer=float(acc.min()),
+            accuracy_best_peer=float(acc.max()),
+            loss_mean_peer=float(loss.mean()),
+        )
+
+    def evaluate(self, *, peers: bool = True, peer_samples: int | None = None) -> dict[str, float]:
+        """`eval_record`'s values under their version-0 names (``acc_mean_peer`` …), for
+        ``concord.peer.app`` until it builds its records with `eval_record`."""
+        record = self.eval_record(0, None, peers=peers, peer_samples=peer_samples).to_json()
+        names = {new: old for old, new in EvalRecord.LEGACY.items()}
+        return {
+            names.get(k, k): float(v)
+            for k, v in record.items()
+            if isinstance(v, float) and k != "epoch"
+        }

@@ -35,7 +35,7 @@ from concord.runtime.lock import DirLock
 from concord.runtime.records import truncate_metrics
 
 
-def _calibration(record: dict[str, Any]) -> bool:
+def _calibration(record: Mapping[str, object]) -> bool:
     return record.get("stage") == "calibrate"
 
 

@@ -36,6 +36,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from concord.core.records import EvalRecord, MetricsRecord, StepRecord
 from concord.runtime.records import read_metrics, run_title
 
 MAX_POINTS = 4000
@@ -47,11 +48,11 @@ _DPI = 120
 Array = np.ndarray[Any, np.dtype[np.float64]]
 
 
-def _column(records: Sequence[dict[str, Any]], key: str) -> Array:
+def _column(records: Sequence[MetricsRecord], key: str) -> Array:
     """Field ``key`` of every record as float64; null, missing or non-numeric values become NaN."""
     out = np.full(len(records), np.nan)
     for i, record in enumerate(records):
-        value = record.get(key)
+        value = getattr(record, key, None)
         if isinstance(value, int | float) and not isinstance(value, bool):
             out[i] = float(value)
     return out
@@ -169,9 +170,9 @@ def _save(fig: Figure, path: Path) -> Path:
 class _RunSeries:
     """Columns of a run's step and eval records (float64 arrays, NaN = not measured)."""
 
-    def __init__(self, records: Sequence[dict[str, Any]]) -> None:
-        steps = [r for r in records if r.get("kind") == "step"]
-        evals = [r for r in records if r.get("kind") == "eval"]
+    def __init__(self, records: Sequence[MetricsRecord]) -> None:
+        steps: list[MetricsRecord] = [r for r in records if isinstance(r, StepRecord)]
+        evals: list[MetricsRecord] = [r for r in records if isinstance(r, EvalRecord)]
         self.step = {k: _column(steps, k) for k in _STEP_KEYS}
         self.eval = {k: _column(evals, k) for k in _EVAL_KEYS}
         self.runs = _phase_runs(self.step["phase"])
@@ -198,10 +199,10 @@ _STEP_KEYS = (
 _EVAL_KEYS = (
     "step",
     "epoch",
-    "acc_avg_model",
-    "acc_mean_peer",
-    "acc_worst_peer",
-    "acc_best_peer",
+    "accuracy_avg_model",
+    "accuracy_mean_peer",
+    "accuracy_worst_peer",
+    "accuracy_best_peer",
     "xi",
 )
 
@@ -210,15 +211,15 @@ def _accuracy_figure(s: _RunSeries, title: str) -> Figure:
     fig, ax = _new_figure()
     epoch, phase = s.eval["epoch"], s.eval_phase
     markers = "o" if np.isfinite(epoch).sum() <= 30 else None
-    lo, hi = s.eval["acc_worst_peer"], s.eval["acc_best_peer"]
+    lo, hi = s.eval["accuracy_worst_peer"], s.eval["accuracy_best_peer"]
     band = np.isfinite(epoch) & np.isfinite(lo) & np.isfinite(hi)
     if band.any():
         ax.fill_between(epoch[band], 100 * lo[band], 100 * hi[band], color="C2", alpha=0.12, lw=0)
     drawn = False
     for key, label, color in (
-        ("acc_avg_model", "averaged model x̄", "C0"),
-        ("acc_mean_peer", "mean peer", "C1"),
-        ("acc_worst_peer", "worst peer", "C2"),
+        ("accuracy_avg_model", "averaged model x̄", "C0"),
+        ("accuracy_mean_peer", "mean peer", "C1"),
+        ("accuracy_worst_peer", "worst peer", "C2"),
     ):
         x, y = _by_phase(epoch, 100 * s.eval[key], np.zeros_like(phase))
         if x.size:
@@ -391,7 +392,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     return [_save(fig, run_dir / f"{name}.png") for name, fig in drawn.items()]
 
 
-def figures(records: Sequence[dict[str, Any]], title: str) -> dict[str, Figure]:
+def figures(records: Sequence[MetricsRecord], title: str) -> dict[str, Figure]:
     """The four figures of a run's metrics records, by file stem: accuracy, consensus, rounds,
     bytes (`write_plots` saves them)."""
     series = _RunSeries(records)

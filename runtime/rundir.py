@@ -29,7 +29,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -39,6 +39,16 @@ import torch
 
 from concord.core.comm import CommCounters
 from concord.core.config import RunConfig, to_toml
+from concord.core.records import (
+    JSON,
+    CheckpointRunState,
+    CounterState,
+    Manifest,
+    MetricsRecord,
+    PeerSummary,
+    Record,
+    RunSummary,
+)
 from concord.errors import ConcordError
 from concord.runtime.lock import DirLock
 from concord.runtime.logs import json_default, open_log
@@ -50,6 +60,12 @@ if TYPE_CHECKING:
 
 _FLUSH_EVERY = 200  # metrics lines buffered between writes
 CHECKPOINT_VERSION = 2  # 2: with "rng" and "run" (the run's state beyond the tensors)
+
+
+def _json_table(table: Mapping[str, object]) -> dict[str, JSON]:
+    """``table`` as JSON values (numpy numbers as Python's, tuples as lists)."""
+    plain: dict[str, JSON] = json.loads(json.dumps(table, default=json_default))
+    return plain
 
 
 def default_run_dir(cfg: RunConfig, root: Path = Path("runs")) -> Path:
@@ -186,33 +202,57 @@ class RunWriter:
         else:
             self.log.info("run.resume", dir=str(self.dir), after_step=resume_after)
 
-    def write_json(self, name: str, obj: Any) -> Path:
-        """Replace ``name`` with ``obj`` as indented JSON, atomically (written aside, renamed)."""
+    def write_json(self, name: str, obj: Record | Mapping[str, Any] | Sequence[Any]) -> Path:
+        """Replace ``name`` with ``obj`` (a record: its `Record.to_json` document) as indented
+        JSON, atomically (written aside, renamed)."""
+        body = obj.to_json() if isinstance(obj, Record) else obj
         path = self.dir / name
         tmp = path.with_name(f"{name}.tmp")
-        tmp.write_text(json.dumps(obj, indent=2, default=json_default) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(body, indent=2, default=json_default) + "\n", encoding="utf-8")
         tmp.replace(path)
         return path
 
-    def write_manifest(self, **fields: Any) -> None:
-        manifest = {
-            "created": dt.datetime.now(dt.UTC).isoformat(),
-            "concord": concord_version(),
-            "git_commit": git_commit(),
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "platform": platform.platform(),
-            "torch_threads": torch.get_num_threads(),
-            "seed": self.cfg.seed,
-            "peers": self.cfg.peers,
-            "algorithm": self.cfg.algorithm,
-            "topology": self.cfg.topology,
-            **fields,
-        }
+    def write_manifest(
+        self,
+        *,
+        steps: int,
+        steps_per_epoch: int,
+        plan: Mapping[str, object],
+        topologies: Mapping[str, object],
+        fingerprint: str,
+        parameters: int,
+        device: str,
+    ) -> Manifest:
+        """``manifest.json`` of a vectorized run: its shape, the versions and the machine."""
+        manifest = Manifest(
+            engine="vectorized",
+            created=dt.datetime.now(dt.UTC).isoformat(),
+            peers=self.cfg.peers,
+            steps=steps,
+            steps_per_epoch=steps_per_epoch,
+            plan=_json_table(plan),
+            topologies=_json_table(topologies),
+            fingerprint=fingerprint,
+            seed=self.cfg.seed,
+            algorithm=self.cfg.algorithm,
+            topology=self.cfg.topology,
+            parameters=parameters,
+            device=device,
+            concord=concord_version(),
+            git_commit=git_commit(),
+            python=sys.version.split()[0],
+            torch=torch.__version__,
+            numpy=np.__version__,
+            platform=platform.platform(),
+            torch_threads=torch.get_num_threads(),
+        )
         self.write_json("manifest.json", manifest)
+        return manifest
 
-    def metric(self, record: dict[str, Any]) -> None:
+    def metric(self, record: MetricsRecord | Mapping[str, Any]) -> None:
+        """Append a metrics line (a record's `Record.to_json` document)."""
+        if isinstance(record, Record):
+            record = record.to_json()
         self._pending.append(json.dumps(record, default=json_default))
         if self._tensorboard is not None:
             self._tensorboard.add(record)
@@ -233,16 +273,17 @@ class RunWriter:
         algorithm: Any,
         step: int,
         *,
-        run_state: Mapping[str, Any] | None = None,
+        run_state: CheckpointRunState | Mapping[str, Any] | None = None,
         keep_previous: bool = False,
     ) -> Path:
         """``checkpoint.pt``: the replicas' parameters, buffers, the algorithm's state and the
-        task's RNG state after ``step``, and ``run_state`` (the engine's state beyond tensors:
-        plain dicts, lists, numbers and strings), written atomically (a crash mid-write leaves
-        the previous one). The metrics buffered so far are flushed first. ``keep_previous``:
-        the one it replaces stays as ``checkpoint.prev.pt`` — peers of one run checkpoint the
-        same steps but not at the same instant, so a run killed between two checkpoints finds
-        a step every peer holds in one of the two (`checkpoint_steps`)."""
+        task's RNG state after ``step``, and ``run_state`` (the engine's state beyond tensors,
+        validated as a `CheckpointRunState` and stored as its JSON document), written
+        atomically (a crash mid-write leaves the previous one). The metrics buffered so far are
+        flushed first. ``keep_previous``: the one it replaces stays as ``checkpoint.prev.pt`` —
+        peers of one run checkpoint the same steps but not at the same instant, so a run killed
+        between two checkpoints finds a step every peer holds in one of the two
+        (`checkpoint_steps`)."""
         self.flush()
         path = self.dir / "checkpoint.pt"
         state: dict[str, Any] = {
@@ -258,7 +299,9 @@ class RunWriter:
         if rng_state is not None:
             state["rng"] = rng_state()
         if run_state is not None:
-            state["run"] = dict(run_state)
+            if not isinstance(run_state, CheckpointRunState):
+                run_state = CheckpointRunState.from_json(run_state, where=f"{path} run state")
+            state["run"] = run_state.to_json()
         tmp = path.with_suffix(".pt.tmp")
         with open(tmp, "wb") as f:
             torch.save(state, f)
@@ -278,12 +321,16 @@ class RunWriter:
         self._sink.close()
         self._lock.release()
 
-    def finish(self, summary: dict[str, Any], *, plots: bool = True) -> None:
+    def finish(
+        self, summary: RunSummary | PeerSummary | Mapping[str, Any], *, plots: bool = True
+    ) -> None:
         """Write summary.json and (``plots``) the run's PNGs
         (`concord.runtime.plots.write_plots`)."""
         self.flush()
         self._metrics.close()
         self._close_tensorboard()
+        if isinstance(summary, Record):
+            summary = summary.to_json()
         self.write_json("summary.json", summary)
         if plots:
             try:
@@ -344,18 +391,34 @@ def restore_checkpoint(state: Mapping[str, Any], task: Any, algorithm: Any) -> N
         task.load_rng_state(state["rng"])
 
 
-def counters_state(c: CommCounters) -> dict[str, Any]:
-    """A `Comm`'s byte counters as plain containers (for a checkpoint's run state)."""
-    return {
-        "bytes_raw": c.bytes_raw,
-        "bytes_wire": c.bytes_wire,
-        "messages": c.messages,
-        "rounds": c.rounds,
-        "edges": [[s, d, r, w] for (s, d), (r, w) in sorted(c.edges.items())],
-    }
+def run_state_of(state: Mapping[str, Any], path: Path) -> CheckpointRunState | None:
+    """The run state of a `load_checkpoint` state read from ``path`` (None: it holds none,
+    an older checkpoint). Raises `RecordError` naming the field that does not match."""
+    run = state.get("run")
+    return None if run is None else CheckpointRunState.from_json(run, where=f"{path} run state")
 
 
-def load_counters(c: CommCounters, d: Mapping[str, Any]) -> None:
-    c.bytes_raw, c.bytes_wire = int(d["bytes_raw"]), int(d["bytes_wire"])
-    c.messages, c.rounds = int(d["messages"]), int(d["rounds"])
-    c.edges = {(int(s), int(t)): [int(r), int(w)] for s, t, r, w in d["edges"]}
+def counters_state(c: CommCounters) -> CounterState:
+    """A `Comm`'s byte counters (for a checkpoint's run state)."""
+    return CounterState(
+        bytes_raw=c.bytes_raw,
+        bytes_wire=c.bytes_wire,
+        messages=c.messages,
+        rounds=c.rounds,
+        edges=[(s, d, r, w) for (s, d), (r, w) in sorted(c.edges.items())],
+    )
+
+
+def load_counters(c: CommCounters, d: CounterState | Mapping[str, Any]) -> None:
+    """Restore `counters_state` (also given as its JSON document)."""
+    if not isinstance(d, CounterState):
+        d = CounterState(
+            bytes_raw=int(d["bytes_raw"]),
+            bytes_wire=int(d["bytes_wire"]),
+            messages=int(d["messages"]),
+            rounds=int(d["rounds"]),
+            edges=[(int(s), int(t), int(r), int(w)) for s, t, r, w in d["edges"]],
+        )
+    c.bytes_raw, c.bytes_wire = d.bytes_raw, d.bytes_wire
+    c.messages, c.rounds = d.messages, d.rounds
+    c.edges = {(s, t): [r, w] for s, t, r, w in d.edges}

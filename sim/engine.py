@@ -25,7 +25,8 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,20 +47,30 @@ from concord.core.graphs.adagraph import (
 from concord.core.graphs.topology import exponential_name
 from concord.core.loop import StepRunner
 from concord.core.models import cache_blocks
+from concord.core.records import (
+    JSON,
+    CheckpointRunState,
+    EvalRecord,
+    RunSummary,
+    StepRecord,
+)
 from concord.core.task import ClassificationTask
 from concord.peer.memory import M_MMAP_THRESHOLD, tune_malloc
 from concord.runtime.driver import StepHooks, drive
 from concord.runtime.progress import ProgressBar
+from concord.runtime.records import read_evals, read_summary
 from concord.runtime.rundir import (
     RunWriter,
     counters_state,
     load_checkpoint,
     load_counters,
     restore_checkpoint,
+    run_state_of,
 )
 from concord.sim.vectorized import VectorizedComm
 
-ProgressFn = Callable[[dict[str, Any]], None]
+ProgressFn = Callable[[dict[str, JSON]], None]
+"""Called with every step record's JSON document (`StepRecord.to_json`)."""
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -247,44 +258,43 @@ class Trainer:
     def eval_interval(self) -> int:
         return self.runner.eval_interval()
 
-    def run_state(self, step: int) -> dict[str, Any]:
-        """What the run needs beyond tensors to continue after ``step`` (plain containers, for
+    def run_state(self, step: int, wall_seconds: float | None = None) -> CheckpointRunState:
+        """What the run needs beyond tensors to continue after ``step`` (for
         `RunWriter.save_checkpoint`): the next step, the global gossip-round counter (indexes
         time-varying graphs and codec keys), the byte counters, the controller and the
         ``ada-feedback`` controller."""
-        return {
-            "engine": "vectorized",
-            "next_step": step + 1,
-            "total_steps": self.total_steps,
-            "rounds_total": self.runner.rounds_total,
-            "counters": counters_state(self.comm.counters),
-            "controller": self.controller.state_dict(),
-            "feedback": self.feedback.state_dict() if self.feedback is not None else None,
-        }
+        return CheckpointRunState(
+            engine="vectorized",
+            next_step=step + 1,
+            total_steps=self.total_steps,
+            rounds_total=self.runner.rounds_total,
+            counters=counters_state(self.comm.counters),
+            controller=self.controller.state_dict(),
+            feedback=self.feedback.state_dict() if self.feedback is not None else None,
+            wall_seconds=wall_seconds,
+        )
 
-    def load_run_state(self, state: Mapping[str, Any]) -> int:
+    def load_run_state(self, state: CheckpointRunState) -> int:
         """Restore `run_state`; returns the step to continue from."""
-        if state.get("engine") != "vectorized" or state.get("total_steps") != self.total_steps:
+        if state.engine != "vectorized" or state.total_steps != self.total_steps:
             raise ValueError(
-                f"the checkpoint is of a {state.get('engine')!r} run of "
-                f"{state.get('total_steps')!r} steps; this is a vectorized run of "
-                f"{self.total_steps} steps"
+                f"the checkpoint is of a {state.engine!r} run of {state.total_steps} steps; "
+                f"this is a vectorized run of {self.total_steps} steps"
             )
-        self.runner.rounds_total = int(state["rounds_total"])
-        load_counters(self.comm.counters, state["counters"])
-        self.controller.load_state_dict(state["controller"])
-        if self.feedback is not None:
-            self.feedback.load_state_dict(state["feedback"])
-        return int(state["next_step"])
+        self.runner.rounds_total = state.rounds_total
+        load_counters(self.comm.counters, state.counters)
+        self.controller.load_state_dict(state.controller or {})
+        if self.feedback is not None and state.feedback is not None:
+            self.feedback.load_state_dict(state.feedback)
+        return state.next_step
 
-    def train_step(self, step: int) -> dict[str, Any]:
+    def train_step(self, step: int) -> StepRecord:
         """One step of every replica; returns its metrics record (with the exact Ξ)."""
         if self.feedback is not None:  # the K decided at s is in force from s + lag on
             name = self.feedback.topology(step)
             self.runner.schedules.set_topologies({p.index: name for p in self.plan.phases})
-        record, _ = self.runner.step(step)
-        record["xi"] = self.xi(self.task.x)
-        return record
+        record, _ = self.runner.run_step(step)
+        return replace(record, xi=self.xi(self.task.x))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +311,7 @@ class _Checkpoints(StepHooks):
 
     def evaluated(self, step: int, record: dict[str, Any]) -> None:
         if step + 1 < self.trainer.total_steps:
-            state = {**self.trainer.run_state(step), "wall_seconds": self.elapsed()}
+            state = self.trainer.run_state(step, self.elapsed())
             self.writer.save_checkpoint(
                 self.trainer.task, self.trainer.algorithm, step, run_state=state
             )
@@ -333,9 +343,9 @@ def calibrate(cfg: RunConfig, cache_dir: Path | None = None) -> Calibration:
     recorder = CalibrationRecorder(cfg.control.statistic)
     for step in range(last):
         rec = trainer.train_step(step)
-        value = rec["xi"] if cfg.control.statistic == "xi" else rec["theta"]
-        if value is not None:
-            recorder.observe(step, rec["phase"], value)
+        value = rec.xi if cfg.control.statistic == "xi" else rec.theta
+        if value is not None and rec.phase is not None:
+            recorder.observe(step, rec.phase, value)
     result = recorder.result()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -358,33 +368,63 @@ def run(
     on_progress: ProgressFn | None = None,
     plots: bool = True,
     resume: bool = False,
-) -> dict[str, Any]:
-    """Train one run with the vectorized engine and write its run directory; returns the summary.
+) -> dict[str, JSON]:
+    """Train one run with the vectorized engine and write its run directory; returns the
+    summary's JSON document (`RunSummary.to_json`; `train` returns the record).
 
     ``plots``: also draw the run's PNGs (`concord.runtime.plots`); preset sweeps plot in their
     report instead. ``resume``: continue the interrupted run in ``out_dir`` from its
     ``checkpoint.pt`` (``cfg`` must be the run's ``config.toml``; see `resume_run`); a finished
     run's summary is returned as it is.
     """
+    summary = train(
+        cfg,
+        out_dir,
+        progress=progress,
+        calibration_cache=calibration_cache,
+        on_progress=on_progress,
+        plots=plots,
+        resume=resume,
+    )
+    return summary.to_json()
+
+
+def _saved_state(out_dir: Path) -> tuple[dict[str, Any], CheckpointRunState]:
+    """The checkpoint of the interrupted run in ``out_dir`` and its run state."""
+    path = out_dir / "checkpoint.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{out_dir} has no checkpoint.pt to resume from")
+    saved = load_checkpoint(path)
+    state = run_state_of(saved, path)
+    if state is None:
+        raise ValueError(f"{path} holds no run state (written by an older version)")
+    return saved, state
+
+
+def train(
+    cfg: RunConfig,
+    out_dir: Path,
+    *,
+    progress: bool = True,
+    calibration_cache: Path | None = None,
+    on_progress: ProgressFn | None = None,
+    plots: bool = True,
+    resume: bool = False,
+) -> RunSummary:
+    """`run`, returning the summary as its record."""
     if cfg.engine != "vectorized":  # this *is* the vectorized engine; the run dir says so
         cfg = apply_overrides(cfg, {"engine": "vectorized"})
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
     out_dir = Path(out_dir)
-    saved: dict[str, Any] | None = None
+    saved: tuple[dict[str, Any], CheckpointRunState] | None = None
     if resume:
-        path = out_dir / "checkpoint.pt"
-        if not path.is_file():
-            raise FileNotFoundError(f"{out_dir} has no checkpoint.pt to resume from")
-        saved = load_checkpoint(path)
-        if "run" not in saved:
-            raise ValueError(f"{path} holds no run state (written by an older version)")
-        summary_path = out_dir / "summary.json"
-        if saved["run"]["next_step"] >= saved["run"]["total_steps"] and summary_path.is_file():
-            done: dict[str, Any] = json.loads(summary_path.read_text())
+        saved = _saved_state(out_dir)
+        done = read_summary(out_dir) if saved[1].finished else None
+        if done is not None:
             return done
-    resume_after = None if saved is None else int(saved["run"]["next_step"]) - 1
+    resume_after = None if saved is None else saved[1].next_step - 1
     writer = RunWriter(out_dir, cfg, engine=cfg.engine, resume_after=resume_after)
     calibration = None
     if cfg.control.mode == "constant" and cfg.controlled_phases():
@@ -401,9 +441,9 @@ def run(
     start = 0
     before = 0.0  # wall seconds of the run before this resumption
     if saved is not None:
-        restore_checkpoint(saved, task, trainer.algorithm)
-        start = trainer.load_run_state(saved["run"])
-        before = float(saved["run"].get("wall_seconds", 0.0))
+        restore_checkpoint(saved[0], task, trainer.algorithm)
+        start = trainer.load_run_state(saved[1])
+        before = saved[1].wall_seconds or 0.0
         writer.log.info("run.resumed", step=start)
     else:
         writer.write_json("partition.json", task.partition_stats())
@@ -420,12 +460,18 @@ def run(
     def elapsed() -> float:
         return before + time.perf_counter() - started
 
-    def evaluate(step: int, rec: dict[str, Any], final: bool) -> dict[str, Any]:
-        ev = task.evaluate(
+    def train_step(step: int) -> dict[str, JSON]:
+        return trainer.train_step(step).to_json()
+
+    def evaluate(step: int, rec: dict[str, Any], final: bool) -> dict[str, JSON]:
+        ev = task.eval_record(
+            step,
+            rec["epoch"],
+            xi=rec["xi"],
             peers=cfg.eval.peers or final,
             peer_samples=None if final else cfg.eval.peer_samples,
         )
-        return {"kind": "eval", "step": step, "epoch": rec["epoch"], "xi": rec["xi"], **ev}
+        return ev.to_json()
 
     hooks: list[StepHooks] = []
     if on_progress is not None:
@@ -435,51 +481,54 @@ def run(
             steps=trainer.total_steps,
             interval=trainer.eval_interval(),
             last_step=trainer.total_steps - 1,
-            train=trainer.train_step,
+            train=train_step,
             evaluate=evaluate,
             sink=writer,
             hooks=[bar, _Checkpoints(writer, trainer, elapsed), *hooks],
             start=start,
         )
-    last_eval = result.last_eval
-    if not last_eval and saved is not None:  # resumed after the last step: its eval is on disk
-        lines = (writer.dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-        evals = [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
-        last_eval = evals[-1] if evals else {}
-    final_state = {**trainer.run_state(trainer.total_steps - 1), "wall_seconds": elapsed()}
+    where = str(writer.dir / "metrics.jsonl")
+    last: EvalRecord | None = None
+    if result.last_eval:
+        last = EvalRecord.from_json(result.last_eval, where=where)
+    elif saved is not None:  # resumed after the last step: its eval is on disk
+        evals = read_evals(writer.dir)
+        last = evals[-1] if evals else None
+    final_state = trainer.run_state(trainer.total_steps - 1, elapsed())
     writer.save_checkpoint(task, trainer.algorithm, trainer.total_steps, run_state=final_state)
     writer.write_json("edges.json", trainer.comm.counters.edge_table())
     if trainer.feedback is not None:  # ada-feedback: every decision point, like the orchestrator
         lines = [json.dumps(d.to_json()) + "\n" for d in trainer.feedback.decisions]
         (writer.dir / "graphs.jsonl").write_text("".join(lines), encoding="utf-8")
-    summary = {
-        "engine": "vectorized",
-        "algorithm": cfg.algorithm,
-        "topology": cfg.topology,
-        "peers": cfg.peers,
-        "steps": trainer.total_steps,
-        "epochs": cfg.epochs,
-        "seed": cfg.seed,
-        "plan": cfg.plan_label(),
-        **cfg.control_summary(),
-        "accuracy_avg_model": last_eval.get("acc_avg_model"),
-        "accuracy_worst_peer": last_eval.get("acc_worst_peer"),
-        "accuracy_mean_peer": last_eval.get("acc_mean_peer"),
-        "gossip_rounds_total": trainer.rounds_total,
-        "bytes_sent_total": trainer.comm.counters.bytes_wire,
-        "bytes_raw_total": trainer.comm.counters.bytes_raw,
-        "final_consensus_distance": trainer.xi(task.x),
-        "partition_sha256": partition_digest(task.parts),
-        "wall_seconds": elapsed(),
-        "run_dir": str(writer.dir),
-    }
-    if saved is not None:
-        summary["resumed_from_step"] = start
+    control = cfg.control_summary()
+    summary = RunSummary(
+        engine="vectorized",
+        algorithm=cfg.algorithm,
+        topology=cfg.topology,
+        peers=cfg.peers,
+        steps=trainer.total_steps,
+        epochs=cfg.epochs,
+        seed=cfg.seed,
+        plan=cfg.plan_label(),
+        control_mode=control["control_mode"],
+        control_factor=control["control_factor"],
+        accuracy_avg_model=None if last is None else last.accuracy_avg_model,
+        accuracy_worst_peer=None if last is None else last.accuracy_worst_peer,
+        accuracy_mean_peer=None if last is None else last.accuracy_mean_peer,
+        gossip_rounds_total=trainer.rounds_total,
+        bytes_sent_total=trainer.comm.counters.bytes_wire,
+        bytes_raw_total=trainer.comm.counters.bytes_raw,
+        final_consensus_distance=trainer.xi(task.x),
+        partition_sha256=partition_digest(task.parts),
+        wall_seconds=elapsed(),
+        run_dir=str(writer.dir),
+        resumed_from_step=start if saved is not None else None,
+    )
     writer.finish(summary, plots=plots)
     return summary
 
 
-def resume_run(run_dir: Path, *, progress: bool = True, plots: bool = True) -> dict[str, Any]:
+def resume_run(run_dir: Path, *, progress: bool = True, plots: bool = True) -> dict[str, JSON]:
     """Continue the interrupted vectorized run in ``run_dir`` (its ``config.toml`` and
     ``checkpoint.pt``) to its end; returns the summary."""
     from concord.core.config import load_config

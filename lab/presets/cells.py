@@ -10,7 +10,7 @@ from typing import Any
 
 from concord.lab.presets.spec import PresetGrid
 from concord.lab.report import CellStats
-from concord.runtime.records import read_metrics
+from concord.runtime.records import read_steps
 
 __all__ = ["Cells", "cell_value", "final_train_loss"]
 
@@ -29,10 +29,10 @@ def cell_value(row: Mapping[str, Any], key: str) -> float | None:
 def final_train_loss(run_dir: str | Path) -> float | None:
     """Mean of the step records' ``loss`` over the last 10 % of the steps (None if none)."""
     try:
-        records = read_metrics(run_dir)
+        records = read_steps(run_dir)
     except (FileNotFoundError, ValueError):
         return None
-    losses = [r["loss"] for r in records if r.get("kind") == "step" and _finite(r.get("loss"))]
+    losses = [r.loss for r in records if r.loss is not None and _finite(r.loss)]
     if not losses:
         return None
     tail = losses[-max(1, len(losses) // 10) :]

@@ -47,13 +47,14 @@ SEEDS = (0, 1, 2, 3, 4)
 COLUMNS = {"n16": 16, "n32": 32, "n64": 64, "n128": 128}
 DEFAULT_COLUMNS = ("n32", "n64")  # n16 and n128 for the scaling in n (``--columns``)
 RUNS_CSV = (
-    "n", "phase", "target", "statistic", "seed", "accuracy", "gossip_rounds", "bytes_per_peer",
-    "mode", "factor", "worst_peer", "final_xi", "late_rounds_per_step", "late_xi",
+    "n", "phase", "target", "statistic", "seed", "accuracy_avg_model", "gossip_rounds",
+    "bytes_per_peer", "mode", "factor", "accuracy_worst_peer", "final_xi", "late_rounds_per_step",
+    "late_xi",
     "wall_seconds", "status", "run",
 )  # fmt: skip
 RUNS_METRICS = {
-    "accuracy_avg_model": "accuracy",
-    "accuracy_worst_peer": "worst_peer",
+    "accuracy_avg_model": "accuracy_avg_model",
+    "accuracy_worst_peer": "accuracy_worst_peer",
     "gossip_rounds_total": "gossip_rounds",
     "bytes_per_peer": "bytes_per_peer",
 }
@@ -160,22 +161,25 @@ def late_phase(run_dir: Path, phase: str) -> tuple[float | None, float | None]:
 def _row(run: SweepRun, out: Path) -> dict[str, Any]:
     c = CELLS[run.row]
     n = int(str(run.overrides["peers"]))
-    summary = read_summary(out / "runs" / run.name) or {}
-    ok = bool(summary)
-    sent = summary.get("bytes_sent_total")
     late_rounds, late_xi = late_phase(out / "runs" / run.name, c.phase)
-    return {
+    row = {
         "n": n, "phase": c.phase, "target": c.target, "statistic": c.statistic,
-        "seed": run.seed, "accuracy": summary.get("accuracy_avg_model"),
-        "gossip_rounds": summary.get("gossip_rounds_total"),
-        "bytes_per_peer": None if sent is None else round(sent / n),
-        "mode": c.mode, "factor": c.factor, "worst_peer": summary.get("accuracy_worst_peer"),
-        "final_xi": summary.get("final_consensus_distance"),
+        "seed": run.seed, "mode": c.mode, "factor": c.factor,
         "late_rounds_per_step": None if late_rounds is None else round(late_rounds, 4),
-        "late_xi": late_xi,
-        "wall_seconds": summary.get("wall_seconds"), "status": "ok" if ok else "failed",
-        "run": run.name,
+        "late_xi": late_xi, "status": "failed", "run": run.name,
     }  # fmt: skip
+    s = read_summary(out / "runs" / run.name)
+    if s is not None:
+        row |= {
+            "accuracy_avg_model": s.accuracy_avg_model,
+            "accuracy_worst_peer": s.accuracy_worst_peer,
+            "gossip_rounds": s.gossip_rounds_total,
+            "bytes_per_peer": round(s.bytes_sent_total / n),
+            "final_xi": s.final_consensus_distance,
+            "wall_seconds": s.wall_seconds,
+            "status": "ok",
+        }
+    return row
 
 
 def write_runs_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -187,14 +191,19 @@ def write_runs_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     path.write_text(buf.getvalue(), encoding="utf-8")
 
 
+OLD_COLUMNS = {"accuracy": "accuracy_avg_model", "worst_peer": "accuracy_worst_peer"}
+"""runs.csv columns before typed records (one name per metric: docs/records.md) → today's."""
+
+
 def read_runs_csv(path: Path) -> list[dict[str, Any]]:
+    """``runs.csv`` with typed cells (old column names mapped: `OLD_COLUMNS`)."""
     with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+        rows = [{OLD_COLUMNS.get(k, k): v for k, v in r.items()} for r in csv.DictReader(f)]
     for r in rows:
         for k in ("n", "seed", "gossip_rounds", "bytes_per_peer"):
             r[k] = int(float(r[k])) if r[k] != "" else None
-        for k in ("accuracy", "worst_peer", "final_xi", "late_rounds_per_step", "late_xi",
-                  "wall_seconds"):  # fmt: skip
+        for k in ("accuracy_avg_model", "accuracy_worst_peer", "final_xi",
+                  "late_rounds_per_step", "late_xi", "wall_seconds"):  # fmt: skip
             r[k] = float(r[k]) if r.get(k, "") != "" else None
     return rows
 
@@ -219,7 +228,7 @@ def _label(r: Mapping[str, Any]) -> str:
 def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (n, cell): accuracy mean ± CI, the paired difference to all-reduce,
     rounds (mean) and their ratio to the uncontrolled run of the same phase."""
-    ok = [r for r in rows if r["status"] == "ok" and r["accuracy"] is not None]
+    ok = [r for r in rows if r["status"] == "ok" and r["accuracy_avg_model"] is not None]
     keys: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for r in ok:
         keys.setdefault((r["n"], r["phase"], r["target"], r["statistic"]), []).append(r)
@@ -227,8 +236,9 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for (n, phase, target, stat), group in keys.items():
         base = {r["seed"]: r for r in keys.get((n, "all", "allreduce", ""), [])}
         unc = keys.get((n, phase, "none", ""), [])
-        acc = [100 * r["accuracy"] for r in group]
-        diffs = [100 * (r["accuracy"] - base[r["seed"]]["accuracy"]) for r in group
+        acc = [100 * r["accuracy_avg_model"] for r in group]
+        diffs = [100 * (r["accuracy_avg_model"] - base[r["seed"]]["accuracy_avg_model"])
+                 for r in group
                  if r["seed"] in base]  # fmt: skip
         rounds = statistics.fmean(r["gossip_rounds"] for r in group)
         unc_rounds = statistics.fmean(r["gossip_rounds"] for r in unc) if unc else math.nan

@@ -10,9 +10,8 @@ from __future__ import annotations
 import itertools
 import math
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -20,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
+from concord.core.records import EvalRecord, MetricsRecord, StepRecord
 from concord.lab.presets.cells import Cells
 from concord.lab.presets.spec import Preset, Setting
 from concord.lab.sweep import METRICS
@@ -122,13 +122,24 @@ def plot_bytes(preset: Preset, cells: Cells, path: Path) -> Path:
     return path
 
 
-def _curves(records: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, ...]:
-    evals = [r for r in records if r.get("kind") == "eval" and _finite(r.get("acc_avg_model"))]
-    steps = [r for r in records if r.get("kind") == "step" and _finite(r.get("loss"))]
-    e_x = np.array([float(r["step"]) for r in evals])
-    e_y = np.array([100 * float(r["acc_avg_model"]) for r in evals])
-    s_x = np.array([float(r["step"]) for r in steps])
-    s_y = np.array([float(r["loss"]) for r in steps])
+def _curves(records: Sequence[MetricsRecord]) -> tuple[np.ndarray, ...]:
+    """Steps and averaged-model accuracies (%) of the evaluations; steps and training losses."""
+    evals = [
+        (r.step, float(r.accuracy_avg_model))
+        for r in records
+        if isinstance(r, EvalRecord)
+        and r.accuracy_avg_model is not None
+        and _finite(r.accuracy_avg_model)
+    ]
+    steps = [
+        (r.step, float(r.loss))
+        for r in records
+        if isinstance(r, StepRecord) and r.loss is not None and _finite(r.loss)
+    ]
+    e_x = np.array([float(step) for step, _ in evals])
+    e_y = np.array([100 * acc for _, acc in evals])
+    s_x = np.array([float(step) for step, _ in steps])
+    s_y = np.array([loss for _, loss in steps])
     return e_x, e_y, s_x, s_y
 
 

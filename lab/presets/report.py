@@ -46,6 +46,7 @@ from concord.lab.presets.plots import (
 from concord.lab.presets.spec import Preset, PresetGrid, Setup
 from concord.lab.report import format_duration, markdown_grid
 from concord.lab.sweep import METRICS, SweepRun
+from concord.runtime.records import read_summary
 
 _DPI = 110
 
@@ -470,7 +471,7 @@ def _mean_wall(rows: Sequence[Mapping[str, Any]]) -> str:
 def _steps(rows: Sequence[Mapping[str, Any]]) -> str:
     for row in rows:
         if row.get("status") == "ok" and row.get("run_dir"):
-            summary = Path(str(row["run_dir"])) / "summary.json"
-            if summary.is_file():
-                return str(json.loads(summary.read_text(encoding="utf-8")).get("steps", "—"))
+            summary = read_summary(Path(str(row["run_dir"])))
+            if summary is not None:
+                return str(summary.steps)
     return "—"

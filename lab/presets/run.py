@@ -64,7 +64,8 @@ def _finished(grid: PresetGrid, out: Path) -> dict[str, dict[str, Any]]:
         run_dir = out / "runs" / run.name
         summary = read_summary(run_dir)
         if summary is not None:
-            rows[run.name] = csv_row(run, {"status": "ok", "summary": summary}, run_dir)
+            outcome = {"status": "ok", "summary": summary.to_json()}
+            rows[run.name] = csv_row(run, outcome, run_dir)
     return rows
 
 

@@ -92,7 +92,7 @@ EXAMPLES: list[Record] = [
         ),
         controller={"targets": [0.5, None]},
         peer=3,
-        config={"seed": 1},
+        config="seed = 1\n",
     ),
     Manifest(
         engine="vectorized",

@@ -53,8 +53,8 @@ def stats_of(values: list[float]) -> CellStats:
 
 def _row(phase: str, target: str, stat: str, seed: int, acc: float, rounds: int) -> dict:
     return {"n": 64, "phase": phase, "target": target, "statistic": stat, "seed": seed,
-            "accuracy": acc, "gossip_rounds": rounds, "bytes_per_peer": 1000, "status": "ok",
-            "run": f"r{seed}"}  # fmt: skip
+            "accuracy_avg_model": acc, "gossip_rounds": rounds, "bytes_per_peer": 1000,
+            "status": "ok", "run": f"r{seed}"}  # fmt: skip
 
 
 def test_summaries_and_claims_follow_the_runs() -> None:

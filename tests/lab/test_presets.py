@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
+from concord.core.records import RunSummary
 from concord.lab.cli import main
 from concord.lab.presets import PresetGrid, get_preset, preset_main, select
 from concord.lab.presets.catalog import PRESETS
@@ -187,9 +188,16 @@ def fake_run(
     """Writes summary.json like the engine (that is what --resume looks for) and counts calls."""
     with open(out_dir.parent.parent / "calls.txt", "a") as f:
         f.write(out_dir.name + "\n")
-    summary = {"accuracy_avg_model": 0.5, "accuracy_worst_peer": 0.4, "steps": 3}
+    summary = RunSummary(
+        engine="vectorized", algorithm="dsgd", topology="ring", peers=2, steps=3, epochs=1,
+        seed=0, plan="gossip", control_mode="none", control_factor=None,
+        accuracy_avg_model=0.5, accuracy_worst_peer=0.4, accuracy_mean_peer=0.45,
+        gossip_rounds_total=3, bytes_sent_total=0, bytes_raw_total=0,
+        final_consensus_distance=None, partition_sha256=None, wall_seconds=0.0,
+        run_dir=str(out_dir),
+    ).to_json()  # fmt: skip
     (out_dir / "summary.json").write_text(json.dumps(summary))
-    return summary
+    return dict(summary)
 
 
 def test_resume_reuses_finished_runs_and_runs_the_rest(tmp_path: Path) -> None:

@@ -15,16 +15,18 @@ from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from concord.core.records import MetricsRecord, StepRecord, metrics_record
 from concord.runtime.plots import figures, write_plots
 
 STEPS = 900  # ≥ 400: rounds.png draws its moving average
 PHASES = (300, 600)  # phase changes (steps)
 
 
-def _records(engine: str) -> list[dict[str, Any]]:
+def _records(engine: str) -> list[MetricsRecord]:
     """A three-phase run with consensus control: the vectorized engine records Ξ at every step
     and evaluates the averaged model every 100 steps; the processes engine (peers' records,
-    merged) has per-peer evaluations only, then the averaged model and Ξ once, at the end."""
+    merged) has per-peer evaluations only, then the averaged model and Ξ once, at the end.
+    Written as unversioned lines (the old ``acc_*`` names), read as records."""
     records: list[dict[str, Any]] = []
     for t in range(STEPS):
         phase = 1 + sum(t >= p for p in PHASES)
@@ -33,7 +35,8 @@ def _records(engine: str) -> list[dict[str, Any]]:
             "kind": "step", "step": t, "epoch": (t + 1) / 30, "phase": phase, "loss": 2.0,
             "rounds": 1 + (t % 7 == 0) + (t % 13 == 0), "theta": theta,
             "target": 0.06 * math.exp(-t / 300), "bytes_sent": 1000 * (t + 1),
-            "rounds_total": t + 1 + t // 7 + t // 13,
+            "rounds_total": t + 1 + t // 7 + t // 13, "lr": 0.1, "train_acc": None,
+            "grad_norm": None,
         }  # fmt: skip
         if engine == "vectorized":
             step["xi"] = 0.0 if t == 0 else 1.2 * theta
@@ -50,7 +53,7 @@ def _records(engine: str) -> list[dict[str, Any]]:
         records.append({"kind": "eval", "step": STEPS - 1, "epoch": STEPS / 30,
                         "acc_avg_model": 0.93, "xi": 2e-3, "acc_mean_peer": 0.9,
                         "acc_worst_peer": 0.85, "acc_best_peer": 0.93})  # fmt: skip
-    return records
+    return [metrics_record(r, where=f"metrics.jsonl:{i}") for i, r in enumerate(records, 1)]
 
 
 def _lines(fig: Figure) -> dict[str, Line2D]:
@@ -103,7 +106,11 @@ def test_the_consensus_axis_ignores_step_zero(engine: str) -> None:
     fig = figures(_records(engine), "t")["consensus"]
     (ax,) = fig.axes
     bottom, top = ax.get_ylim()
-    later = [r["theta"] for r in _records(engine) if r["kind"] == "step" and r["step"] > 0]
+    later = [
+        r.theta
+        for r in _records(engine)
+        if isinstance(r, StepRecord) and r.step > 0 and r.theta is not None
+    ]
     assert bottom > 1e-5  # not the 1.6e-7 of step 0
     assert bottom <= min(later)  # every later Θ is inside
     assert top >= 0.06  # and the target
@@ -121,7 +128,7 @@ def test_rounds_series_have_distinct_colours() -> None:
 def test_the_pngs_are_written(engine: str, tmp_path: Path) -> None:
     with open(tmp_path / "metrics.jsonl", "w", encoding="utf-8") as f:
         for record in _records(engine):
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record.to_json()) + "\n")
     paths = write_plots(tmp_path)
     assert [p.name for p in paths] == ["accuracy.png", "consensus.png", "rounds.png", "bytes.png"]
     for p in paths:

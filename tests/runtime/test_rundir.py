@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from concord.core.config import load_config
-from concord.runtime.rundir import RunWriter, load_checkpoint
+from concord.core.records import CheckpointRunState, CounterState, RecordError
+from concord.runtime.rundir import RunWriter, load_checkpoint, run_state_of
 
 
 def test_flush_every_line_leaves_each_record_on_disk(tmp_path: Path) -> None:
@@ -71,11 +73,20 @@ def test_checkpoint_holds_run_state_and_rng_and_flushes_metrics(tmp_path: Path) 
         state_dict=lambda: {"m": torch.ones(2, 3)}, load_state_dict=lambda s: loaded.update(alg=s)
     )
     writer.metric({"kind": "step", "step": 0})
-    run_state = {"next_step": 1, "counters": {"edges": [[0, 1, 12, 12]]}, "phi": None, "x": 0.5}
+    counters = CounterState(
+        bytes_raw=12, bytes_wire=12, messages=1, rounds=1, edges=[(0, 1, 12, 12)]
+    )
+    run_state = CheckpointRunState(
+        engine="vectorized", next_step=1, total_steps=4, rounds_total=1, counters=counters
+    )
     path = writer.save_checkpoint(task, algorithm, 0, run_state=run_state)
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1  # flushed first
     state = load_checkpoint(path)  # weights_only=True: plain containers only
-    assert state["run"] == run_state
+    assert state["run"] == run_state.to_json()
+    assert run_state_of(state, path) == run_state
+    bad = {"engine": "peer", "next_step": 1, "rounds_total": 0, "counters": counters}
+    with pytest.raises(RecordError, match="run state: field 'total_steps': missing"):
+        writer.save_checkpoint(task, algorithm, 0, run_state=bad)
     assert state["rng"]["sampler"] == {"seed": 3, "ranks": [0, 1]}
     task.x.zero_()
     restore_checkpoint(state, task, algorithm)
