@@ -66,8 +66,7 @@ def ensure_baseline(ctx: Ctx) -> None:
 def case_kill25(ctx: Ctx, d: dict[str, Any]) -> bool:
     run = SimRun(ctx, "kill25", base_sets(ctx))
     try:
-        if not run.until_steps(total_steps(ctx) // 4):
-            d["error"] = "the run never reached a quarter of its steps"
+        if not run.until_quarter(d):
             return False
         pids = {v: run.child(f"peer-{v}") for v in VICTIMS}
         neighbours = {v: [(v - 1) % 8, (v + 1) % 8] for v in VICTIMS}
@@ -256,8 +255,7 @@ def restart_seed(ctx: Ctx, seed: int, d: dict[str, Any]) -> bool:
 def case_stall(ctx: Ctx, d: dict[str, Any]) -> bool:
     run = SimRun(ctx, "stall", base_sets(ctx))
     try:
-        if not run.until_steps(total_steps(ctx) // 4):
-            d["error"] = "the run never reached a quarter of its steps"
+        if not run.until_quarter(d):
             return False
         pid = run.child(f"peer-{STALLED}")
         if pid is None:
@@ -302,8 +300,7 @@ def _broker_restart(ctx: Ctx, d: dict[str, Any], name: str, lagged: bool) -> boo
     sets.append(f"control.lagged={str(lagged).lower()}")
     run = SimRun(ctx, name, sets, broker=broker.url)
     try:
-        if not run.until_steps(epochs * 11 // 4):
-            d["error"] = "the run never reached a quarter of its steps"
+        if not run.until_quarter(d, total=epochs * 11):
             return False
         d["stopped_at_step"] = run.steps()
         broker.stop()

@@ -138,6 +138,14 @@ class SimRun:
     def until_steps(self, n: int, timeout: float = RUN_TIMEOUT) -> bool:
         return wait_for(lambda: self.steps() >= n or self.proc.poll() is not None, timeout, 0.1)
 
+    def until_quarter(self, d: dict[str, Any], total: int | None = None) -> bool:
+        """Wait until the run trained a quarter of its ``total`` steps (default: `total_steps`);
+        False, the reason in ``d``, when it never does."""
+        if self.until_steps((total_steps(self.ctx) if total is None else total) // 4):
+            return True
+        d["error"] = "the run never reached a quarter of its steps"
+        return False
+
     def wait(self, timeout: float = RUN_TIMEOUT) -> int | None:
         self.code = wait_exit(self.proc, timeout)
         return self.code

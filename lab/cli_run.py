@@ -8,7 +8,7 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import click
 
 from concord.core.config import ConfigError, RunConfig
 from concord.lab.cli_common import (
+    F,
     broker_option,
     fail,
     force_option,
@@ -27,6 +28,17 @@ from concord.lab.cli_common import (
     set_option,
     telemetry,
 )
+
+
+def config_option(help: str) -> Callable[[F], F]:
+    """--config, the run's TOML file, required (a process of a run: peer, orchestrator)."""
+    return click.option(
+        "--config",
+        "config",
+        required=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help=help,
+    )
 
 
 def _check_advertise(advertise: str | None) -> None:
@@ -176,13 +188,7 @@ def sim(
 
 
 @click.command()
-@click.option(
-    "--config",
-    "config",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="the run's TOML config",
-)
+@config_option("the run's TOML config")
 @click.option(
     "--id",
     "peer_id",
@@ -278,13 +284,7 @@ def peer(
 
 
 @click.command()
-@click.option(
-    "--config",
-    "config",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="the run's TOML config (the same file the peers run)",
-)
+@config_option("the run's TOML config (the same file the peers run)")
 @broker_option("MQTT broker (default: orchestrator.broker; unset: embed one on 127.0.0.1)")
 @click.option(
     "--run-id",
