@@ -8,8 +8,12 @@ peer's replica, the very code the vectorized engine runs for all replicas at onc
 torch.distributed (``network.transport = "torch"``: a fixed world, no rejoin).
 
 One driver (`PeerProcess.main`) for both kinds of peer; a coordination says what to run
-(`concord.peer.coordination`): static peers take topology, plan and addresses from the config,
-orchestrated peers follow the orchestrator's stages and schedules over MQTT.
+(`concord.peer.coordination.Coordination`): static peers take topology, plan and addresses from
+the config, orchestrated peers follow the orchestrator's stages and schedules over MQTT. The
+driver moves along the peer's lifecycle (`concord.peer.lifecycle`: starting → joining → waiting
+→ [resuming →] [rejoining →] training ⇄ rejoining → leaving → done | failed), each state's work
+in its own module: `concord.peer.checkpoints` (resuming), `concord.peer.rejoin` (rejoining),
+`concord.peer.training` (training).
 
 Run directory (``--out``, default ``runs/peer-<id>``, `concord.runtime.rundir.RunWriter`):
 ``metrics.jsonl`` (the step records of the vectorized engine plus this peer's round outcomes, and
@@ -23,20 +27,20 @@ stopped) continues from its last checkpoint (parameters, algorithm and RNG state
 counter and byte counters): metrics lines after the checkpoint's step are dropped — unless its
 neighbours are more than ``network.rejoin_fetch_after`` steps further (or it has no checkpoint):
 then it adopts a neighbour's parameters and momentum (``Fetch``) and goes on from that
-neighbour's step + 1 (`PeerProcess._rejoin`). Its neighbours skip it after
+neighbour's step + 1 (`concord.peer.rejoin.Restart`). Its neighbours skip it after
 ``network.skip_after`` missed rounds and take it back when it says Hello again
 (`concord.peer.transport`). An orchestrated peer restarted with the same command is re-admitted
 by the orchestrator at a later schedule version; it fetches a neighbour's parameters and
-momentum and starts at that version's effective step (`PeerProcess._join_late`).
-A peer that finds itself more than its step window behind all its neighbours (it was stalled)
-jumps to their step (``jump`` in `PeerProcess.train`).
+momentum through the same path and starts at that version's effective step
+(`concord.peer.rejoin.Readmission`). A peer that finds itself more than its step window behind
+all its neighbours (it was stalled) jumps to their step (`concord.peer.rejoin.Jumps`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import enum
 import logging
 import os
 import signal
@@ -50,36 +54,36 @@ from typing import Any
 import structlog
 import torch
 
-from concord.core.config import RunConfig, run_identity
-from concord.core.data import partition_digest
+from concord.core.config import RunConfig
 from concord.core.graphs.topology import exponential_name, max_exponential_k
 from concord.core.loop import ControlHook, StepRunner
 from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError as PeerConfigError
 from concord.peer.certs import CertError
+from concord.peer.checkpoints import Checkpoints, restore, resumable
 from concord.peer.comm import PeerComm, RoundComm
-from concord.peer.coordination import STOP_WAIT, OrchestratedCoordination, StaticCoordination
+from concord.peer.coordination import (
+    STOP_WAIT,
+    Coordination,
+    OrchestratedCoordination,
+    StaticCoordination,
+)
 from concord.peer.launcher import Identity
+from concord.peer.lifecycle import Lifecycle, State
 from concord.peer.memory import tune_malloc
 from concord.peer.pace import pace_hooks
+from concord.peer.rejoin import Jumps, Readmission, Restart, rejoin
 from concord.peer.telemetry import PeerMetrics, peer_registry, watch_refusals
 from concord.peer.torch_plane import AgreedControl, TorchComm, TorchPlane, TorchPlaneError
-from concord.peer.transport import Fetched, Transport, TransportOptions
+from concord.peer.training import Serve, StageSteps, StepClock, stage_summary
+from concord.peer.transport import Transport, TransportOptions
 from concord.peer.validate import STEP_WINDOW
 from concord.protos.exposure import check_exposure, exposure_of
 from concord.runtime.driver import StepHooks, drive
 from concord.runtime.lifecycle import dump_tasks, task_stacks
-from concord.runtime.rundir import (
-    RunWriter,
-    checkpoint_steps,
-    counters_state,
-    load_checkpoint,
-    load_counters,
-    restore_checkpoint,
-)
+from concord.runtime.rundir import RunWriter
 from concord.runtime.telemetry import metrics_server
 
-Coordination = StaticCoordination | OrchestratedCoordination
 # seconds from the end of training to the exit: the wait for the run's "stop", the transport's
 # bounded stop, and slack — below the launcher's 90 s for peers outliving the orchestrator
 TEARDOWN_LIMIT = STOP_WAIT + 25.0
@@ -142,7 +146,22 @@ def check_orchestrated(
     return address
 
 
+class Origin(enum.Enum):
+    """How a peer process began its run — data, not a lifecycle state: it picks the path from
+    ``waiting`` to ``training`` (`concord.peer.lifecycle`)."""
+
+    FRESH = "fresh"  # a new run directory
+    RESUMED = "resumed"  # `concord sim --resume`: every peer from a checkpoint of the same step
+    # started again on its run directory after it was killed or stopped: a static peer continues
+    # from its checkpoint (if any) and asks its neighbours how far they are; an orchestrated one
+    # is re-admitted by the orchestrator and fetches a neighbour's parameters (late join)
+    RESTARTED = "restarted"
+
+
 class PeerProcess:
+    """One peer process: its lifecycle (`Lifecycle`, `concord.peer.lifecycle`) from ``starting``
+    through joining, stages of training and leaving to ``done`` or ``failed``."""
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -174,33 +193,17 @@ class PeerProcess:
         check_exposure(self.exposure, insecure=cfg.network.insecure, role="peer", warn=False)
         self.advertise = advertise
         self.out = out
+        self.life = Lifecycle()
         self.stop = threading.Event()
         self.left_tasks = False  # the transport's stop left a task behind: exit hard
         self._signalled = asyncio.Event()  # a SIGTERM/SIGINT arrived
         self._teardown: asyncio.Task[None] | None = None  # `_arm_teardown`'s deadline
         self.step = 0
-        # a static peer restarted on its own run directory continues from its checkpoint
-        self.resume: dict[str, Any] | None = None
-        if self.broker is None:
-            self.resume = resumable(out, cfg, peer_id)
-        if resume_step is not None:  # `concord sim --resume`: every peer from the same step
-            self.resume = resumable(out, cfg, peer_id, step=resume_step)
-            if self.resume is None:
-                raise PeerConfigError(f"{out} holds no checkpoint of step {resume_step}")
-        # started before on this run directory (killed, with or without a checkpoint): rejoin
-        self.restarted = self.broker is None and (
-            self.resume is not None or (out / "metrics.jsonl").is_file()
-        )
-        self.rejoined: dict[str, int] = {}
+        self.origin, self.checkpoint = self._origin(resume_step)
+        after = None if self.checkpoint is None else int(self.checkpoint["run"]["next_step"]) - 1
+        if self.broker is not None and self.origin is Origin.RESTARTED:
+            after = sys.maxsize  # its earlier records stay and the new ones follow them
         self.plane: TorchPlane | None = None  # network.transport = "torch", once connected
-        after = None if self.resume is None else int(self.resume["run"]["next_step"]) - 1
-        # an orchestrated peer restarted on its run directory (`concord peer` refuses one of a
-        # completed run): it rejoins at the step the orchestrator gives it
-        self.rejoining = (
-            self.broker is not None and resume_step is None and (out / "metrics.jsonl").is_file()
-        )
-        if self.rejoining:  # its earlier records stay and the new ones follow them
-            after = sys.maxsize
         self.writer = RunWriter(
             out, cfg, run=self.run_id, flush_every=1, resume_after=after, peer=peer_id
         )
@@ -214,6 +217,22 @@ class PeerProcess:
                 local_index=self.identity.local_index,
                 local_source=self.identity.local_source,
             )
+
+    def _origin(self, resume_step: int | None) -> tuple[Origin, dict[str, Any] | None]:
+        """How this process begins (`Origin`) and the checkpoint it continues from, if any: a
+        static peer's own on its run directory, or the one of ``resume_step``. An orchestrated
+        peer started on a run directory it wrote before (`concord peer` refuses one of a
+        completed run) is restarted."""
+        out, cfg, i = self.out, self.cfg, self.peer_id
+        if resume_step is not None:
+            checkpoint = resumable(out, cfg, i, step=resume_step)
+            if checkpoint is None:
+                raise PeerConfigError(f"{out} holds no checkpoint of step {resume_step}")
+            return Origin.RESUMED, checkpoint
+        checkpoint = resumable(out, cfg, i) if self.broker is None else None
+        if checkpoint is not None or (out / "metrics.jsonl").is_file():
+            return Origin.RESTARTED, checkpoint
+        return Origin.FRESH, None
 
     def _device(self) -> torch.device:
         gpus = torch.cuda.device_count() if self.cfg.device in ("auto", "cuda") else 0
@@ -283,14 +302,24 @@ class PeerProcess:
         )
 
     async def main(self) -> int:
-        """The peer: serve, join the run, train its stages, leave, write the summary."""
+        """The peer, from ``starting`` to ``done`` or ``failed``: serve, join the run, train its
+        stages, leave, write the summary. An unexpected error fails it (and propagates)."""
+        try:
+            code = await self._run()
+        except Exception as exc:
+            self.life.fail(error=repr(exc))
+            raise
+        self.life.to(State.DONE if code == 0 else State.FAILED, code=code)
+        return code
+
+    async def _run(self) -> int:
         cfg = self.cfg
         task = await self.prepare()
         coord = self.coordination()
         transport = self.make_transport(task, coord.addresses, coord.is_neighbour)
         port = await transport.start(self.listen)
-        if self.resume is not None:  # neighbours resume at this step too: file their tensors
-            run = self.resume["run"]
+        if self.checkpoint is not None:  # neighbours resume at this step too: file their tensors
+            run = self.checkpoint["run"]
             transport.mailbox.advance(int(run.get("step_base", 0)) + int(run["next_step"]))
         advertise = self.advertise or f"{self.listen.rpartition(':')[0]}:{port}"
         self.log.info("peer.listening", address=self.listen, port=port, advertise=advertise)
@@ -305,8 +334,10 @@ class PeerProcess:
             if metrics is not None:
                 await metrics.__aenter__()
             async with coord:
+                self.life.to(State.JOINING, origin=self.origin.value)
                 joined = await coord.join(task, transport, advertise)
                 if joined:
+                    self.life.to(State.WAITING)
                     try:
                         summary, code = await self._stages(coord, transport, task)
                     except TorchPlaneError as exc:  # a fixed world lost a peer: the run ends
@@ -315,6 +346,7 @@ class PeerProcess:
                         summary = {"completed": False, "error": plane_error}
                         if self.plane is not None:  # the neighbours' operations fail now
                             self.plane.close()
+                        self.life.to(State.LEAVING, error=plane_error)
                     await coord.leave(summary)
         finally:
             if self.plane is not None:
@@ -353,7 +385,8 @@ class PeerProcess:
     async def _stages(
         self, coord: Coordination, transport: Transport, task: ClassificationTask
     ) -> tuple[dict[str, Any], int]:
-        """Run the stages of the coordination until the final one is done or a stop comes."""
+        """From ``waiting``: run the coordination's stages until the final one is done or a stop
+        comes; ends ``leaving``."""
         cfg, i = self.cfg, self.peer_id
         loop = asyncio.get_running_loop()
         connected = False
@@ -403,29 +436,29 @@ class PeerProcess:
                 join_at=late,
                 fetch_from=coord.neighbours(),
             )
-            if stage.final or self.stop.is_set():  # training is over: the exit has a deadline
+            over = stage.final or self.stop.is_set()
+            if over:  # training is over: the exit has a deadline
+                self.life.to(State.LEAVING, stage=stage.name)
                 self._arm_teardown(result, coord.exit_code)
             result.update(await coord.stage_done(stage))
-            if stage.final or self.stop.is_set():
+            if over:
                 return result, coord.exit_code  # 0 unless the coordination gave up
+            self.life.to(State.WAITING, stage_done=stage.name)
+        self.life.to(State.LEAVING, stage=None)
         return {"completed": False}, coord.exit_code
 
     async def _connect_plane(self, coord: Coordination) -> None:
         """Join the torch.distributed process group (``network.transport = "torch"``) once,
         before the first stage: every peer of the run is there (the orchestrator starts a run
-        when all are ready); a peer that restarted into a run in progress cannot join it."""
-        rejoining = self.broker is not None and self.rejoining
-        if rejoining or (self.restarted and self.broker is None and self.resume is None):
+        when all are ready); a peer that restarted into a run in progress cannot join it (a
+        static one with a checkpoint can: its neighbours restart from theirs)."""
+        if self.origin is Origin.RESTARTED and (self.broker is not None or self.checkpoint is None):
             raise TorchPlaneError(
                 f"peer {self.peer_id} restarted into a run whose data plane is "
                 "torch.distributed (network.transport = 'torch'): a fixed world, it cannot "
                 "rejoin (use transport = 'grpc' for runs that survive restarts)"
             )
-        store = None
-        if isinstance(coord, OrchestratedCoordination):  # the plan carries the store
-            timeout = self.cfg.network.startup_timeout
-            await coord.client.wait_for(lambda: coord.client.plan is not None, timeout)
-            store = coord.torch_store()
+        store = await coord.torch_store(self.cfg.network.startup_timeout)
         plane = TorchPlane(self.cfg, self.peer_id, self._device(), self.run_id)
         await asyncio.to_thread(plane.connect, store)
         self.plane = plane
@@ -449,6 +482,7 @@ class PeerProcess:
             try:
                 self.log.error("peer.teardown_stuck", tasks=task_stacks())
                 self.writer.finish({**summary, "teardown_stuck": True}, plots=False)
+                self.life.to(State.DONE if code == 0 else State.FAILED, code=code)
             finally:  # whatever failed above, the process ends
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -468,334 +502,107 @@ class PeerProcess:
         join_at: int | None = None,
         fetch_from: Sequence[int] = (),
     ) -> dict[str, Any]:
-        """Train ``steps`` steps (default: the whole plan) in this thread; ``hooks`` see every
-        step (an orchestrated stage applies schedules before and publishes metrics after one).
-        ``evaluate``: evaluate (and checkpoint) at the run's evaluation interval. ``join_at``: a
-        restarted orchestrated peer re-admitted at that step; it fetches its parameters from
-        one of ``fetch_from`` and starts there (`_join_late`)."""
+        """One stage, in this thread, from ``waiting`` to ``training`` (through ``resuming``
+        and ``rejoining`` when this peer starts behind, `_catch_up`), ``steps`` steps (default:
+        the whole plan); ``hooks`` see every step (an orchestrated stage applies schedules
+        before and publishes metrics after one). ``evaluate``: evaluate (and checkpoint) at the
+        run's evaluation interval. ``join_at``: a restarted orchestrated peer re-admitted at that
+        step, which fetches its parameters from one of ``fetch_from`` and starts there. Returns
+        the stage's summary."""
         i = self.peer_id
         total = runner.total_steps if steps is None else min(steps, runner.total_steps)
-        clock = _StepClock(self)
         t0 = time.perf_counter()
         comm = runner.comm if isinstance(runner.comm, PeerComm) else None
-        transport = comm.transport if comm is not None else None
-        jumps: list[tuple[int, int]] = []  # (from, to): steps this peer jumped over
-        neighbours = self.neighbours_ever(runner) if transport is not None else []
-
-        def jump(step: int) -> int:
-            """Behind its neighbours by more than the step window (they skipped it while it was
-            stalled, or it restarted from an old checkpoint), this peer can mix with nobody:
-            it jumps to their step — the round counter too, so frame keys match — and gossip
-            pulls its stale parameters back in (`concord.peer.transport.Transport.behind`)."""
-            if comm is None or transport is None:
-                return step
-            ahead = transport.behind(comm.step_base + step, neighbours)
-            if ahead is None:
-                return step
-            to = ahead[0] - comm.step_base
-            if to >= total:
-                return step  # no step of this stage (a bogus claim): stay
-            self.log.warning("peer.jump", from_step=step, to_step=to, round=ahead[1])
-            comm.loop.call_soon_threadsafe(transport.jumped)  # before the next round's coroutine
-            runner.rounds_total = ahead[1]
-            jumps.append((step, to))
-            return to
-
-        def one(step: int) -> dict[str, Any]:
-            record, report = runner.step(step)
-            record["step_ms"] = (time.perf_counter() - clock.started) * 1e3  # incl. control waits
-            if isinstance(runner.comm, RoundComm):  # where communication went (`Breakdown`)
-                record.update(runner.comm.take_breakdown())
-            record["peer"] = i
-            if jumps and jumps[-1][1] == step:
-                record["jumped_from"] = jumps[-1][0]
-            record["missing"] = sorted({j for o in report.outcomes for m in o.missing for j in m})
-            record["rejected"] = sorted(
-                {j for o in report.outcomes for r in o.rejected for j, _ in r}
-            )
-            if transport is not None:  # neighbours not waited for after this step
-                record["skipped"] = list(transport.suspected)
-            if record["missing"]:
-                self.log.warning(
-                    "round.missing",
-                    step=step,
-                    round=record["rounds_total"],
-                    neighbours=record["missing"],
-                )
-            return record
-
-        def evaluation(step: int, record: dict[str, Any], final: bool) -> dict[str, Any]:
-            ev = task.evaluate(peers=True)
-            return {
-                "kind": "eval",
-                "step": step,
-                "peer": i,
-                "accuracy": ev["acc_mean_peer"],
-                "loss": ev["loss_mean_peer"],
-                "epoch": record["epoch"],
-            }
-
-        start = 0
-        if self.resume is not None:  # a restarted static peer: continue from its checkpoint
-            start = self._restore(self.resume, runner, task)
-            self.resume = None
-        if self.restarted and comm is not None and transport is not None:
-            self.restarted = False
-            start = self._rejoin(runner, task, comm, transport, start, neighbours, total)
-        if join_at is not None and comm is not None and transport is not None:
-            peers = [j for j in fetch_from if j in neighbours] or list(fetch_from)
-            start = self._join_late(runner, task, comm, transport, join_at, peers, total)
-        serve = _Serve(runner, task, comm, transport)
+        neighbours = self.neighbours_ever(runner) if comm is not None else []
+        start, rejoined = self._catch_up(runner, task, comm, total, neighbours, join_at, fetch_from)
+        self.life.to(State.TRAINING, step=start)
+        clock = StepClock(self._at_step)
+        jumps = Jumps(runner, comm, neighbours, total) if comm is not None else None
+        steps_of = StageSteps(i, runner, task, clock, jumps)
+        serve = Serve(runner, task, comm)
         try:
             result = drive(
                 steps=total,
                 interval=runner.eval_interval(),
                 last_step=runner.total_steps - 1,
-                train=one,
-                evaluate=evaluation if evaluate else None,
+                train=steps_of.step,
+                evaluate=steps_of.evaluate if evaluate else None,
                 sink=self.writer,
                 hooks=[
                     clock,
                     *pace_hooks(self.cfg, i),
                     *hooks,
                     serve,
-                    _Checkpoints(self, runner, task),
+                    Checkpoints(self.writer, self.cfg, i, runner, task),
                     PeerMetrics(self.telemetry, runner.total_steps),
                 ],
                 stop=self.stop.is_set,
                 start=start,
-                skip=jump,
+                skip=None if jumps is None else lambda step: self._jump(jumps, step),
             )
         finally:
             serve.close()  # Fetches are refused from now on
-        resumed: dict[str, Any] = {"resumed_from_step": start} if start else {}
-        if self.rejoined:
-            resumed["rejoined"] = dict(self.rejoined)
         return {
-            **resumed,
-            "engine": "processes",
-            "peer": i,
-            "steps": result.steps,
-            "completed": result.steps == runner.total_steps,
-            "accuracy": result.last_eval.get("accuracy"),
-            "gossip_rounds_total": runner.rounds_total,
-            "jumps": len(jumps),
-            "steps_jumped": sum(to - at for at, to in jumps),
-            "bytes_sent_total": runner.comm.counters.bytes_wire,
-            "bytes_raw_total": runner.comm.counters.bytes_raw,
-            "bytes_per_edge": runner.comm.counters.edge_table(),
-            "partition_sha256": partition_digest(task.parts),
-            "train_seconds": time.perf_counter() - t0,  # the training loop only (incl. evals)
-            "cpu_seconds": time.process_time(),  # this process so far, every thread
+            **stage_summary(
+                i,
+                runner,
+                task,
+                result,
+                start=start,
+                rejoined=rejoined,
+                jumps=jumps,
+                seconds=time.perf_counter() - t0,
+            ),
             "run_dir": str(self.out),
         }
 
-    def _rejoin(
-        self,
-        runner: StepRunner,
-        task: ClassificationTask,
-        comm: PeerComm,
-        transport: Transport,
-        start: int,
-        neighbours: list[int],
-        total: int,
-    ) -> int:
-        """A restarted static peer asks its neighbours for their parameters (Fetch); when the
-        most advanced answer is more than ``network.rejoin_fetch_after`` steps ahead of its
-        checkpoint (or it has none), it adopts those parameters and continues at that
-        neighbour's step + 1 — with the round counter to match (one round per step), so its
-        frames carry the keys its neighbours expect and land inside their step window. With the
-        parameters it takes the neighbour's portable algorithm state (the momentum: `_adopt`);
-        the rest (trackers, error feedback) stays its own, the checkpoint's or the fresh one.
-        Returns the step to start at. Only a restarted peer fetches: at a fresh start the
-        neighbours' first round waits for this peer, whose Fetch would wait for their step
-        boundary."""
-        cfg = self.cfg
-        timeout = 2 * cfg.network.deadline + 5.0  # a neighbour's step boundary, at worst
-        future = asyncio.run_coroutine_threadsafe(
-            transport.fetch_any(neighbours, timeout), comm.loop
-        )
-        got = future.result(timeout + 10.0)
-        if got is None:
-            self.log.info("peer.rejoin", fetched=False, step=start)
-            return start
-        behind = got.step - comm.step_base - start
-        to = got.step - comm.step_base + 1
-        if behind <= cfg.network.rejoin_fetch_after or to >= total:
-            self.log.info("peer.rejoin", fetched=False, step=start, neighbour_step=got.step)
-            return start
-        self._adopt(runner, task, got)
-        runner.rounds_total = got.round + 1
-        self.rejoined = {"from_peer": got.sender, "at_step": to, "checkpoint_step": start}
-        self.log.warning("peer.rejoin", fetched=True, **self.rejoined)
-        return to
-
-    def _join_late(
-        self,
-        runner: StepRunner,
-        task: ClassificationTask,
-        comm: PeerComm,
-        transport: Transport,
-        join_at: int,
-        peers: list[int],
-        total: int,
-    ) -> int:
-        """A restarted orchestrated peer, re-admitted at step ``join_at``: it adopts the
-        parameters of the most advanced of ``peers`` that answers a Fetch and starts at
-        ``join_at`` — with that neighbour's round counter when answered at the boundary of
-        ``join_at`` (`Transport.joins_at`) — or, if that neighbour is already past it, at its
-        step + 1 (the round counter to match, one round per step; `jump` corrects the rest).
-        Without an answer it starts at ``join_at`` from its initial parameters, and gossip
-        pulls them in."""
-        timeout = 2 * self.cfg.network.deadline + 5.0
-        future = asyncio.run_coroutine_threadsafe(transport.fetch_any(peers, timeout), comm.loop)
-        got = future.result(timeout + 10.0)
-        start = min(join_at, total - 1)
-        if got is None:
-            runner.rounds_total = start
-            self.rejoined = {"at_step": start, "readmitted_at": join_at}
-            self.log.warning("peer.rejoin", fetched=False, **self.rejoined)
-            return start
-        local = got.step - comm.step_base
-        start = min(join_at if local <= join_at else local + 1, total - 1)
-        self._adopt(runner, task, got)
-        runner.rounds_total = got.round + (start - local)
-        self.rejoined = {"from_peer": got.sender, "at_step": start, "readmitted_at": join_at}
-        self.log.warning("peer.rejoin", fetched=True, **self.rejoined)
-        return start
-
-    def _adopt(self, runner: StepRunner, task: ClassificationTask, got: Fetched) -> None:
-        """Take over a Fetch answer: the neighbour's parameters and the algorithm state it sent
-        (`Algorithm.portable_state`, e.g. the momentum, as hivemind's ``load_state_from_peers``
-        takes the optimizer's); the rest of the state stays this peer's."""
-        with torch.no_grad():
-            task.x[0].copy_(got.x.to(task.x.device, task.x.dtype))
-        if not got.state:
-            return
-        state = runner.algorithm.state_dict()
-        for name, v in got.state.items():
-            state[name] = v.to(task.x.device, task.x.dtype).reshape(1, -1)
-        runner.algorithm.load_state_dict(state)
-        self.log.info("peer.rejoin_state", from_peer=got.sender, parts=sorted(got.state))
-
-    def run_state(self, runner: StepRunner, step: int) -> dict[str, Any]:
-        """The peer's state beyond tensors after ``step`` (a checkpoint's ``run``)."""
-        return {
-            "engine": "peer",
-            "peer": self.peer_id,
-            "next_step": step + 1,
-            "step_base": runner.comm.step_base if isinstance(runner.comm, RoundComm) else 0,
-            "total_steps": runner.total_steps,
-            "rounds_total": runner.rounds_total,
-            "counters": counters_state(runner.comm.counters),
-            "config": run_identity(self.cfg),
-        }
-
-    def _restore(self, state: dict[str, Any], runner: StepRunner, task: ClassificationTask) -> int:
-        """Load a checkpoint into the task, algorithm and counters; the step to continue from."""
-        run = state["run"]
-        if run["total_steps"] != runner.total_steps:
-            raise PeerConfigError(
-                f"the checkpoint in {self.out} is of a {run['total_steps']}-step run; this run "
-                f"has {runner.total_steps} steps (pass --force to start over)"
-            )
-        restore_checkpoint(state, task, runner.algorithm)
-        runner.rounds_total = int(run["rounds_total"])
-        load_counters(runner.comm.counters, run["counters"])
-        self.log.info("peer.resume", step=int(run["next_step"]))
-        return int(run["next_step"])
-
-
-def resumable(
-    out: Path, cfg: RunConfig, peer_id: int, *, step: int | None = None
-) -> dict[str, Any] | None:
-    """The checkpoint a static peer restarted on ``out`` continues from: one with run state of
-    this peer and config, of a run that did not complete (None: start afresh). ``step``: the
-    one of that step (``checkpoint.pt`` or ``checkpoint.prev.pt``), for a resumed run."""
-    path = out / "checkpoint.pt" if step is None else checkpoint_steps(out).get(step)
-    if path is None or not path.is_file():
-        return None
-    summary = out / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("completed"):
-        return None
-    state = load_checkpoint(path)
-    run = state.get("run")
-    if not isinstance(run, dict) or run.get("engine") != "peer" or run.get("peer") != peer_id:
-        return None
-    if run.get("config") != run_identity(cfg):
-        raise PeerConfigError(
-            f"{out} holds a checkpoint of another config; use the same --config to resume, or "
-            "--force to start over"
-        )
-    return state
-
-
-class _StepClock(StepHooks):
-    """Binds the step to this thread's log lines and starts the step's clock, first of all hooks
-    (a step's ``step_ms`` includes the waits of the hooks before it)."""
-
-    def __init__(self, process: PeerProcess) -> None:
-        self.process = process
-        self.started = time.perf_counter()
-
-    def before(self, step: int) -> None:
-        self.process.step = step
-        structlog.contextvars.bind_contextvars(step=step)
-        self.started = time.perf_counter()
-
-
-class _Serve(StepHooks):
-    """Fetch answers (`concord.peer.transport.Transport.snapshot`): at each step boundary, a copy
-    of the parameters for the neighbours waiting — never a torn read of a step in progress."""
-
-    def __init__(
+    def _catch_up(
         self,
         runner: StepRunner,
         task: ClassificationTask,
         comm: PeerComm | None,
-        transport: Transport | None,
-    ) -> None:
-        self.runner, self.task, self.comm, self.transport = runner, task, comm, transport
-        if transport is not None:
-            transport.training = True
+        total: int,
+        neighbours: list[int],
+        join_at: int | None,
+        fetch_from: Sequence[int],
+    ) -> tuple[int, dict[str, int]]:
+        """``resuming`` from the checkpoint (consumed: only the first stage has one) and
+        ``rejoining`` — one fetch path (`concord.peer.rejoin`) for a restarted static peer and a
+        re-admitted orchestrated one; the step to start at, and the summary's ``rejoined``."""
+        start = 0
+        if self.checkpoint is not None:
+            self.life.to(State.RESUMING)
+            start = restore(self.checkpoint, runner, task, self.out)
+            self.checkpoint = None
+        if comm is None:  # torch.distributed: a fixed world, nobody to fetch from
+            return start, {}
+        how: Restart | Readmission | None = None
+        peers = neighbours
+        if join_at is not None:
+            how = Readmission(join_at)
+            peers = [j for j in fetch_from if j in neighbours] or list(fetch_from)
+        elif self.broker is None and self.origin is not Origin.FRESH:
+            how = Restart(start, self.cfg.network.rejoin_fetch_after)
+        if how is None:
+            return start, {}
+        self.life.to(State.REJOINING, start=start, readmitted_at=join_at)
+        placed = rejoin(runner, task, comm, peers, how, total)
+        return placed.step, placed.record
 
-    def before(self, step: int) -> None:
-        t, comm = self.transport, self.comm
-        if t is not None and comm is not None and t.wanted:
-            algorithm = self.runner.algorithm
-            state = {
-                k: v[0]
-                for k, v in algorithm.state_dict().items()
-                if k in algorithm.portable_state and v.dim() == 2
-            }
-            t.fulfil(self.task.x[0], comm.step_base + step, self.runner.rounds_total, state)
+    def _jump(self, jumps: Jumps, step: int) -> int:
+        """Drive's ``skip``: ``training`` → ``rejoining`` → ``training`` when this peer is behind
+        all its neighbours (`concord.peer.rejoin.Jumps`); the step to run."""
+        target = jumps.target(step)
+        if target is None:
+            return step
+        to, round = target
+        self.life.to(State.REJOINING, from_step=step, to_step=to)
+        jumps.take(step, to, round)
+        self.life.to(State.TRAINING, step=to)
+        return to
 
-    def close(self) -> None:
-        if self.transport is not None and self.comm is not None:
-            self.comm.loop.call_soon_threadsafe(self.transport.stop_serving)
-
-
-class _Checkpoints(StepHooks):
-    """``checkpoint.pt`` after every evaluation, and of the last complete step on a stop."""
-
-    def __init__(self, process: PeerProcess, runner: StepRunner, task: ClassificationTask) -> None:
-        self.process = process
-        self.runner = runner
-        self.task = task
-
-    def _save(self, step: int) -> None:
-        state = self.process.run_state(self.runner, step)
-        self.process.writer.save_checkpoint(
-            self.task, self.runner.algorithm, step, run_state=state, keep_previous=True
-        )
-
-    def evaluated(self, step: int, record: dict[str, Any]) -> None:
-        self._save(step)
-
-    def stopping(self, step: int) -> None:
-        self.process.log.info("peer.stopping", step=step)
-        if step > 0:  # keep the last completed step for a restart
-            self._save(step - 1)
+    def _at_step(self, step: int) -> None:
+        self.step = step
 
 
 def run_peer(

@@ -48,7 +48,7 @@ CHANNEL_OPTIONS = [
 
 RAW_METHOD = "/concord.v1.Gossip/ExchangeRaw"
 Wire = Literal["raw", "protobuf"]
-log = structlog.get_logger("concord.peer.transport")  # the transport's lines, as before the split
+log = structlog.get_logger(__name__)
 _REAP_LIMIT = 2.0  # seconds a cancelled link task (ack reader, send behind) gets to end
 
 

@@ -24,7 +24,7 @@ from concord.lab.cli import main
 from concord.orchestrator.app import Orchestrator
 from concord.orchestrator.broker import EmbeddedBroker
 from concord.peer.control import ControlClient, OrchestratedControl
-from concord.peer.coordination import ScheduleCheck
+from concord.peer.schedules import ScheduleCheck
 from concord.protos.control_plane import (
     SCHEMA_VERSION,
     TOPICS,

@@ -1,4 +1,4 @@
-"""`concord.peer.coordination.Membership`: which schedule, members and graph are in force at a step
+"""`concord.peer.schedules.Membership`: which schedule, members and graph are in force at a step
 — adaptive graphs (ada-feedback) taken from the orchestrator's published schedule, the wait for a
 decision's schedule at its effective step, and the neighbour check of incoming frames."""
 
@@ -16,13 +16,8 @@ import torch
 from concord.core.config import RunConfig, load_config
 from concord.core.control.runplan import Schedules, make_lr_schedule, make_plan
 from concord.core.graphs.adagraph import feedback_config
-from concord.peer.coordination import (
-    Membership,
-    OrchestratedCoordination,
-    OrchestratorHooks,
-    Stage,
-    phase_topologies,
-)
+from concord.peer.coordination import OrchestratedCoordination, OrchestratorHooks, Stage
+from concord.peer.schedules import Membership, ScheduleCheck, phase_topologies
 from concord.peer.serde import TENSOR_ALLREDUCE
 from concord.peer.transport import Transport, TransportOptions
 from concord.protos.control_plane import Schedule
@@ -122,8 +117,6 @@ def test_frames_are_checked_against_the_graph_in_force_at_their_step() -> None:
 
 
 def test_a_later_schedule_may_add_back_a_dropped_peer_at_a_new_address_only() -> None:
-    from concord.peer.coordination import ScheduleCheck
-
     cfg = load_config(None, ["peers=4"], environ={})
     check = ScheduleCheck(cfg, 0)
     check.advertise = "h:1000"

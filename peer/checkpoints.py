@@ -1,0 +1,115 @@
+"""A peer's checkpoints: written after every evaluation and at a stop (`Checkpoints`), and read
+back in the ``resuming`` state (`concord.peer.lifecycle`) by a peer started again on its run
+directory (`resumable`, `restore`). A checkpoint holds the replica's parameters, the algorithm's
+and the sampler's state, and the run state beyond tensors (`run_state`: the next step, the
+gossip-round counter, the byte counters, the config's identity)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from concord.core.config import RunConfig, run_identity
+from concord.core.loop import StepRunner
+from concord.core.task import ClassificationTask
+from concord.errors import PeerConfigError
+from concord.peer.comm import RoundComm
+from concord.runtime.driver import StepHooks
+from concord.runtime.rundir import (
+    RunWriter,
+    checkpoint_steps,
+    counters_state,
+    load_checkpoint,
+    load_counters,
+    restore_checkpoint,
+)
+
+__all__ = ["Checkpoints", "restore", "resumable", "run_state"]
+
+log = structlog.get_logger(__name__)
+
+
+def resumable(
+    out: Path, cfg: RunConfig, peer_id: int, *, step: int | None = None
+) -> dict[str, Any] | None:
+    """The checkpoint a static peer restarted on ``out`` continues from: one with run state of
+    this peer and config, of a run that did not complete (None: start afresh). ``step``: the
+    one of that step (``checkpoint.pt`` or ``checkpoint.prev.pt``), for a resumed run."""
+    path = out / "checkpoint.pt" if step is None else checkpoint_steps(out).get(step)
+    if path is None or not path.is_file():
+        return None
+    summary = out / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("completed"):
+        return None
+    state = load_checkpoint(path)
+    run = state.get("run")
+    if not isinstance(run, dict) or run.get("engine") != "peer" or run.get("peer") != peer_id:
+        return None
+    if run.get("config") != run_identity(cfg):
+        raise PeerConfigError(
+            f"{out} holds a checkpoint of another config; use the same --config to resume, or "
+            "--force to start over"
+        )
+    return state
+
+
+def run_state(cfg: RunConfig, peer_id: int, runner: StepRunner, step: int) -> dict[str, Any]:
+    """The peer's state beyond tensors after ``step`` (a checkpoint's ``run``)."""
+    return {
+        "engine": "peer",
+        "peer": peer_id,
+        "next_step": step + 1,
+        "step_base": runner.comm.step_base if isinstance(runner.comm, RoundComm) else 0,
+        "total_steps": runner.total_steps,
+        "rounds_total": runner.rounds_total,
+        "counters": counters_state(runner.comm.counters),
+        "config": run_identity(cfg),
+    }
+
+
+def restore(state: dict[str, Any], runner: StepRunner, task: ClassificationTask, out: Path) -> int:
+    """Load checkpoint ``state`` (of run directory ``out``) into the task, algorithm and
+    counters; the step to continue from."""
+    run = state["run"]
+    if run["total_steps"] != runner.total_steps:
+        raise PeerConfigError(
+            f"the checkpoint in {out} is of a {run['total_steps']}-step run; this run "
+            f"has {runner.total_steps} steps (pass --force to start over)"
+        )
+    restore_checkpoint(state, task, runner.algorithm)
+    runner.rounds_total = int(run["rounds_total"])
+    load_counters(runner.comm.counters, run["counters"])
+    log.info("peer.resume", step=int(run["next_step"]))
+    return int(run["next_step"])
+
+
+class Checkpoints(StepHooks):
+    """``checkpoint.pt`` after every evaluation, and of the last complete step on a stop."""
+
+    def __init__(
+        self,
+        writer: RunWriter,
+        cfg: RunConfig,
+        peer_id: int,
+        runner: StepRunner,
+        task: ClassificationTask,
+    ) -> None:
+        self.writer, self.cfg, self.peer_id = writer, cfg, peer_id
+        self.runner, self.task = runner, task
+
+    def _save(self, step: int) -> None:
+        state = run_state(self.cfg, self.peer_id, self.runner, step)
+        self.writer.save_checkpoint(
+            self.task, self.runner.algorithm, step, run_state=state, keep_previous=True
+        )
+
+    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+        self._save(step)
+
+    def stopping(self, step: int) -> None:
+        log.info("peer.stopping", step=step)
+        if step > 0:  # keep the last completed step for a restart
+            self._save(step - 1)

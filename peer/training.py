@@ -1,0 +1,151 @@
+"""The ``training`` state of a peer (`concord.peer.lifecycle`): what runs around each step of a
+stage in the training thread — the step's clock (`StepClock`), Fetch answers at step boundaries
+(`Serve`), the step and evaluation records (`StageSteps`) and the stage's summary
+(`stage_summary`). The loop itself is `concord.runtime.driver.drive`; the peer's driver
+(`concord.peer.app.PeerProcess.train`) assembles these and moves the lifecycle."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from concord.core.data import partition_digest
+from concord.core.loop import StepRunner
+from concord.core.task import ClassificationTask
+from concord.peer.comm import PeerComm, RoundComm
+from concord.peer.rejoin import Jumps
+from concord.runtime.driver import DriveResult, StepHooks
+
+__all__ = ["Serve", "StageSteps", "StepClock", "stage_summary"]
+
+log = structlog.get_logger(__name__)
+
+
+class StepClock(StepHooks):
+    """Binds the step to this thread's log lines, tells ``on_step`` and starts the step's clock,
+    first of all hooks (a step's ``step_ms`` includes the waits of the hooks before it)."""
+
+    def __init__(self, on_step: Callable[[int], None]) -> None:
+        self.on_step = on_step
+        self.started = time.perf_counter()
+
+    def before(self, step: int) -> None:
+        self.on_step(step)
+        structlog.contextvars.bind_contextvars(step=step)
+        self.started = time.perf_counter()
+
+
+class Serve(StepHooks):
+    """Fetch answers (`concord.peer.transport.Transport.snapshot`): at each step boundary, a copy
+    of the parameters for the neighbours waiting — never a torn read of a step in progress."""
+
+    def __init__(self, runner: StepRunner, task: ClassificationTask, comm: PeerComm | None) -> None:
+        self.runner, self.task, self.comm = runner, task, comm
+        if comm is not None:
+            comm.transport.training = True
+
+    def before(self, step: int) -> None:
+        comm = self.comm
+        if comm is not None and comm.transport.wanted:
+            algorithm = self.runner.algorithm
+            state = {
+                k: v[0]
+                for k, v in algorithm.state_dict().items()
+                if k in algorithm.portable_state and v.dim() == 2
+            }
+            comm.transport.fulfil(
+                self.task.x[0], comm.step_base + step, self.runner.rounds_total, state
+            )
+
+    def close(self) -> None:
+        if self.comm is not None:
+            self.comm.loop.call_soon_threadsafe(self.comm.transport.stop_serving)
+
+
+class StageSteps:
+    """One stage's step and evaluation records of peer ``peer``: the runner's record plus the
+    step's wall time, where its communication went, the jump that landed on it, and which
+    neighbours were missing, rejected or skipped."""
+
+    def __init__(
+        self,
+        peer: int,
+        runner: StepRunner,
+        task: ClassificationTask,
+        clock: StepClock,
+        jumps: Jumps | None,
+    ) -> None:
+        self.peer, self.runner, self.task, self.clock, self.jumps = peer, runner, task, clock, jumps
+        self.comm = runner.comm if isinstance(runner.comm, PeerComm) else None
+
+    def step(self, step: int) -> dict[str, Any]:
+        runner = self.runner
+        record, report = runner.step(step)
+        record["step_ms"] = (time.perf_counter() - self.clock.started) * 1e3  # incl. control
+        if isinstance(runner.comm, RoundComm):  # where communication went (`Breakdown`)
+            record.update(runner.comm.take_breakdown())
+        record["peer"] = self.peer
+        jumped_from = self.jumps.landed(step) if self.jumps is not None else None
+        if jumped_from is not None:
+            record["jumped_from"] = jumped_from
+        record["missing"] = sorted({j for o in report.outcomes for m in o.missing for j in m})
+        record["rejected"] = sorted({j for o in report.outcomes for r in o.rejected for j, _ in r})
+        if self.comm is not None:  # neighbours not waited for after this step
+            record["skipped"] = list(self.comm.transport.suspected)
+        if record["missing"]:
+            log.warning(
+                "round.missing",
+                step=step,
+                round=record["rounds_total"],
+                neighbours=record["missing"],
+            )
+        return record
+
+    def evaluate(self, step: int, record: dict[str, Any], final: bool) -> dict[str, Any]:
+        ev = self.task.evaluate(peers=True)
+        return {
+            "kind": "eval",
+            "step": step,
+            "peer": self.peer,
+            "accuracy": ev["acc_mean_peer"],
+            "loss": ev["loss_mean_peer"],
+            "epoch": record["epoch"],
+        }
+
+
+def stage_summary(
+    peer: int,
+    runner: StepRunner,
+    task: ClassificationTask,
+    result: DriveResult,
+    *,
+    start: int,
+    rejoined: dict[str, int],
+    jumps: Jumps | None,
+    seconds: float,
+) -> dict[str, Any]:
+    """What a stage leaves for the peer's summary; ``start``: the step it began at (> 0: resumed
+    or rejoined), ``seconds``: the training loop's time (evaluations included)."""
+    resumed: dict[str, Any] = {"resumed_from_step": start} if start else {}
+    if rejoined:
+        resumed["rejoined"] = dict(rejoined)
+    counters = runner.comm.counters
+    return {
+        **resumed,
+        "engine": "processes",
+        "peer": peer,
+        "steps": result.steps,
+        "completed": result.steps == runner.total_steps,
+        "accuracy": result.last_eval.get("accuracy"),
+        "gossip_rounds_total": runner.rounds_total,
+        **(jumps.summary() if jumps is not None else {"jumps": 0, "steps_jumped": 0}),
+        "bytes_sent_total": counters.bytes_wire,
+        "bytes_raw_total": counters.bytes_raw,
+        "bytes_per_edge": counters.edge_table(),
+        "partition_sha256": partition_digest(task.parts),
+        "train_seconds": seconds,
+        "cpu_seconds": time.process_time(),  # this process so far, every thread
+    }
