@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+_SO_RCVBUFFORCE = 33  # Linux's; the socket module does not name it
 _STAMP = struct.Struct("!Qd")  # sequence number, send time (CLOCK_MONOTONIC seconds)
 
 
@@ -69,7 +70,10 @@ def rtt(address: str, port: int, count: int, interval: float, timeout: float) ->
 
 def udp_sink(address: str, count: int, idle: float) -> None:
     sock = _bound(socket.SOCK_DGRAM, address)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    try:  # root may exceed net.core.rmem_max: a burst must not overflow the socket
+        sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, 8 << 20)
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     delays: list[float] = []
     sock.settimeout(None)
     while len(delays) < count:

@@ -49,6 +49,7 @@ from concord.lab.net.shell import (
 _HOST_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,31}$")
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _TUN, _TABLE = "tun0", "100"  # the emulator's device and routing table in the switch
+_TUN_QUEUE = 10_000  # packets the kernel queues for the emulator (default 500)
 Direction = Literal["both", "up", "down"]
 
 
@@ -409,10 +410,14 @@ class Net:
 
     def emulator_stats(self) -> dict[str, Any]:
         """The link emulator's counters (packets admitted, dropped, released, held; bytes
-        admitted; its CPU seconds); `NetError` if it is not running."""
+        admitted; its CPU seconds) and ``queue_dropped``: packets the kernel dropped because the
+        emulator's queue was full (it fell behind); `NetError` if it is not running."""
         if self._emulator is None:
             raise NetError("no link emulator runs on this Net (no link has delay, jitter or loss)")
-        return self._emulator.request({"op": "stats"})
+        stats = self._emulator.request({"op": "stats"})
+        out = sh("ip", "-n", self.switch, "-s", "-j", "link", "show", "dev", _TUN).stdout
+        stats["queue_dropped"] = int(json.loads(out)[0]["stats64"]["tx"]["dropped"])
+        return stats
 
     def _start_emulator(self) -> _Emulator:
         if not self._open:
@@ -420,7 +425,20 @@ class Net:
         sw = self.switch
         with self._signals_held():
             sh("ip", "-n", sw, "tuntap", "add", "dev", _TUN, "mode", "tun")
-            sh("ip", "-n", sw, "link", "set", _TUN, "mtu", str(self.mtu), "up")
+            # a queue long enough to ride out the emulator's scheduling delays on a busy machine
+            sh(
+                "ip",
+                "-n",
+                sw,
+                "link",
+                "set",
+                _TUN,
+                "mtu",
+                str(self.mtu),
+                "txqueuelen",
+                str(_TUN_QUEUE),
+                "up",
+            )
             argv = [
                 sys.executable,
                 "-m",
