@@ -1,5 +1,5 @@
 """``concord certs revoke``: add a certificate to the run's revocation list
-(`concord.protos.revocation`); the click declaration is in `concord.lab.cli`."""
+(`concord.protos.revocation`); the click declaration is in `concord.lab.cli_certs`."""
 
 from __future__ import annotations
 
