@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 from concord.lab.net.procs import kill, resume, send_signal, stall
-from concord.lab.net.profiles import Emulation, HostLink
+from concord.lab.net.profiles import Emulation, HostLink, LinkSpec
 from concord.lab.net.shell import (
     PREFIX,
     NetError,
@@ -376,11 +376,12 @@ class Net:
     def emulate(self, host: Host, link: HostLink) -> None:
         """Give ``host``'s link ``link`` (both directions: delay, jitter and loss by the link
         emulator, started on first need; rates by `cap`). Replaces what was set before."""
-        for direction, spec in (("up", link.up), ("down", link.down)):
+        ways: tuple[tuple[Direction, LinkSpec], ...] = (("up", link.up), ("down", link.down))
+        for direction, spec in ways:
             if spec.rate_mbit:
-                self.cap(host, spec.rate_mbit, direction=direction)  # type: ignore[arg-type]
+                self.cap(host, spec.rate_mbit, direction=direction)
             else:
-                self.uncap(host, direction=direction)  # type: ignore[arg-type]
+                self.uncap(host, direction=direction)
         if link.emulated or self._emulator is not None:
             emulator = self._emulator or self._start_emulator()
             emulator.request(
