@@ -1,5 +1,6 @@
 """The link emulator really delays a link: two hosts of a `concord.lab.net.Net`, 40 ms one way
-on one host's link (both directions), round trips measured with real UDP packets; afterwards
+on one host's link (both directions, from a ``[network.emulation]`` table with a per-peer
+override), round trips measured with real UDP packets; afterwards
 nothing of the run is left (`ip netns list`, the emulator process). Skipped where namespaces are
 not permitted."""
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from concord.lab.net import HostLink, Net, available, namespaces
+from concord.lab.net import Net, available, namespaces, parse_emulation
 from concord.lab.net.measure import rtt_ms
 
 _ok, _why = available()
@@ -22,10 +23,11 @@ def test_a_40_ms_link_delays_round_trips_by_80_ms_and_leaves_nothing() -> None:
     every RTT is ≥ 80 ms; it adds its own forwarding time (≈ 0.3 ms per pass on an idle
     machine, two passes per round trip) plus scheduling delays of a loaded 2-core machine: the
     median within +8 ms (10 %)."""
-    with Net(["a", "b"], mtu=9000) as net:
+    emulation = parse_emulation({"peers": {"1": {"delay_ms": 40}}})  # as a run config says it
+    with Net.for_emulation(emulation, ["a", "b"]) as net:
         a, b = net["a"], net["b"]
         before = statistics.median(rtt_ms(a, b, count=10))
-        net.emulate(b, HostLink.both(delay_ms=40.0))
+        net.apply(emulation, [a, b])
         emulator = net._emulator
         assert emulator is not None
         rtts = rtt_ms(a, b, count=30)
