@@ -21,21 +21,20 @@ _TIMEOUT = 300.0  # per exchange; a 256 MiB tensor on a loaded 2-vCPU box takes 
 
 
 def _transport(peer_id: int, addresses: list[str], dim: int) -> Any:
-    from concord.peer.transport import Transport
+    from concord.peer.transport import Transport, TransportOptions
 
-    return Transport(
+    options = TransportOptions(
         run_id="bench",
         peer_id=peer_id,
         world_size=2,
-        addresses=addresses,
         fingerprint="b" * 64,
         dim=dim,
         codec="none",
         chunk_bytes=CHUNK,
         max_tensor_bytes=max(1 << 31, 4 * dim),
         deadline=_TIMEOUT,
-        is_neighbour=lambda *_: True,
     )
+    return Transport(options, addresses, lambda *_: True)
 
 
 def _receiver(dim: int, total: int, ports: Any) -> None:
