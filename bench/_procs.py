@@ -119,7 +119,7 @@ def spawn(
     popen: Callable[..., subprocess.Popen[bytes]] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a session of its own, stdout and stderr appended to ``log``;
-    ``popen``: a Popen-like starter instead of `subprocess.Popen` (e.g. `_netns.Host.run`)."""
+    ``popen``: a Popen-like starter instead of `subprocess.Popen` (e.g. `netns.Host.run`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     kw: dict[str, Any] = {
         "cwd": str(cwd),

@@ -7,7 +7,7 @@ every 0.2 s, ``liveness_timeout`` and the step deadline 2 s (`base_sets`). ``con
 --engine processes`` runs them where one host is enough; the cases that need a network of their
 own (``cut``, ``cap``) or a fixed run id (the broker ACL of ``forged_secure``) start Mosquitto,
 ``concord orchestrator`` and ``concord peer`` themselves (`Deployment`), in network namespaces
-(``bench/_netns.py``) for the former.
+(``bench/netns.py``) for the former.
 
 Cases (``--cases`` picks some; each is ok only if every check listed holds):
 
@@ -102,7 +102,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _netns, chaos_attacks
+import concord.lab.net as netns
+from bench import chaos_attacks
 from bench._procs import reap, set_tag, tagged
 from bench.chaos_faults import (
     case_baseline,
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(2.0)  # what is ending anyway gets to end
         left = tagged(token)
         reap(left, grace=3.0)
-        _netns.cleanup()
+        netns.cleanup()
     corrupt = []
     for d in ctx.run_dirs:
         if d.exists():

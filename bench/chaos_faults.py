@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import _netns
+import concord.lab.net as netns
 from bench._procs import (
     jsonl,
     launched_by,
@@ -261,9 +261,9 @@ def case_stall(ctx: Ctx, d: dict[str, Any]) -> bool:
         if pid is None:
             d["error"] = f"peer {STALLED} not found"
             return False
-        _netns.stall(pid)
+        netns.stall(pid)
         time.sleep(20.0)
-        _netns.resume(pid)
+        netns.resume(pid)
         resumed = time.time()
         run.wait()
     finally:
@@ -379,7 +379,7 @@ def case_orch_kill_between(ctx: Ctx, d: dict[str, Any]) -> bool:
 
 
 def _netns_run(ctx: Ctx, d: dict[str, Any], name: str, fault: str) -> bool:
-    ok_net, why = _netns.available()
+    ok_net, why = netns.available()
     if not ok_net:
         raise Skip(f"network namespaces unavailable: {why}")
     from concord.orchestrator.broker import mosquitto_binary
@@ -390,10 +390,10 @@ def _netns_run(ctx: Ctx, d: dict[str, Any], name: str, fault: str) -> bool:
     run_id = f"chaos-{name}-{os.getpid()}"
     config = write_config(run_dir / "run.toml", base_sets(ctx))
     hosts = ["broker", "orch", *(f"p{i}" for i in range(8))]
-    with _netns.Net(hosts) as net:
+    with netns.Net(hosts) as net:
         b = net["broker"]
         try:
-            mosq = _netns.mosquitto(b, run_dir / "logs")
+            mosq = netns.mosquitto(b, run_dir / "logs")
         except RuntimeError as exc:
             d["error"] = str(exc)
             return False

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import _netns
+import concord.lab.net as netns
 from bench._procs import (
     concord,
     jsonl,
@@ -282,7 +282,7 @@ class Deployment:
 
     def __init__(
         self, run_dir: Path, config: Path, broker: str, run_id: str, peers: int,
-        net: _netns.Net | None = None,
+        net: netns.Net | None = None,
     ) -> None:  # fmt: skip
         self.dir, self.peers, self.net = run_dir, peers, net
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

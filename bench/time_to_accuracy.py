@@ -1,5 +1,5 @@
 """Time to accuracy on a shaped network: Concord's gossip contenders against gloo DDP, every
-process in a network namespace of its own with its link capped (``bench/_netns.py``, tc tbf both
+process in a network namespace of its own with its link capped (``bench/netns.py``, tc tbf both
 ways), on the clock.
 
 The run (defaults; all flags below): 8 peers, MNIST-1D generated locally (5,000 samples: 4,000
@@ -75,9 +75,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _netns
+import concord.lab.net as netns
 from bench._procs import ROOT, jsonl, read_json, reap, set_tag, spawn, tagged, tail
-from bench.chaos import Deployment, write_config
+from bench.chaos_runs import Deployment, write_config
 from bench.step_overhead import HIDDEN
 
 TARGET_MARGIN_PP = 0.5
@@ -232,12 +232,12 @@ class Run:
         return next((t for _, t, acc in self.curve if acc >= target - 1e-9), None)
 
 
-def _cap_all(net: _netns.Net, mbit: float) -> None:
+def _cap_all(net: netns.Net, mbit: float) -> None:
     for host in net:
         net.cap(host, mbit)
 
 
-def _tx_bytes(net: _netns.Net, hosts: Sequence[str]) -> float:
+def _tx_bytes(net: netns.Net, hosts: Sequence[str]) -> float:
     return statistics.fmean(net.counters(net[h])["tx_bytes"] for h in hosts)
 
 
@@ -247,7 +247,7 @@ def run_ddp(s: Settings, c: Contender, straggler: bool) -> Run:
     d.mkdir(parents=True, exist_ok=True)
     config = write_config(d / "run.toml", s.base_sets())
     hosts = [f"r{i}" for i in range(s.peers)]
-    with _netns.Net(hosts) as net:
+    with netns.Net(hosts) as net:
         _cap_all(net, s.mbit)
         master = f"{net['r0'].ip}:{DDP_PORT}"
         procs = []
@@ -311,13 +311,13 @@ def run_concord(s: Settings, c: Contender, straggler: bool) -> Run:
         sets += [f"network.straggler.peer={STRAGGLER_PEER % s.peers}",
                  f"network.straggler.factor={STRAGGLER_FACTOR}"]  # fmt: skip
     peers = [f"p{i}" for i in range(s.peers)]
-    with _netns.Net(["broker", "orch", *peers]) as net:
+    with netns.Net(["broker", "orch", *peers]) as net:
         _cap_all(net, s.mbit)
         torch_plane = "network.transport=torch" in sets
         if torch_plane:  # peers reach the store at the orchestrator's address
             sets.append(f"network.torch.store_host={net['orch'].ip}")
         config = write_config(d / "run.toml", sets)
-        mosq = _netns.mosquitto(net["broker"], d / "logs")
+        mosq = netns.mosquitto(net["broker"], d / "logs")
         run_id = f"tta-{c.name}-{os.getpid()}".replace("_", "-")
         with _env(GLOO_SOCKET_IFNAME="eth0" if torch_plane else None):  # gloo binds eth0
             dep = Deployment(d, config, f"mqtt://{net['broker'].ip}:1883", run_id, s.peers, net)
@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-straggler", action="store_true")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    ok, why = _netns.available()
+    ok, why = netns.available()
     if not ok:
         print(f"network namespaces unavailable: {why}", file=sys.stderr)
         return 2

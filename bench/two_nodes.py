@@ -1,7 +1,7 @@
 """Two hosts, emulated: a run spread over two "nodes" joined by a capped link, launched the way
 Slurm launches it, against the same run on one host.
 
-The nodes are network namespaces of `bench._netns` (``node0``, ``node1``, each with its own IP on
+The nodes are network namespaces of `concord.lab.net` (``node0``, ``node1``, each with its own IP on
 one bridge; every host's link capped with ``tc tbf`` at ``--cap-mbit`` both ways). ``node0`` runs
 Mosquitto, ``concord orchestrator`` and its share of the peers; ``node1`` the rest. Each node's
 peers are started by **one** command, ``scripts/srun-local TASKS FIRST NODE -- concord peer
@@ -35,9 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _netns
+import concord.lab.net as netns
 from bench._procs import ROOT, concord, reap, spawn, tail, wait_exit
-from bench.chaos import write_config as chaos_write_config
+from bench.chaos_runs import write_config as chaos_write_config
 
 SRUN_LOCAL = ROOT / "scripts" / "srun-local"
 DEFAULT_SETS = [
@@ -56,7 +56,7 @@ TIMEOUT = 600.0
 
 def write_config(path: Path, peers: int, sets: list[str]) -> Path:
     """A run config: ``peers`` peers and the ``key=value`` settings, validated and resolved as
-    ``concord sim --set`` would (`bench.chaos.write_config`)."""
+    ``concord sim --set`` would (`bench.chaos_runs.write_config`)."""
     return chaos_write_config(path, [f"peers={peers}", *sets])
 
 
@@ -84,12 +84,12 @@ def run_two_nodes(out: Path, config: Path, per_node: int, cap_mbit: float | None
     run_id = f"two-nodes-{os.getpid()}"
     logs = out / "logs"
     start = time.monotonic()
-    with _netns.Net(["node0", "node1"]) as net:
+    with netns.Net(["node0", "node1"]) as net:
         if cap_mbit is not None:
             for host in net:
                 net.cap(host, cap_mbit)
         head = net["node0"]
-        procs = {"mosquitto": _netns.mosquitto(head, logs)}
+        procs = {"mosquitto": netns.mosquitto(head, logs)}
         try:
             common = ["--config", str(config), "--broker", f"mqtt://{head.ip}:1883"]
             # the emulated nodes' bridge is this machine's own: plaintext, said out loud
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.peers_per_node < 1:
         parser.error(f"--peers-per-node must be ≥ 1; got {args.peers_per_node}")
-    ok, why = _netns.available()
+    ok, why = netns.available()
     if not ok:
         print(f"two_nodes: network namespaces unavailable: {why}", file=sys.stderr)
         return 2

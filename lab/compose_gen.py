@@ -424,7 +424,7 @@ def auth_overlay(options: ComposeOptions) -> str:
 
 
 def shape_burst(rate: str) -> int:
-    """The token bucket in bytes: 4 ms at the rate, at least 32 KiB (as bench/_netns.py)."""
+    """The token bucket in bytes: 4 ms at the rate, at least 32 KiB (as bench/netns.py)."""
     return max(32 * 1024, int(rate_bits(rate) / 8 * 0.004))
 
 

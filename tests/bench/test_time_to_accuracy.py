@@ -16,12 +16,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench import _netns  # noqa: E402
+import concord.lab.net as netns  # noqa: E402
 from bench import time_to_accuracy as tta  # noqa: E402
 
 
 def _skip_reason() -> str | None:
-    ok, why = _netns.available()
+    ok, why = netns.available()
     if not ok:
         return f"network namespaces not permitted here: {why}"
     from concord.orchestrator.broker import mosquitto_binary
@@ -76,8 +76,8 @@ def test_tiny_time_to_accuracy(tmp_path: Path) -> None:
     assert all(v != "" for row in table for v in row.values())
     tta.plot(tmp_path / "tta.png", runs, result["target_acc"])
     assert (tmp_path / "tta.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    mine = f"{_netns.PREFIX}{os.getpid()}-"
-    assert not [n for n in _netns.namespaces() if n.startswith(mine)]  # all torn down
+    mine = f"{netns.PREFIX}{os.getpid()}-"
+    assert not [n for n in netns.namespaces() if n.startswith(mine)]  # all torn down
 
 
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))

@@ -1,4 +1,4 @@
-"""``bench/_netns.py``: the emulated network really isolates, caps, cuts and stalls, and leaves
+"""``bench/netns.py``: the emulated network really isolates, caps, cuts and stalls, and leaves
 nothing behind (namespaces, interfaces, processes) — also after an exception, SIGINT, SIGTERM, or
 a killed owner (module-level `cleanup`). Skipped where namespaces are not permitted."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bench._netns import Host, Net, available, cleanup, namespaces
+from concord.lab.net import Host, Net, available, cleanup, namespaces
 
 ROOT = Path(__file__).resolve().parents[2]
 _ok, _why = available()
@@ -224,7 +224,7 @@ def test_exception_tears_everything_down() -> None:
 _OWNER = r"""
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from bench._netns import Net
+from concord.lab.net import Net
 with Net(["a", "b"]) as net:
     p = net["a"].run(["sleep", "300"])
     print(net.prefix, p.pid, flush=True)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import _netns
+import concord.lab.net as netns
 from bench.two_nodes import DEFAULT_SETS, compare, run_one_host, run_two_nodes, write_config
 from concord.orchestrator.broker import mosquitto_binary
 
-_ok, _why = _netns.available()
+_ok, _why = netns.available()
 pytestmark = [
     pytest.mark.slow,  # ~25 s: the separate CI step
     pytest.mark.skipif(not _ok, reason=f"emulated network unavailable: {_why}"),
