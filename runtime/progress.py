@@ -103,8 +103,8 @@ class ProgressBar(StepHooks):
             self._progress.update(self._task, completed=step + 1)
             return
         parts = [f"ep {rec['epoch']:.1f}", f"loss {rec['loss']:.3f}"]
-        if "acc_avg_model" in last_eval:
-            parts.append(f"acc {100 * last_eval['acc_avg_model']:.1f}%")
+        if last_eval.get("accuracy_avg_model") is not None:
+            parts.append(f"acc {100 * last_eval['accuracy_avg_model']:.1f}%")
         if rec.get("theta") is not None:
             t = rec.get("target")
             parts.append(f"Θ {rec['theta']:.3g}" + (f"/{t:.3g}" if t is not None else ""))

@@ -40,7 +40,7 @@ def test_the_first_frame_shows_the_total() -> None:
 def test_eighty_columns_keep_the_step_counter_bar_and_times() -> None:
     bar = ProgressBar(18750, enabled=True, console=_terminal())
     with bar:
-        bar.update(LONG, {"acc_avg_model": 0.5})
+        bar.update(LONG, {"accuracy_avg_model": 0.5})
         assert bar._progress is not None
         console = _terminal()
         lines = _lines(console, bar._progress.make_tasks_table(bar._progress.tasks))
@@ -69,7 +69,7 @@ def test_the_processes_engine_bar_says_starting_until_it_knows_the_total() -> No
 def test_a_wide_terminal_shows_every_number() -> None:
     bar = ProgressBar(18750, enabled=True, console=_terminal())
     with bar:
-        bar.update(LONG, {"acc_avg_model": 0.5})
+        bar.update(LONG, {"accuracy_avg_model": 0.5})
         assert bar._progress is not None
         console = Console(
             file=io.StringIO(), width=160, record=True, force_terminal=True, color_system=None
