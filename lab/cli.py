@@ -19,6 +19,7 @@ from concord.lab.cli_run import orchestrator, peer, sim
 from concord.lab.cli_sweep import report_group, sweep
 from concord.lab.config_cmd import config as config_group
 from concord.lab.deploy_cli import compose_cmd, k8s_cmd
+from concord.lab.records_cmd import records
 
 
 def _add_plugin_path(dirs: Sequence[Path]) -> None:
@@ -62,6 +63,7 @@ COMMANDS: tuple[click.Command, ...] = (
     partition,
     status,
     config_group,
+    records,
     # deployment
     certs,
     compose_cmd,
