@@ -60,7 +60,7 @@ from concord.core.loop import ControlHook, StepRunner
 from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError as PeerConfigError
 from concord.peer.certs import CertError
-from concord.peer.checkpoints import Checkpoints, restore, resumable
+from concord.peer.checkpoints import Checkpoint, Checkpoints, restore, resumable
 from concord.peer.comm import PeerComm, RoundComm
 from concord.peer.coordination import (
     STOP_WAIT,
@@ -200,7 +200,7 @@ class PeerProcess:
         self._teardown: asyncio.Task[None] | None = None  # `_arm_teardown`'s deadline
         self.step = 0
         self.origin, self.checkpoint = self._origin(resume_step)
-        after = None if self.checkpoint is None else int(self.checkpoint["run"]["next_step"]) - 1
+        after = None if self.checkpoint is None else self.checkpoint.run.next_step - 1
         if self.broker is not None and self.origin is Origin.RESTARTED:
             after = sys.maxsize  # its earlier records stay and the new ones follow them
         self.plane: TorchPlane | None = None  # network.transport = "torch", once connected
@@ -218,7 +218,7 @@ class PeerProcess:
                 local_source=self.identity.local_source,
             )
 
-    def _origin(self, resume_step: int | None) -> tuple[Origin, dict[str, Any] | None]:
+    def _origin(self, resume_step: int | None) -> tuple[Origin, Checkpoint | None]:
         """How this process begins (`Origin`) and the checkpoint it continues from, if any: a
         static peer's own on its run directory, or the one of ``resume_step``. An orchestrated
         peer started on a run directory it wrote before (`concord peer` refuses one of a
@@ -305,12 +305,14 @@ class PeerProcess:
         """The peer, from ``starting`` to ``done`` or ``failed``: serve, join the run, train its
         stages, leave, write the summary. An unexpected error fails it (and propagates)."""
         try:
-            code = await self._run()
+            return await self._run()
         except Exception as exc:
             self.life.fail(error=repr(exc))
             raise
-        self.life.to(State.DONE if code == 0 else State.FAILED, code=code)
-        return code
+
+    def _end(self, code: int, **details: Any) -> None:
+        """``done`` (exit code 0) or ``failed``: before the run directory's log is closed."""
+        self.life.to(State.DONE if code == 0 else State.FAILED, code=code, **details)
 
     async def _run(self) -> int:
         cfg = self.cfg
@@ -319,8 +321,8 @@ class PeerProcess:
         transport = self.make_transport(task, coord.addresses, coord.is_neighbour)
         port = await transport.start(self.listen)
         if self.checkpoint is not None:  # neighbours resume at this step too: file their tensors
-            run = self.checkpoint["run"]
-            transport.mailbox.advance(int(run.get("step_base", 0)) + int(run["next_step"]))
+            run = self.checkpoint.run
+            transport.mailbox.advance(run.step_base + run.next_step)
         advertise = self.advertise or f"{self.listen.rpartition(':')[0]}:{port}"
         self.log.info("peer.listening", address=self.listen, port=port, advertise=advertise)
         summary: dict[str, Any] = {}
@@ -361,6 +363,7 @@ class PeerProcess:
             self.writer.write_json("error.json", {**record, "ts": time.time()})
             summary.update(completed=False, error=error)
         if not joined:  # no broker or no schedule: nothing ran, no summary
+            self._end(1, error=error)
             self.writer.close()
             return 1
         summary.update(
@@ -378,6 +381,7 @@ class PeerProcess:
         if self._teardown is not None:
             self._teardown.cancel()  # in time: the summary below is the one
         self.log.info("peer.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
+        self._end(code)
         self.writer.finish(summary, plots=False)
         self.left_tasks = transport.stop_timed_out
         return code
@@ -481,8 +485,8 @@ class PeerProcess:
                 await asyncio.sleep(_TEARDOWN_AFTER_SIGNAL)
             try:
                 self.log.error("peer.teardown_stuck", tasks=task_stacks())
+                self._end(code, teardown_stuck=True)
                 self.writer.finish({**summary, "teardown_stuck": True}, plots=False)
-                self.life.to(State.DONE if code == 0 else State.FAILED, code=code)
             finally:  # whatever failed above, the process ends
                 sys.stdout.flush()
                 sys.stderr.flush()

@@ -7,6 +7,7 @@ gossip-round counter, the byte counters, the config's identity)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import structlog
 
 from concord.core.config import RunConfig, run_identity
 from concord.core.loop import StepRunner
+from concord.core.records import CheckpointRunState
 from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError
 from concord.peer.comm import RoundComm
@@ -25,16 +27,26 @@ from concord.runtime.rundir import (
     load_checkpoint,
     load_counters,
     restore_checkpoint,
+    run_state_of,
 )
 
-__all__ = ["Checkpoints", "restore", "resumable", "run_state"]
+__all__ = ["Checkpoint", "Checkpoints", "restore", "resumable", "run_state"]
 
 log = structlog.get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint a peer continues from: the tensors' state (`load_checkpoint`'s table) and
+    its run state."""
+
+    state: dict[str, Any]
+    run: CheckpointRunState
+
+
 def resumable(
     out: Path, cfg: RunConfig, peer_id: int, *, step: int | None = None
-) -> dict[str, Any] | None:
+) -> Checkpoint | None:
     """The checkpoint a static peer restarted on ``out`` continues from: one with run state of
     this peer and config, of a run that did not complete (None: start afresh). ``step``: the
     one of that step (``checkpoint.pt`` or ``checkpoint.prev.pt``), for a resumed run."""
@@ -45,45 +57,45 @@ def resumable(
     if summary.is_file() and json.loads(summary.read_text()).get("completed"):
         return None
     state = load_checkpoint(path)
-    run = state.get("run")
-    if not isinstance(run, dict) or run.get("engine") != "peer" or run.get("peer") != peer_id:
+    run = run_state_of(state, path)
+    if run is None or run.engine != "peer" or run.peer != peer_id:
         return None
-    if run.get("config") != run_identity(cfg):
+    if run.config != run_identity(cfg):
         raise PeerConfigError(
             f"{out} holds a checkpoint of another config; use the same --config to resume, or "
             "--force to start over"
         )
-    return state
+    return Checkpoint(state, run)
 
 
-def run_state(cfg: RunConfig, peer_id: int, runner: StepRunner, step: int) -> dict[str, Any]:
+def run_state(cfg: RunConfig, peer_id: int, runner: StepRunner, step: int) -> CheckpointRunState:
     """The peer's state beyond tensors after ``step`` (a checkpoint's ``run``)."""
-    return {
-        "engine": "peer",
-        "peer": peer_id,
-        "next_step": step + 1,
-        "step_base": runner.comm.step_base if isinstance(runner.comm, RoundComm) else 0,
-        "total_steps": runner.total_steps,
-        "rounds_total": runner.rounds_total,
-        "counters": counters_state(runner.comm.counters),
-        "config": run_identity(cfg),
-    }
+    return CheckpointRunState(
+        engine="peer",
+        peer=peer_id,
+        next_step=step + 1,
+        step_base=runner.comm.step_base if isinstance(runner.comm, RoundComm) else 0,
+        total_steps=runner.total_steps,
+        rounds_total=runner.rounds_total,
+        counters=counters_state(runner.comm.counters),
+        config=run_identity(cfg),
+    )
 
 
-def restore(state: dict[str, Any], runner: StepRunner, task: ClassificationTask, out: Path) -> int:
-    """Load checkpoint ``state`` (of run directory ``out``) into the task, algorithm and
-    counters; the step to continue from."""
-    run = state["run"]
-    if run["total_steps"] != runner.total_steps:
+def restore(checkpoint: Checkpoint, runner: StepRunner, task: ClassificationTask, out: Path) -> int:
+    """Load ``checkpoint`` (of run directory ``out``) into the task, algorithm and counters;
+    the step to continue from."""
+    run = checkpoint.run
+    if run.total_steps != runner.total_steps:
         raise PeerConfigError(
-            f"the checkpoint in {out} is of a {run['total_steps']}-step run; this run "
+            f"the checkpoint in {out} is of a {run.total_steps}-step run; this run "
             f"has {runner.total_steps} steps (pass --force to start over)"
         )
-    restore_checkpoint(state, task, runner.algorithm)
-    runner.rounds_total = int(run["rounds_total"])
-    load_counters(runner.comm.counters, run["counters"])
-    log.info("peer.resume", step=int(run["next_step"]))
-    return int(run["next_step"])
+    restore_checkpoint(checkpoint.state, task, runner.algorithm)
+    runner.rounds_total = run.rounds_total
+    load_counters(runner.comm.counters, run.counters)
+    log.info("peer.resume", step=run.next_step)
+    return run.next_step
 
 
 class Checkpoints(StepHooks):

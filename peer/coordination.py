@@ -55,6 +55,7 @@ import structlog
 from concord.core.config import RunConfig
 from concord.core.graphs.adagraph import feedback_config, initial_topologies
 from concord.core.loop import ControlHook, FixedRounds, StepRunner
+from concord.core.records import EvalRecord
 from concord.core.task import ClassificationTask
 from concord.peer.comm import RoundComm
 from concord.peer.control import ControlClient, GraphStats, OrchestratedControl
@@ -382,7 +383,10 @@ class OrchestratorHooks(StepHooks):
             self.control.publish_metrics(step, "step", record)
 
     def evaluated(self, step: int, record: dict[str, Any]) -> None:
-        self.control.publish_metrics(step, "eval", record)
+        # the control plane's eval values keep the names its readers know ("accuracy", "loss":
+        # `EvalRecord.PEER_LEGACY`) until they read a peer's record names (`peer_accuracy`)
+        wire = {new: old for old, new in EvalRecord.PEER_LEGACY.items()}
+        self.control.publish_metrics(step, "eval", {wire.get(k, k): v for k, v in record.items()})
 
 
 class OrchestratedCoordination:

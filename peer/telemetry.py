@@ -9,6 +9,7 @@ from typing import Any
 
 import structlog
 
+from concord.core.records import peer_accuracy
 from concord.runtime.driver import StepHooks
 from concord.runtime.telemetry import Registry
 
@@ -97,18 +98,21 @@ class PeerMetrics(StepHooks):
         r.inc("frames_rejected_total", len(record.get("rejected", ())))
 
     def evaluated(self, step: int, record: dict[str, Any]) -> None:
-        for key in ("accuracy", "loss"):
-            value = record.get(key)
-            if isinstance(value, int | float):
-                self.registry.set(f"eval_{key}", value)
+        # a peer's `EvalRecord` (its replica's accuracy and loss), or its version-0 names
+        accuracy = peer_accuracy(record)
+        loss = record.get("loss_mean_peer", record.get("loss"))
+        if accuracy is not None:
+            self.registry.set("eval_accuracy", accuracy)
+        if isinstance(loss, int | float):
+            self.registry.set("eval_loss", loss)
         last = self.last
         log.info(
             "peer.progress",
             step=step,
             of=self.total,
             epoch=round(float(record.get("epoch", 0.0)), 3),
-            accuracy=_rounded(record.get("accuracy"), 4),
-            test_loss=_rounded(record.get("loss"), 4),
+            accuracy=_rounded(accuracy, 4),
+            test_loss=_rounded(loss, 4),
             train_loss=_rounded(last.get("loss"), 4),
             rounds_total=last.get("rounds_total"),
             step_ms=_rounded(last.get("step_ms"), 1),

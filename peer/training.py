@@ -14,6 +14,7 @@ import structlog
 
 from concord.core.data import partition_digest
 from concord.core.loop import StepRunner
+from concord.core.records import EvalRecord
 from concord.core.task import ClassificationTask
 from concord.peer.comm import PeerComm, RoundComm
 from concord.peer.rejoin import Jumps
@@ -105,15 +106,16 @@ class StageSteps:
         return record
 
     def evaluate(self, step: int, record: dict[str, Any], final: bool) -> dict[str, Any]:
-        ev = self.task.evaluate(peers=True)
-        return {
-            "kind": "eval",
-            "step": step,
-            "peer": self.peer,
-            "accuracy": ev["acc_mean_peer"],
-            "loss": ev["loss_mean_peer"],
-            "epoch": record["epoch"],
-        }
+        """The peer's evaluation record (`EvalRecord`: its replica's test accuracy and loss)
+        as its JSON document."""
+        ev = self.task.eval_record(step, record["epoch"], peers=True)
+        return EvalRecord(
+            step=step,
+            epoch=ev.epoch,
+            peer=self.peer,
+            accuracy_mean_peer=ev.accuracy_mean_peer,
+            loss_mean_peer=ev.loss_mean_peer,
+        ).to_json()
 
 
 def stage_summary(
@@ -139,7 +141,7 @@ def stage_summary(
         "peer": peer,
         "steps": result.steps,
         "completed": result.steps == runner.total_steps,
-        "accuracy": result.last_eval.get("accuracy"),
+        "accuracy": result.last_eval.get("accuracy_mean_peer"),
         "gossip_rounds_total": runner.rounds_total,
         **(jumps.summary() if jumps is not None else {"jumps": 0, "steps_jumped": 0}),
         "bytes_sent_total": counters.bytes_wire,

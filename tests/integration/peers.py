@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -31,6 +32,13 @@ def write_config(path: Path, peers: int, extra: str = "", *, deadline: float = 5
         f"[network]\naddresses = [{addresses}]\ndeadline = {deadline}\n"
     )
     return path
+
+
+def lifecycle(run_dir: Path) -> list[str]:
+    """The states a peer process went through after ``starting`` (its ``peer.state`` log lines,
+    `concord.peer.lifecycle`), in order."""
+    lines = (run_dir / "log.jsonl").read_text().splitlines()
+    return [e["to"] for e in map(json.loads, lines) if e.get("event") == "peer.state"]
 
 
 class Peers:

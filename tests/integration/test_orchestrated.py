@@ -23,6 +23,7 @@ from concord.protos.control_plane import TOPICS, Metrics, PayloadError, decode
 from concord.runtime.rundir import load_checkpoint
 from concord.sim.engine import run as run_vectorized
 from concord.sim.processes import run_processes
+from tests.integration.peers import lifecycle
 
 SMALL = [
     "peers=4",
@@ -106,6 +107,9 @@ def test_constant_target_calibration_pass_matches_the_vectorized_engine(tmp_path
         "epochs=0.5", "control.mode=constant", "control.factor=0.5", "optim.milestones=[0.5]"
     )
     _compare(cfg, tmp_path)
+    for i in range(cfg.peers):  # two stages: calibrate, then train from x⁰
+        states = lifecycle(tmp_path / "processes" / "peers" / f"peer-{i}")
+        assert states == ["joining", *["waiting", "training"] * 2, "leaving", "done"]
     cal = {
         engine: json.loads((tmp_path / engine / "calibration.json").read_text())
         for engine in ("vectorized", "processes")

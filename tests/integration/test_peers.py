@@ -15,7 +15,7 @@ import torch
 
 from concord.core.config import load_config
 from concord.sim.engine import Trainer
-from tests.integration.peers import Peers, write_config
+from tests.integration.peers import Peers, lifecycle, write_config
 
 TINY = """
 topology = "ring"
@@ -32,6 +32,10 @@ nesterov = true
 [control]
 mode = "none"
 """
+
+
+# the lifecycle of a static peer that starts afresh and ends with exit code 0
+FRESH_RUN = ["joining", "waiting", "training", "leaving", "done"]
 
 
 @pytest.fixture
@@ -67,6 +71,7 @@ def test_four_peers_end_with_the_vectorized_engines_parameters(
         summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
         assert summary["completed"]
         assert summary["gossip_rounds_total"] == 50
+        assert lifecycle(tmp_path / f"peer-{i}") == FRESH_RUN
         resolved = load_config(tmp_path / f"peer-{i}" / "config.toml", environ={})
         assert resolved == trainer.cfg  # the run directory keeps the resolved config
         assert summary["frames_rejected"] == {}
@@ -160,6 +165,7 @@ def test_sigterm_stops_a_peer_cleanly(tmp_path: Path, peers_cleanup: list[Peers]
         assert [r["step"] for r in records if r["kind"] == "step"] == list(range(summary["steps"]))
         state = torch.load(tmp_path / f"peer-{i}" / "checkpoint.pt", weights_only=True)
         assert int(state["step"]) == summary["steps"] - 1  # checkpointed on the way out
+        assert lifecycle(tmp_path / f"peer-{i}") == FRESH_RUN  # a clean stop is "done"
 
 
 def test_choco_with_topk_matches_the_vectorized_engine(

@@ -27,6 +27,7 @@ from concord.runtime.lock import DirLock, holder
 from concord.runtime.rundir import checkpoint_steps, load_checkpoint
 from concord.sim.engine import run as run_vectorized
 from concord.sim.processes import ProcessesError, resume_step
+from tests.integration.peers import lifecycle
 
 SMALL = [
     "peers=4",
@@ -140,6 +141,8 @@ def test_a_killed_processes_run_resumes_to_the_uninterrupted_result(
         assert got == expected, f"peer {i}: rounds per step differ from the uninterrupted run"
         params = load_checkpoint(peer_dir / "checkpoint.pt")["params"][0]
         torch.testing.assert_close(params, reference[i], rtol=0, atol=1e-5)
+        # the log is appended to: the resumed process went through the checkpoint first
+        assert lifecycle(peer_dir)[-4:] == ["resuming", "training", "leaving", "done"]
     # the orchestrator's records were cut at the resumed step, not doubled
     rows = _steps(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(len(expected)))

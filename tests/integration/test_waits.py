@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
+from tests.integration.peers import lifecycle
 from tests.integration.test_lifecycle import _training, _wait
 
 SLACK = 30.0  # seconds (module docstring)
@@ -101,6 +102,7 @@ def test_a_peer_with_no_orchestrator_gives_up_after_absent_timeout(
     assert "never seen" in why
     assert "absent_timeout" in why
     assert not (tmp_path / "peer-0" / "error.json.tmp").exists()
+    assert lifecycle(tmp_path / "peer-0") == ["joining", "failed"]  # no schedule ever came
 
 
 def test_peers_give_up_on_an_orchestrator_killed_before_training(
