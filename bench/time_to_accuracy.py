@@ -76,9 +76,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import concord.lab.net as netns
-from bench._procs import ROOT, jsonl, read_json, reap, set_tag, spawn, tagged, tail
+from bench._procs import ROOT, jsonl, reap, set_tag, spawn, tagged, tail
 from bench.chaos_runs import Deployment, write_config
 from bench.step_overhead import HIDDEN
+from concord.core.records import EvalRecord, StepRecord
+from concord.runtime.records import read_metrics, read_peer_summary
 
 TARGET_MARGIN_PP = 0.5
 STRAGGLER_PEER = 3
@@ -329,10 +331,8 @@ def run_concord(s: Settings, c: Contender, straggler: bool) -> Run:
             mosq.kill()
             mosq.wait(10)
     _concord_curve(run, d / "peers", s.peers)
-    summaries = [
-        read_json(d / "peers" / f"peer-{i}" / "summary.json") or {} for i in range(s.peers)
-    ]
-    payload = [x["bytes_sent_total"] for x in summaries if "bytes_sent_total" in x]
+    summaries = [read_peer_summary(d / "peers" / f"peer-{i}") for i in range(s.peers)]
+    payload = [x.bytes_sent_total for x in summaries if x is not None]
     run.payload_bytes = statistics.fmean(payload) if payload else None
     run.ok = all(v == 0 for v in codes.values()) and bool(run.curve)
     if not run.ok:
@@ -342,28 +342,39 @@ def run_concord(s: Settings, c: Contender, straggler: bool) -> Run:
 
 def _concord_curve(run: Run, peers_dir: Path, n: int) -> None:
     """Line the peers' evaluations up on the wall clock: the step records' ``time``
-    (`concord.peer.pace.StepTime`); an evaluation counts once every peer has it."""
+    (`concord.peer.pace.StepTime`); an evaluation counts once every peer has it. The records
+    are read through `concord.runtime.records` (every name a peer's accuracy has had)."""
     times: dict[int, list[float]] = {}
     accs: dict[int, list[float]] = {}
     starts, ends = [], []
     for i in range(n):
-        rows = jsonl(peers_dir / f"peer-{i}" / "metrics.jsonl")
-        steps = {r["step"]: r for r in rows if r.get("kind") == "step" and "time" in r}
+        peer_dir = peers_dir / f"peer-{i}"
+        if not (peer_dir / "metrics.jsonl").is_file():
+            return
+        records = read_metrics(peer_dir)
+        steps = {r.step: r for r in records if isinstance(r, StepRecord) and "time" in r.extra}
         if not steps:
             return
         first, last = steps[min(steps)], steps[max(steps)]
-        starts.append(first["time"] - first["step_ms"] / 1e3)
-        ends.append(last["time"])
-        for r in rows:
-            if r.get("kind") == "eval" and r["step"] in steps:
-                times.setdefault(r["step"], []).append(steps[r["step"]]["time"])
-                accs.setdefault(r["step"], []).append(float(r["accuracy"]))
+        starts.append(_float(first.extra["time"]) - _float(first.extra["step_ms"]) / 1e3)
+        ends.append(_float(last.extra["time"]))
+        for r in records:
+            if isinstance(r, EvalRecord) and r.step in steps and r.accuracy_mean_peer is not None:
+                times.setdefault(r.step, []).append(_float(steps[r.step].extra["time"]))
+                accs.setdefault(r.step, []).append(r.accuracy_mean_peer)
     t0 = min(starts)
     run.train_s = max(ends) - t0
     for step in sorted(times):
         if len(times[step]) == n:
             run.curve.append((step, max(times[step]) - t0, min(accs[step])))
             run.mean_acc.append(statistics.fmean(accs[step]))
+
+
+def _float(value: object) -> float:
+    """A JSON number of a record's ``extra`` (``time``, ``step_ms``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
 
 
 def write_csv(path: Path, runs: Sequence[Run]) -> None:
