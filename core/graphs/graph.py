@@ -11,6 +11,7 @@ plain O(n·(n + |E|)) Python, fine for the few hundred nodes Concord simulates.
 from __future__ import annotations
 
 import math
+import operator
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -222,6 +223,17 @@ def describe_components(graph: Graph, limit: int = 4) -> str:
     ]
     more = f" and {len(comps) - limit} more" if len(comps) > limit else ""
     return f"{len(comps)} components: " + ", ".join(parts) + more
+
+
+def whole_number(value: object, message: str) -> int:
+    """``value`` as a Python int (a NumPy integer too); `TopologyError` with ``message`` when it
+    is not an integer or is a bool."""
+    if isinstance(value, bool):
+        raise TopologyError(message)
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TopologyError(message) from None
 
 
 def log2_floor(x: int) -> int:

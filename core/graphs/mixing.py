@@ -135,7 +135,6 @@ def validate_mixing(
     `TopologyError` naming the first offending entry/row; returns None when W is valid.
     """
     M = _check_entries(W, what, atol)
-    n = M.shape[0]
     asym = np.abs(M - M.T)
     if asym.max() > atol:
         i, j = np.unravel_index(int(np.argmax(asym)), asym.shape)
@@ -143,15 +142,8 @@ def validate_mixing(
             f"{what} is not symmetric: {what}[{i}, {j}] = {M[i, j]:.12g} but "
             f"{what}[{j}, {i}] = {M[j, i]:.12g} (atol {atol:g})"
         )
-    for axis, kind in ((1, "row"), (0, "column")):
-        sums = M.sum(axis=axis)
-        off = np.flatnonzero(np.abs(sums - 1.0) > atol)
-        if off.size:
-            r = int(off[0])
-            raise TopologyError(
-                f"{what} {kind} {r} sums to {sums[r]:.12g}, not 1 (a mixing matrix must be "
-                f"doubly stochastic; {off.size} of {n} {kind}s are off, atol {atol:g})"
-            )
+    for kind in ("row", "column"):
+        _check_sums(M, kind, what, atol, "a mixing matrix must be doubly stochastic")
     _check_support(M, what, atol, graph)
 
 
@@ -165,15 +157,21 @@ def validate_column_stochastic(
     non-zeros must be edges of it (the undirected support of the directed arcs).
     """
     M = _check_entries(W, what, atol)
-    sums = M.sum(axis=0)
+    _check_sums(M, "column", what, atol, "a push-sum matrix must be column stochastic")
+    _check_support(M, what, atol, graph)
+
+
+def _check_sums(M: np.ndarray, kind: str, what: str, atol: float, rule: str) -> None:
+    """Every row (``kind`` "row") or column ("column") of ``M`` sums to 1 within ``atol``;
+    `TopologyError` naming the first one off, how many are, and the ``rule`` broken."""
+    sums = M.sum(axis=1 if kind == "row" else 0)
     off = np.flatnonzero(np.abs(sums - 1.0) > atol)
     if off.size:
-        c = int(off[0])
+        i = int(off[0])
         raise TopologyError(
-            f"{what} column {c} sums to {sums[c]:.12g}, not 1 (a push-sum matrix must be "
-            f"column stochastic; {off.size} of {M.shape[0]} columns are off, atol {atol:g})"
+            f"{what} {kind} {i} sums to {sums[i]:.12g}, not 1 ({rule}; {off.size} of "
+            f"{M.shape[0]} {kind}s are off, atol {atol:g})"
         )
-    _check_support(M, what, atol, graph)
 
 
 def _check_entries(W: np.ndarray, what: str, atol: float) -> np.ndarray:

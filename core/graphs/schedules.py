@@ -26,14 +26,13 @@ spectral_gap = 1 − λ and p = 1 − λ² throughout.
 
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from concord.core.graphs.graph import Graph, TopologyError, describe_components
+from concord.core.graphs.graph import Graph, TopologyError, describe_components, whole_number
 from concord.core.graphs.mixing import (
     consensus_contraction,
     lazy,
@@ -142,10 +141,7 @@ class TopologySchedule:
         return graph, W
 
     def _round(self, k: int) -> tuple[Graph, np.ndarray]:
-        try:
-            kk = operator.index(k)
-        except TypeError:
-            raise TopologyError(f"gossip round k must be an integer >= 0; got {k!r}") from None
+        kk = whole_number(k, f"gossip round k must be an integer >= 0; got {k!r}")
         if kk < 0:
             raise TopologyError(f"gossip round k must be >= 0; got {kk}")
         if self.period is not None:

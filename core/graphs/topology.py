@@ -50,7 +50,6 @@ Default weights: ``metropolis`` for static graphs (1/3 on the ring, 1/n on compl
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +74,7 @@ from concord.core.graphs.graph import (
     ring_graph,
     star_graph,
     torus_graph,
+    whole_number,
 )
 from concord.core.graphs.mixing import (
     WEIGHT_RULES,
@@ -323,24 +323,17 @@ def _plugin_family(name: str, n: int, seed: int) -> Family:
 
 
 def _check_n(n: int) -> int:
-    if isinstance(n, bool):
-        raise TopologyError(f"number of peers n must be an integer >= 2; got {n!r}")
-    try:
-        nn = operator.index(n)
-    except TypeError:
-        raise TopologyError(f"number of peers n must be an integer >= 2; got {n!r}") from None
+    nn = whole_number(n, f"number of peers n must be an integer >= 2; got {n!r}")
     if nn < 2:
         raise TopologyError(f"number of peers n must be >= 2 for a topology; got n={nn}")
     return nn
 
 
 def _check_seed(seed: int) -> int:
-    try:
-        s = operator.index(seed)
-    except TypeError:
-        raise TopologyError(f"seed must be a non-negative integer; got {seed!r}") from None
-    if s < 0 or isinstance(seed, bool):
-        raise TopologyError(f"seed must be a non-negative integer; got {seed!r}")
+    message = f"seed must be a non-negative integer; got {seed!r}"
+    s = whole_number(seed, message)
+    if s < 0:
+        raise TopologyError(message)
     return s
 
 
