@@ -25,7 +25,7 @@ instead.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -103,6 +103,13 @@ class StepReport:
     statistics: list[torch.Tensor] = field(default_factory=list)  # θ_i after each round
     outcomes: list[MixOutcome] = field(default_factory=list)
 
+    def add_round(self, theta_local: torch.Tensor, outcome: MixOutcome) -> None:
+        """Count one more gossip round, with its θ_i ([k]) and what its messages did."""
+        self.rounds += 1
+        self.theta_local = theta_local
+        self.statistics.append(theta_local)
+        self.outcomes.append(outcome)
+
 
 def assign_mixed(x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
     """``x ← mixed``; returns θ_i = ‖mixed_i − x_i‖² of the rows before ([k] float64), the
@@ -144,10 +151,7 @@ def gossip_rounds(
             mixed = mixed + (x - sent_rows(result, x, ctx.codec, ctx.comm, index))
         theta_local = assign_mixed(x, mixed)
         ctx.comm.release(result)  # read no more: the backend may reuse it next round
-        report.rounds += 1
-        report.theta_local = theta_local
-        report.statistics.append(theta_local)
-        report.outcomes.append(result.outcome)
+        report.add_round(theta_local, result.outcome)
         if not ctx.control.after_round(report.rounds, x, theta_local):
             return report
 
@@ -210,6 +214,33 @@ class Algorithm(ABC):
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027
         """Restore from `state_dict` (checkpoints)."""
+
+
+def buffers_state(
+    optimizer_state: Mapping[str, torch.Tensor], **buffers: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """A `Algorithm.state_dict`: the local optimizer's state and the algorithm's ``buffers``,
+    these only when all of them are set (a fresh algorithm has none yet)."""
+    state = dict(optimizer_state)
+    if all(b is not None for b in buffers.values()):
+        state.update({key: b for key, b in buffers.items() if b is not None})
+    return state
+
+
+def restored(state: Mapping[str, torch.Tensor], key: str) -> torch.Tensor | None:
+    """A copy of the buffer ``key`` that `buffers_state` saved; None when it saved none."""
+    saved = state.get(key)
+    return None if saved is None else saved.clone()
+
+
+def restored_pair(
+    name: str, state: Mapping[str, torch.Tensor], first: str, second: str
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """`restored` of two buffers saved together; ValueError naming the algorithm ``name`` when
+    ``state`` holds only one of them."""
+    if (first in state) != (second in state):
+        raise ValueError(f"{name} state needs both {first!r} and {second!r} (or neither)")
+    return restored(state, first), restored(state, second)
 
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")

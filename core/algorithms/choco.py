@@ -56,7 +56,9 @@ from concord.core.algorithms.base import (
     Algorithm,
     StepContext,
     StepReport,
+    buffers_state,
     register_algorithm,
+    restored_pair,
     sent_rows,
 )
 from concord.core.algorithms.catalog import CATALOG
@@ -123,14 +125,9 @@ class Choco(Algorithm):
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        state = dict(self.optimizer.state_dict())
-        if self.public is not None and self.mixed is not None:
-            state.update(public=self.public, mixed=self.mixed)
-        return state
+        return buffers_state(self.optimizer.state_dict(), public=self.public, mixed=self.mixed)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if ("public" in state) != ("mixed" in state):
-            raise ValueError("choco state needs both 'public' and 'mixed' (or neither)")
+        public, mixed = restored_pair("choco", state, "public", "mixed")
         self.optimizer.load_state_dict(state)
-        self.public = state["public"].clone() if "public" in state else None
-        self.mixed = state["mixed"].clone() if "mixed" in state else None
+        self.public, self.mixed = public, mixed

@@ -49,7 +49,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from concord.core.algorithms.base import Algorithm, StepContext, StepReport, register_algorithm
+from concord.core.algorithms.base import (
+    Algorithm,
+    StepContext,
+    StepReport,
+    buffers_state,
+    register_algorithm,
+    restored,
+)
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state, gossip_once, local_update
 from concord.core.algorithms.optim import LocalSGD
@@ -124,11 +131,8 @@ class D2(Algorithm):
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        state = dict(self.optimizer.state_dict())
-        if self.correction is not None:
-            state["correction"] = self.correction
-        return state
+        return buffers_state(self.optimizer.state_dict(), correction=self.correction)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.optimizer.load_state_dict(state)
-        self.correction = state["correction"].clone() if "correction" in state else None
+        self.correction = restored(state, "correction")

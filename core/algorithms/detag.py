@@ -93,7 +93,9 @@ from concord.core.algorithms.base import (
     Algorithm,
     StepContext,
     StepReport,
+    buffers_state,
     register_algorithm,
+    restored_pair,
     sent_rows,
 )
 from concord.core.algorithms.catalog import CATALOG
@@ -250,24 +252,18 @@ class DeTAG(Algorithm):
             theta_local = local_theta(model, mixed)
             model.copy_(mixed)
             tracker.copy_(tracked)
-            report.rounds += 1
-            report.theta_local = theta_local
-            report.statistics.append(theta_local)
-            report.outcomes.append(result.outcome)
+            report.add_round(theta_local, result.outcome)
         return report
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        state = dict(self.optimizer.state_dict())
-        if self.tracker is not None and self.previous is not None:
-            state.update(tracker=self.tracker, previous=self.previous)
-        return state
+        return buffers_state(
+            self.optimizer.state_dict(), tracker=self.tracker, previous=self.previous
+        )
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if ("tracker" in state) != ("previous" in state):
-            raise ValueError(f"{self.name} state needs both 'tracker' and 'previous' (or neither)")
+        tracker, previous = restored_pair(self.name, state, "tracker", "previous")
         self.optimizer.load_state_dict(state)
-        self.tracker = state["tracker"].clone() if "tracker" in state else None
-        self.previous = state["previous"].clone() if "previous" in state else None
+        self.tracker, self.previous = tracker, previous
 
 
 @register_algorithm

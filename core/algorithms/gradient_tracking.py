@@ -53,8 +53,10 @@ from concord.core.algorithms.base import (
     Algorithm,
     StepContext,
     StepReport,
+    buffers_state,
     gossip_rounds,
     register_algorithm,
+    restored,
 )
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state, exchange_mix, local_update
@@ -89,11 +91,8 @@ class GradientTracking(Algorithm):
         return gossip_rounds(x, ctx)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        state = dict(self.optimizer.state_dict())
-        if self.tracker is not None:
-            state["tracker"] = self.tracker
-        return state
+        return buffers_state(self.optimizer.state_dict(), tracker=self.tracker)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.optimizer.load_state_dict(state)
-        self.tracker = state["tracker"].clone() if "tracker" in state else None
+        self.tracker = restored(state, "tracker")

@@ -46,6 +46,7 @@ from concord.core.algorithms.base import (
     StepReport,
     communicate,
     register_algorithm,
+    restored,
 )
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state
@@ -105,4 +106,4 @@ class QGM(Algorithm):
         return {} if self.buffer is None else {"qgm_buffer": self.buffer}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.buffer = state["qgm_buffer"].clone() if "qgm_buffer" in state else None
+        self.buffer = restored(state, "qgm_buffer")

@@ -97,10 +97,7 @@ class SGP(Algorithm):
             z = numerators / self._local_weights(x)
             theta_local = local_theta(x, z)
             x.copy_(z)
-            report.rounds += 1
-            report.theta_local = theta_local
-            report.statistics.append(theta_local)
-            report.outcomes.append(result.outcome)
+            report.add_round(theta_local, result.outcome)
             if not ctx.control.after_round(report.rounds, x, theta_local):
                 return report
 
