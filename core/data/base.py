@@ -114,6 +114,30 @@ def stratified_split(
     return tr, te
 
 
+def split_dataset(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    split: tuple[np.ndarray, np.ndarray],
+    *,
+    num_classes: int,
+    meta: dict[str, Any],
+) -> Dataset:
+    """The `Dataset` ``name`` of the samples ``x`` (float32 [N, *input_shape]) and labels ``y``
+    (int64 [N]) split on ``split`` = (train indices, test indices) of `stratified_split`."""
+    tr, te = split
+    return Dataset(
+        name=name,
+        x_train=torch.from_numpy(x[tr]),
+        y_train=torch.from_numpy(y[tr]),
+        x_test=torch.from_numpy(x[te]),
+        y_test=torch.from_numpy(y[te]),
+        num_classes=num_classes,
+        input_shape=tuple(x.shape[1:]),
+        meta=meta,
+    )
+
+
 def check_fraction(name: str, value: float) -> float:
     """A fraction strictly between 0 and 1 (train_split, test_fraction)."""
     if not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from concord.core.data.base import (
     Dataset,
     DatasetFormatError,
     DatasetNotFoundError,
     check_fraction,
+    split_dataset,
     stratified_split,
 )
 from concord.core.data.cifar import load_cifar10
@@ -92,15 +92,13 @@ def load_digits_dataset(*, seed: int = 0, test_fraction: float = 0.2) -> Dataset
     data, target = read_digits()
     x = (data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
     y = target.astype(np.int64)
-    tr, te = stratified_split(y, tf, np.random.default_rng(seed))
-    return Dataset(
-        name="digits",
-        x_train=torch.from_numpy(x[tr]),
-        y_train=torch.from_numpy(y[tr]),
-        x_test=torch.from_numpy(x[te]),
-        y_test=torch.from_numpy(y[te]),
+    split = stratified_split(y, tf, np.random.default_rng(seed))
+    return split_dataset(
+        "digits",
+        x,
+        y,
+        split,
         num_classes=10,
-        input_shape=(1, 8, 8),
         meta={
             "source": f"concord.core.data/{DIGITS_FILE} (scikit-learn load_digits)",
             "seed": seed,

@@ -17,7 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from concord.core.data.base import Dataset, check_fraction, check_positive_int, stratified_split
+from concord.core.data.base import (
+    Dataset,
+    check_fraction,
+    check_positive_int,
+    split_dataset,
+    stratified_split,
+)
 
 
 def load_gaussian_mixture(
@@ -50,16 +56,13 @@ def load_gaussian_mixture(
     means = rng.standard_normal((C, d)) * (float(separation) / math.sqrt(2 * d))
     y = np.arange(N, dtype=np.int64) % C
     x = means[y] + rng.standard_normal((N, d))
-    tr, te = stratified_split(y, tf, rng)
-    x32 = x.astype(np.float32)
-    return Dataset(
-        name="gaussian-mixture",
-        x_train=torch.from_numpy(x32[tr]),
-        y_train=torch.from_numpy(y[tr]),
-        x_test=torch.from_numpy(x32[te]),
-        y_test=torch.from_numpy(y[te]),
+    split = stratified_split(y, tf, rng)
+    return split_dataset(
+        "gaussian-mixture",
+        x.astype(np.float32),
+        y,
+        split,
         num_classes=C,
-        input_shape=(d,),
         meta={
             "source": "generated",
             "seed": seed,
