@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from concord.core.control.plan import PhasePlan
 from concord.core.graphs.adagraph import FeedbackDecision, GraphFeedback
+from concord.orchestrator.pending import take_due
 from concord.protos.control_plane import Stats
 
 
@@ -61,13 +62,7 @@ class GraphBook:
 
     def _complete(self, expected: set[int], now: float) -> list[FeedbackDecision]:
         out: list[FeedbackDecision] = []
-        for step in sorted(self.pending):
-            p = self.pending[step]
-            done = expected <= set(p.stats)
-            stale = now - p.opened >= self.timeout
-            if not (done or stale):
-                break  # steps feed the controller in order: wait for this one
-            del self.pending[step]
+        for step, p, done in take_due(self.pending, expected, now, self.timeout, in_order=True):
             if step <= self.fed:
                 self.ignored += 1
                 continue

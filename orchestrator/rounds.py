@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
 from concord.core.control.plan import PhasePlan
 from concord.core.control.statistic import mean_of, theta_from_locals
+from concord.orchestrator.pending import take_due
 from concord.protos.control_plane import Decision, Stats
 
 # the names this module has always offered for core's arithmetic (Θ of a round, a mean)
@@ -166,13 +167,7 @@ class RoundBook:
 
     def _complete(self, expected: set[int], now: float) -> list[Decision]:
         out: list[Decision] = []
-        for key in sorted(self.pending):
-            p = self.pending[key]
-            done = expected <= set(p.stats)
-            stale = now - p.opened >= self.timeout
-            if not (done or stale):
-                continue
-            del self.pending[key]
+        for key, p, done in take_due(self.pending, expected, now, self.timeout, in_order=False):
             self.decided.add(key)
             self._newest = p.step if self._newest is None else max(self._newest, p.step)
             decisions = self._decide(p, partial=not done)
