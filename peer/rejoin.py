@@ -85,8 +85,9 @@ class Readmission:
 
 
 def fetch(comm: PeerComm, peers: list[int]) -> Fetched | None:
-    """The most advanced Fetch answer of ``peers`` (None: nobody answered), asked from the
-    training thread; each waits at most for a neighbour's step boundary at worst."""
+    """The most advanced Fetch answer of ``peers``, asked concurrently from the training thread
+    (None: nobody answered); each ask waits for that neighbour's next step boundary, at worst two
+    deadlines and some slack."""
     timeout = 2 * comm.transport.deadline + 5.0
     future = asyncio.run_coroutine_threadsafe(comm.transport.fetch_any(peers, timeout), comm.loop)
     return future.result(timeout + 10.0)

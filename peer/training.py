@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from concord.core.data import partition_digest
 from concord.core.loop import StepRunner
-from concord.core.records import EvalRecord
+from concord.core.records import JSON, EvalRecord
 from concord.core.task import ClassificationTask
 from concord.peer.comm import PeerComm, RoundComm
 from concord.peer.rejoin import Jumps
@@ -83,27 +84,27 @@ class StageSteps:
         self.comm = runner.comm if isinstance(runner.comm, PeerComm) else None
 
     def step(self, step: int) -> dict[str, Any]:
+        """Run ``step``; its `StepRecord` (with this peer's keys in ``extra``) as its JSON
+        document, which the hooks after it may add to (`concord.runtime.driver.drive`)."""
         runner = self.runner
-        record, report = runner.step(step)
-        record["step_ms"] = (time.perf_counter() - self.clock.started) * 1e3  # incl. control
+        record, report = runner.run_step(step)
+        extra: dict[str, JSON] = {
+            "step_ms": (time.perf_counter() - self.clock.started) * 1e3  # incl. control waits
+        }
         if isinstance(runner.comm, RoundComm):  # where communication went (`Breakdown`)
-            record.update(runner.comm.take_breakdown())
-        record["peer"] = self.peer
+            extra.update(runner.comm.take_breakdown())
         jumped_from = self.jumps.landed(step) if self.jumps is not None else None
         if jumped_from is not None:
-            record["jumped_from"] = jumped_from
-        record["missing"] = sorted({j for o in report.outcomes for m in o.missing for j in m})
-        record["rejected"] = sorted({j for o in report.outcomes for r in o.rejected for j, _ in r})
+            extra["jumped_from"] = jumped_from
+        missing = sorted({j for o in report.outcomes for m in o.missing for j in m})
+        extra["missing"] = list(missing)
+        rejected = sorted({j for o in report.outcomes for r in o.rejected for j, _ in r})
+        extra["rejected"] = list(rejected)
         if self.comm is not None:  # neighbours not waited for after this step
-            record["skipped"] = list(self.comm.transport.suspected)
-        if record["missing"]:
-            log.warning(
-                "round.missing",
-                step=step,
-                round=record["rounds_total"],
-                neighbours=record["missing"],
-            )
-        return record
+            extra["skipped"] = list(self.comm.transport.suspected)
+        if missing:
+            log.warning("round.missing", step=step, round=record.rounds_total, neighbours=missing)
+        return replace(record, peer=self.peer, extra={**record.extra, **extra}).to_json()
 
     def evaluate(self, step: int, record: dict[str, Any], final: bool) -> dict[str, Any]:
         """The peer's evaluation record (`EvalRecord`: its replica's test accuracy and loss)
