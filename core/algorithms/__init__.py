@@ -50,6 +50,7 @@ _SUBMODULES = frozenset(
         "ada",
         "allreduce",
         "base",
+        "buffers",
         "choco",
         "correction",
         "d2",

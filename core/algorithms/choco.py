@@ -56,11 +56,10 @@ from concord.core.algorithms.base import (
     Algorithm,
     StepContext,
     StepReport,
-    buffers_state,
     register_algorithm,
-    restored_pair,
     sent_rows,
 )
+from concord.core.algorithms.buffers import buffers_state, restored_pair
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.comm import Comm

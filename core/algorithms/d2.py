@@ -49,14 +49,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from concord.core.algorithms.base import (
-    Algorithm,
-    StepContext,
-    StepReport,
-    buffers_state,
-    register_algorithm,
-    restored,
-)
+from concord.core.algorithms.base import Algorithm, StepContext, StepReport, register_algorithm
+from concord.core.algorithms.buffers import buffers_state, restored
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state, gossip_once, local_update
 from concord.core.algorithms.optim import LocalSGD

@@ -53,11 +53,10 @@ from concord.core.algorithms.base import (
     Algorithm,
     StepContext,
     StepReport,
-    buffers_state,
     gossip_rounds,
     register_algorithm,
-    restored,
 )
+from concord.core.algorithms.buffers import buffers_state, restored
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state, exchange_mix, local_update
 from concord.core.algorithms.optim import LocalSGD

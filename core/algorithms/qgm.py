@@ -46,8 +46,8 @@ from concord.core.algorithms.base import (
     StepReport,
     communicate,
     register_algorithm,
-    restored,
 )
+from concord.core.algorithms.buffers import restored
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import check_state
 from concord.core.algorithms.optim import LocalSGD
