@@ -28,7 +28,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -156,6 +156,23 @@ def _no_data(ax: Axes, what: str) -> None:
     ax.set_yticks([])
 
 
+def _frame(
+    ax: Axes,
+    x: Array,
+    runs: list[tuple[int, int, int]],
+    xlabel: str,
+    ylabel: str,
+    *,
+    ticks: Literal["major", "minor", "both"] = "major",
+) -> None:
+    """What every drawn figure has: its phases marked along ``x``, its axis labels and a light
+    grid at the ``ticks``."""
+    _mark_phases(ax, x, runs, label=True)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which=ticks)
+
+
 def _new_figure() -> tuple[Figure, Axes]:
     fig = Figure(figsize=_FIGSIZE, dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)
@@ -227,10 +244,7 @@ def _accuracy_figure(s: _RunSeries, title: str) -> Figure:
             ax.plot(x, y, label=label, **style)
             drawn = True
     if drawn:
-        _mark_phases(ax, s.step["epoch"], s.runs, label=True)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("test accuracy (%)")
-        ax.grid(alpha=0.3)
+        _frame(ax, s.step["epoch"], s.runs, "epoch", "test accuracy (%)")
         ax.legend(loc="lower right", fontsize=8)
     else:
         _no_data(ax, "test accuracy")
@@ -264,10 +278,7 @@ def _consensus_figure(s: _RunSeries, title: str) -> Figure:
         limits = _log_limits(np.concatenate(shown_x), np.concatenate(shown_y))
         if limits is not None:
             ax.set_ylim(*limits)
-        _mark_phases(ax, step, s.runs, label=True)
-        ax.set_xlabel("step")
-        ax.set_ylabel("consensus distance (log)")
-        ax.grid(alpha=0.3, which="both")
+        _frame(ax, step, s.runs, "step", "consensus distance (log)", ticks="both")
         ax.legend(loc="best", fontsize=8)
     else:
         _no_data(ax, "consensus distance")
@@ -370,10 +381,7 @@ def _bytes_figure(s: _RunSeries, title: str) -> Figure:
         unit, name = _byte_unit(float(np.max(y)))
         ax.plot(x, y / unit, color="C0", lw=1.4)
         ax.set_ylim(bottom=0)
-        _mark_phases(ax, s.step["epoch"], s.runs, label=True)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(f"bytes sent, cumulative, all peers ({name})")
-        ax.grid(alpha=0.3)
+        _frame(ax, s.step["epoch"], s.runs, "epoch", f"bytes sent, cumulative, all peers ({name})")
     else:
         _no_data(ax, "bytes sent")
     ax.set_title(f"{title} — communication", fontsize=10)
