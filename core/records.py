@@ -5,17 +5,18 @@ One frozen dataclass per record kind, written with ``to_json()`` and read with
 file, the line and the field. The JSON Schema of each kind (`record_schema`, ``concord records
 schema``) is generated from these declarations. docs/records.md lists the fields.
 
-=================  ==========================  ============================================
-kind               type                        where
-=================  ==========================  ============================================
-``step``           `StepRecord`                a ``metrics.jsonl`` line (``"kind": "step"``)
-``eval``           `EvalRecord`                a ``metrics.jsonl`` line (``"kind": "eval"``)
-``summary``        `RunSummary`                a run's ``summary.json``
-``peer-summary``   `PeerSummary`               a peer's ``summary.json`` (``peers/peer-i/``)
-``checkpoint``     `CheckpointRunState`        ``checkpoint.pt``'s ``"run"`` table
-``manifest``       `Manifest`                  a run's ``manifest.json``
-``orchestrator``   `OrchestratorSummary`       ``orchestrator-summary.json``
-=================  ==========================  ============================================
+======================  ========================  =============================================
+kind                    type                      where
+======================  ========================  =============================================
+``step``                `StepRecord`              a ``metrics.jsonl`` line (``"kind": "step"``)
+``eval``                `EvalRecord`              a ``metrics.jsonl`` line (``"kind": "eval"``)
+``summary``             `RunSummary`              a run's ``summary.json``
+``peer-summary``        `PeerSummary`             a peer's ``summary.json`` (``peers/peer-i/``)
+``checkpoint``          `CheckpointRunState`      ``checkpoint.pt``'s ``"run"`` table
+``control-checkpoint``  `ControlCheckpointState`  ``orchestrator-checkpoint.json``
+``manifest``            `Manifest`                a run's ``manifest.json``
+``orchestrator``        `OrchestratorSummary`     ``orchestrator-summary.json``
+======================  ========================  =============================================
 
 Every record carries ``"version"`` (`Record.VERSION`). A document without one was written
 before records were typed (version 0): it is read with its old key names mapped to the
@@ -50,6 +51,7 @@ __all__ = [
     "JSON",
     "RECORD_KINDS",
     "CheckpointRunState",
+    "ControlCheckpointState",
     "CounterState",
     "EvalRecord",
     "Manifest",
@@ -63,6 +65,7 @@ __all__ = [
     "StepRecord",
     "metrics_record",
     "peer_accuracy",
+    "peer_loss",
     "record_schema",
 ]
 
@@ -300,6 +303,13 @@ def peer_accuracy(values: Mapping[str, float]) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
 
 
+def peer_loss(values: Mapping[str, float]) -> float | None:
+    """A peer's test loss in its published evaluation values (``loss_mean_peer``, or ``loss``
+    from peers older than typed records)."""
+    value = values.get("loss_mean_peer", values.get("loss"))
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
 # ---------------------------------------------------------------------------------------------
 # summary.json
 
@@ -413,6 +423,29 @@ class CheckpointRunState(Record):
         return self.next_step >= self.total_steps
 
 
+@dataclass(frozen=True, kw_only=True)
+class ControlCheckpointState(Record):
+    """``orchestrator-checkpoint.json``: the control plane's share of a run's state at the
+    peers' checkpoint steps. ``config`` is the run's identity (`concord.core.config.run_identity`),
+    ``step_base`` the train stage's first step (after a calibration pass of that many steps),
+    ``calibration`` the calibration pass's result (`concord.core.control.calibration.Calibration`
+    as JSON), ``controller`` the consensus controller's state after each checkpoint step, by
+    step (decimal)."""
+
+    KIND: ClassVar[str] = "control-checkpoint"
+
+    config: str
+    steps_per_epoch: int
+    step_base: int
+    calibration: dict[str, JSON] | None
+    controller: dict[str, dict[str, JSON]]
+
+    @property
+    def steps(self) -> set[int]:
+        """The checkpoint steps this state holds the controller's state for."""
+        return {int(k) for k in self.controller}
+
+
 # ---------------------------------------------------------------------------------------------
 # manifest.json and the orchestrator's summary
 
@@ -447,7 +480,7 @@ class Manifest(Record):
     platform: str | None = None
     torch_threads: int | None = None
     run: str | None = None
-    addresses: dict[str, str] | None = None
+    addresses: dict[str, str | None] | None = None
     config: dict[str, JSON] | None = None
 
     @classmethod
@@ -497,6 +530,7 @@ RECORD_KINDS: dict[str, type[Record]] = {
         RunSummary,
         PeerSummary,
         CheckpointRunState,
+        ControlCheckpointState,
         Manifest,
         OrchestratorSummary,
     )

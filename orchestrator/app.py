@@ -77,6 +77,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ from concord.core.control.runplan import (
     make_plan,
 )
 from concord.core.graphs.adagraph import FeedbackDecision, GraphFeedback, feedback_config
+from concord.core.records import OrchestratorSummary
 from concord.errors import OrchestratorError as OrchestratorError
 from concord.orchestrator import checkpoint
 from concord.orchestrator.admission import Admission, PeerAdmission
@@ -583,12 +585,12 @@ class Orchestrator:
         timeout = options.decision_timeout
         resumed = self.resumed
         if resumed is not None:  # the calibration pass is behind us: its result is kept
-            if resumed["steps_per_epoch"] != spe:
+            if resumed.checkpoint.steps_per_epoch != spe:
                 raise OrchestratorError(
                     f"cannot resume: the peers have {spe} steps per epoch, the checkpoint "
-                    f"{resumed['steps_per_epoch']}"
+                    f"{resumed.checkpoint.steps_per_epoch}"
                 )
-            calibration, step_base = resumed["calibration"], resumed["step_base"]
+            calibration, step_base = resumed.calibration, resumed.checkpoint.step_base
         elif options.calibrate:
             steps = calibration_steps(plan)
             recorder = CalibrationRecorder(options.statistic)
@@ -599,7 +601,7 @@ class Orchestrator:
             step_base = steps
         controller = ConsensusController(control_config(cfg), plan, calibration)
         if resumed is not None:
-            controller.load_state_dict(resumed["state"])
+            controller.load_state_dict(resumed.state)
         book = RoundBook("train", plan, controller=controller, timeout=timeout)
         saver = checkpoint.ControlCheckpoint(
             self.out,
@@ -609,7 +611,7 @@ class Orchestrator:
             step_base=step_base,
             calibration=calibration,
             controller=controller,
-            resumed=resumed,
+            resumed=None if resumed is None else resumed.checkpoint,
         )
         book.on_end = saver.ended
         if options.graph_feedback:
@@ -623,7 +625,7 @@ class Orchestrator:
         self.records.write_json("orchestrator-summary.json", self._summary())
         return 0 if self.admission.tally("train").done else 1
 
-    def _summary(self) -> dict[str, Any]:
+    def _summary(self) -> OrchestratorSummary:
         """``orchestrator-summary.json``'s record as the run stands."""
         book, graphs, tally = self.book, self.graphs, self.admission.tally("train")
         return summary(
@@ -642,8 +644,7 @@ class Orchestrator:
 
     def _error_summary(self, error: str) -> None:
         """``orchestrator-summary.json`` of a run that ended with ``error``."""
-        record = self._summary()
-        record.update(completed=False, error=error, stage=self.stage or None)
+        record = replace(self._summary(), completed=False, error=error, stage=self.stage or None)
         self.records.write_json("orchestrator-summary.json", record)
 
     def _request_stop(self, sig: signal.Signals) -> None:

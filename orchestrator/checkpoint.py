@@ -4,7 +4,8 @@ Peers checkpoint after every evaluation (steps ``c`` with ``(c + 1) % interval =
 last step), each its own replica, keeping the previous one too (``checkpoint.prev.pt``). The
 orchestrator's share of the run's state at such a step — the consensus controller (targets,
 adaptive-target EMA, lagged plans), the calibration, the train stage's step base — is written
-here, ``orchestrator-checkpoint.json``, atomically, for the most recent `KEEP` checkpoint steps.
+here, ``orchestrator-checkpoint.json`` (a `concord.core.records.ControlCheckpointState`),
+atomically, for the most recent `KEEP` checkpoint steps.
 
 The controller's state "after step c" is its state after the last *controlled* step ≤ c ended
 (`RoundBook.on_end`): uncontrolled steps do not touch it, and the next controlled step is
@@ -20,23 +21,33 @@ that every peer and this file hold, and starts the orchestrator and the peers wi
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from concord.core.config import RunConfig, run_identity
 from concord.core.control.calibration import Calibration
 from concord.core.control.controller import ConsensusController
 from concord.core.control.plan import PhasePlan
+from concord.core.records import JSON, ControlCheckpointState, RecordError
 from concord.errors import OrchestratorError
 
 CHECKPOINT_FILE = "orchestrator-checkpoint.json"
-VERSION = 1
 KEEP = 3  # checkpoint steps kept behind the controller: peers are one or two apart
 
 
 def eval_interval(cfg: RunConfig, steps_per_epoch: int) -> int:
     """The peers' evaluation (and checkpoint) interval (`concord.core.loop.StepRunner`)."""
     return max(1, round(cfg.eval.every * steps_per_epoch))
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a resumed run takes from the checkpoint (`load`): the checkpoint itself, its
+    calibration, and the controller's ``state`` after the step resumed from."""
+
+    checkpoint: ControlCheckpointState
+    calibration: Calibration | None
+    state: dict[str, JSON]
 
 
 class ControlCheckpoint:
@@ -52,23 +63,20 @@ class ControlCheckpoint:
         step_base: int,
         calibration: Calibration | None,
         controller: ConsensusController,
-        resumed: dict[str, Any] | None = None,
+        resumed: ControlCheckpointState | None = None,
     ) -> None:
         self.path = out / CHECKPOINT_FILE
         self.plan = plan
         self.interval = eval_interval(cfg, steps_per_epoch)
         self.last_step = plan.total_steps - 1
         self.controller = controller
-        self.head = {
-            "version": VERSION,
-            "config": run_identity(cfg),
-            "steps_per_epoch": steps_per_epoch,
-            "step_base": step_base,
-            "calibration": None if calibration is None else calibration.to_json(),
-        }
-        self.snapshots: dict[int, dict[str, Any]] = {}
+        self.identity = run_identity(cfg)
+        self.steps_per_epoch = steps_per_epoch
+        self.step_base = step_base
+        self.calibration = None if calibration is None else calibration.to_json()
+        self.snapshots: dict[int, dict[str, JSON]] = {}
         if resumed is not None:  # a resumed run keeps what it resumed from
-            self.snapshots = {int(k): v for k, v in resumed["controller"].items()}
+            self.snapshots = {int(k): v for k, v in resumed.controller.items()}
         else:
             self._record(-1)
 
@@ -104,51 +112,64 @@ class ControlCheckpoint:
             found.append(self.last_step)
         return found
 
+    def state(self) -> ControlCheckpointState:
+        """The checkpoint as it stands."""
+        return ControlCheckpointState(
+            config=self.identity,
+            steps_per_epoch=self.steps_per_epoch,
+            step_base=self.step_base,
+            calibration=self.calibration,
+            controller={str(c): s for c, s in sorted(self.snapshots.items())},
+        )
+
     def _write(self) -> None:
-        body = {**self.head, "controller": {str(c): s for c, s in sorted(self.snapshots.items())}}
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(self.state().to_json(), indent=1) + "\n", encoding="utf-8")
         tmp.replace(self.path)
+
+
+def read(out: Path) -> ControlCheckpointState:
+    """``out``'s ``orchestrator-checkpoint.json``. Raises OSError when it cannot be read,
+    ValueError when it is not JSON, `concord.core.records.RecordError` (a ValueError) naming the
+    field that does not match, `concord.core.records.RecordVersionError` for a newer version."""
+    path = out / CHECKPOINT_FILE
+    text = path.read_text(encoding="utf-8")
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+    return ControlCheckpointState.from_json(body, where=str(path))
 
 
 def checkpoint_steps(out: Path) -> set[int]:
     """The steps ``orchestrator-checkpoint.json`` in ``out`` holds (empty: none, or unreadable)."""
     try:
-        body = json.loads((out / CHECKPOINT_FILE).read_text(encoding="utf-8"))
-        return {int(k) for k in body["controller"]}
-    except (OSError, ValueError, KeyError, TypeError):
+        return read(out).steps
+    except (OSError, ValueError):
         return set()
 
 
-def load(out: Path, step: int, cfg: RunConfig) -> dict[str, Any]:
-    """The checkpoint to resume after ``step``: ``steps_per_epoch``, ``step_base``,
-    ``calibration`` (a `Calibration` or None), ``state`` (the controller's at ``step``) and
-    ``controller`` (every snapshot, kept by the resumed run). Raises `OrchestratorError` naming
-    what is wrong."""
+def load(out: Path, step: int, cfg: RunConfig) -> Resume:
+    """The checkpoint to resume after ``step``, checked against this run's ``cfg``. Raises
+    `OrchestratorError` naming what is wrong."""
     path = out / CHECKPOINT_FILE
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
+        saved = read(out)
     except OSError as exc:
         raise OrchestratorError(f"cannot resume: {path} cannot be read ({exc})") from None
+    except RecordError as exc:
+        raise OrchestratorError(f"cannot resume: {exc}") from None
     except ValueError as exc:
         raise OrchestratorError(f"cannot resume: {path} is not JSON ({exc})") from None
-    if not isinstance(body, dict) or body.get("version") != VERSION:
-        raise OrchestratorError(f"cannot resume: {path} is not a version-{VERSION} checkpoint")
-    if body.get("config") != run_identity(cfg):
+    if saved.config != run_identity(cfg):
         raise OrchestratorError(f"cannot resume: {path} is of another config than this run's")
-    snapshots = body.get("controller")
-    if not isinstance(snapshots, dict) or str(step) not in snapshots:
-        held = sorted(int(k) for k in snapshots) if isinstance(snapshots, dict) else []
+    if str(step) not in saved.controller:
+        held = sorted(saved.steps)
         raise OrchestratorError(f"cannot resume after step {step}: {path} holds steps {held}")
-    raw = body.get("calibration")
     try:
-        calibration = None if raw is None else Calibration.from_json(raw)
+        calibration = (
+            None if saved.calibration is None else Calibration.from_json(saved.calibration)
+        )
     except (ValueError, TypeError, KeyError) as exc:
         raise OrchestratorError(f"cannot resume: the calibration in {path}: {exc}") from None
-    return {
-        "steps_per_epoch": int(body["steps_per_epoch"]),
-        "step_base": int(body["step_base"]),
-        "calibration": calibration,
-        "state": snapshots[str(step)],
-        "controller": snapshots,
-    }
+    return Resume(saved, calibration, saved.controller[str(step)])

@@ -6,23 +6,26 @@ messages, once the run is ``lag`` steps further, and at the end): the same keys 
 engine's ``metrics.jsonl`` where they mean the same thing — loss and training accuracy averaged
 over peers, rounds, Θ = sqrt(mean θ_i) over peers, the target, bytes summed over peers — plus
 ``peers`` (how many reported), and for adaptive graphs the K peers gossiped on (``graph_k``).
-Evaluation records carry the mean, worst and best peer accuracy.
+Evaluation records carry the mean, worst and best peer accuracy. The records are
+`concord.core.records` types (docs/records.md).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
-Sink = Callable[[dict[str, Any]], None]
+from concord.core.records import EvalRecord, MetricsRecord, StepRecord, peer_accuracy, peer_loss
+
+Sink = Callable[[MetricsRecord], None]
 
 
 def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
-def step_record(step: int, per_peer: dict[int, dict[str, float]]) -> dict[str, Any]:
+def step_record(step: int, per_peer: Mapping[int, Mapping[str, float]]) -> StepRecord:
+    """The run's step record from the peers' step values (``per_peer``: peer → its values)."""
     rows = list(per_peer.values())
 
     def col(key: str) -> list[float]:
@@ -30,51 +33,44 @@ def step_record(step: int, per_peer: dict[int, dict[str, float]]) -> dict[str, A
 
     thetas = col("theta")
     rounds = col("rounds")
+    ks = sorted({int(k) for k in col("graph_k")})
     first = rows[0] if rows else {}
-    return {
-        "kind": "step",
-        "step": step,
-        "epoch": first.get("epoch"),
-        "phase": int(first["phase"]) if "phase" in first else None,
-        "lr": first.get("lr"),
-        "loss": _mean(col("loss")),
-        "train_acc": _mean(col("train_acc")),
-        "rounds": int(max(rounds)) if rounds else 0,
-        "theta": math.sqrt(math.fsum(t * t for t in thetas) / len(thetas)) if thetas else None,
-        "target": max(col("target"), default=None),
-        "grad_norm": _mean(col("grad_norm")),
-        "bytes_sent": int(math.fsum(col("bytes_sent"))),
-        "rounds_total": int(max(col("rounds_total"), default=0)),
-        "peers": len(rows),
-        **_graph(col("graph_k")),
-    }
+    return StepRecord(
+        step=step,
+        epoch=first.get("epoch"),
+        phase=int(first["phase"]) if "phase" in first else None,
+        lr=first.get("lr"),
+        loss=_mean(col("loss")),
+        train_acc=_mean(col("train_acc")),
+        rounds=int(max(rounds)) if rounds else 0,
+        theta=math.sqrt(math.fsum(t * t for t in thetas) / len(thetas)) if thetas else None,
+        target=max(col("target"), default=None),
+        grad_norm=_mean(col("grad_norm")),
+        bytes_sent=int(math.fsum(col("bytes_sent"))),
+        rounds_total=int(max(col("rounds_total"), default=0)),
+        peers=len(rows),
+        # adaptive graphs (ada-*): the K of ``exponential:K`` the peers gossiped on, when all
+        # agree (else the K of each: a peer that fell back kept its old graph)
+        graph_k=ks[0] if len(ks) == 1 else None,
+        graph_k_peers=ks if len(ks) > 1 else None,
+    )
 
 
-def _graph(ks: list[float]) -> dict[str, Any]:
-    """Adaptive graphs (ada-*): the K of ``exponential:K`` the peers gossiped on, when all agree
-    (else the K of each, ``graph_k_peers``: a peer that fell back kept its old graph)."""
-    if not ks:
-        return {}
-    distinct = sorted({int(k) for k in ks})
-    if len(distinct) == 1:
-        return {"graph_k": distinct[0]}
-    return {"graph_k": None, "graph_k_peers": distinct}
-
-
-def eval_record(step: int, per_peer: dict[int, dict[str, float]]) -> dict[str, Any]:
-    acc = [float(r["accuracy"]) for r in per_peer.values() if "accuracy" in r]
-    loss = [float(r["loss"]) for r in per_peer.values() if "loss" in r]
+def eval_record(step: int, per_peer: Mapping[int, Mapping[str, float]]) -> EvalRecord:
+    """The run's evaluation record from the peers' evaluation values: the mean, worst and best
+    peer accuracy and the mean loss (each peer's under any name it has had: `peer_accuracy`)."""
+    acc = [a for a in map(peer_accuracy, per_peer.values()) if a is not None]
+    loss = [x for x in map(peer_loss, per_peer.values()) if x is not None]
     first = next(iter(per_peer.values()), {})
-    return {
-        "kind": "eval",
-        "step": step,
-        "epoch": first.get("epoch"),
-        "acc_mean_peer": _mean(acc),
-        "acc_worst_peer": min(acc, default=None),
-        "acc_best_peer": max(acc, default=None),
-        "loss_mean_peer": _mean(loss),
-        "peers": len(per_peer),
-    }
+    return EvalRecord(
+        step=step,
+        epoch=first.get("epoch"),
+        accuracy_mean_peer=_mean(acc),
+        accuracy_worst_peer=min(acc, default=None),
+        accuracy_best_peer=max(acc, default=None),
+        loss_mean_peer=_mean(loss),
+        peers=len(per_peer),
+    )
 
 
 class MetricsTable:
@@ -87,8 +83,6 @@ class MetricsTable:
         self.evals: dict[int, dict[int, dict[str, float]]] = {}
         self.written_step = -1  # last step whose record was emitted
         self.written_eval = -1  # last step whose evaluation record was emitted
-        self.latest: dict[str, Any] = {}  # last step record (progress view)
-        self.latest_eval: dict[str, Any] = {}
 
     def add(self, peer: int, step: int, event: str, values: dict[str, float]) -> None:
         evaluation = event == "eval"
@@ -119,13 +113,9 @@ class MetricsTable:
             self._write_eval(step)
 
     def _write(self, step: int) -> None:
-        rec = step_record(step, self.steps.pop(step))
         self.written_step = step
-        self.latest = rec
-        self.sink(rec)
+        self.sink(step_record(step, self.steps.pop(step)))
 
     def _write_eval(self, step: int) -> None:
-        rec = eval_record(step, self.evals.pop(step))
         self.written_eval = step
-        self.latest_eval = rec
-        self.sink(rec)
+        self.sink(eval_record(step, self.evals.pop(step)))

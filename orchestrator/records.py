@@ -19,6 +19,7 @@ The line files are opened (truncated; a resumed run: cut after its step, appende
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -29,6 +30,7 @@ from concord.core.config import RunConfig
 from concord.core.control.plan import PhasePlan
 from concord.core.graphs.adagraph import FeedbackDecision
 from concord.core.graphs.topology import describe, exponential_name, max_exponential_k
+from concord.core.records import JSON, Manifest, MetricsRecord, OrchestratorSummary, Record
 from concord.orchestrator.admission import PeerInfo
 from concord.orchestrator.rounds import RoundRecord
 from concord.runtime.lock import DirLock
@@ -59,14 +61,17 @@ class RunRecords:
         self._schedules: IO[str] = files["schedules"]
         self._graphs: IO[str] | None = files.get("graphs")
 
-    def write_json(self, name: str, data: Any) -> None:
-        """Replace ``name`` with ``data`` as indented JSON (written aside, then renamed)."""
+    def write_json(self, name: str, data: Record | Mapping[str, Any]) -> None:
+        """Replace ``name`` with ``data`` (a record: its document) as indented JSON (written
+        aside, then renamed)."""
+        body = data.to_json() if isinstance(data, Record) else data
         tmp = self.out / f"{name}.tmp"
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(body, indent=2, default=str) + "\n", encoding="utf-8")
         tmp.replace(self.out / name)
 
-    def metric(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(record) + "\n")
+    def metric(self, record: MetricsRecord) -> None:
+        """Append a run-level step or evaluation record to ``metrics.jsonl``."""
+        self._metrics.write(json.dumps(record.to_json()) + "\n")
 
     def rounds(self, records: Iterable[RoundRecord]) -> None:
         for rec in records:
@@ -98,7 +103,7 @@ def manifest(
     *,
     topologies: Mapping[int, str],
     peers: Mapping[int, PeerInfo],
-) -> dict[str, Any]:
+) -> Manifest:
     """``manifest.json``: the run's shape, the admitted ``peers``' addresses and fingerprint, and
     a description of every topology it may gossip on (``topologies``: the per-phase graphs the
     schedule publishes, adaptive runs)."""
@@ -109,23 +114,23 @@ def manifest(
     }
     if cfg.spec.adaptive_graph == "feedback":  # every graph K may move to
         names |= {exponential_name(k) for k in range(1, max_exponential_k(cfg.peers) + 1)}
-    described = {
+    described: dict[str, JSON] = {
         name: describe(name, cfg.peers, weights=cfg.weights, kappa=cfg.kappa, seed=cfg.seed)
         for name in sorted(names)
     }
-    return {
-        "run": run_id,
-        "engine": "processes",
-        "created": time.time(),
-        "peers": cfg.peers,
-        "steps": plan.total_steps,
-        "steps_per_epoch": steps_per_epoch,
-        "plan": plan.to_dict(),
-        "topologies": described,
-        "addresses": {i: p.address for i, p in peers.items()},
-        "fingerprint": peers[0].fingerprint,
-        "config": cfg.to_dict(),
-    }
+    return Manifest(
+        engine="processes",
+        created=dt.datetime.now(dt.UTC).isoformat(),
+        run=run_id,
+        peers=cfg.peers,
+        steps=plan.total_steps,
+        steps_per_epoch=steps_per_epoch,
+        plan=plan.to_dict(),
+        topologies=described,
+        addresses={str(i): p.address for i, p in peers.items()},
+        fingerprint=peers[0].fingerprint,
+        config=cfg.to_dict(),
+    )
 
 
 def summary(
@@ -141,19 +146,19 @@ def summary(
     graph_decisions: int | None,
     graph_steps_partial: int | None,
     wall_seconds: float,
-) -> dict[str, Any]:
+) -> OrchestratorSummary:
     """``orchestrator-summary.json``; the CPU time includes an embedded broker's routing."""
-    return {
-        "run": run_id,
-        "peers_done": peers_done,
-        "peers_dropped": peers_dropped,
-        "schedule_versions": schedule_versions,
-        "rejected_payloads": rejected_payloads,
-        "stats_ignored": stats_ignored,
-        "stats_refused": stats_refused,
-        "control_handler_errors": handler_errors,
-        "graph_decisions": graph_decisions,
-        "graph_steps_partial": graph_steps_partial,
-        "wall_seconds": wall_seconds,
-        "cpu_seconds": time.process_time(),
-    }
+    return OrchestratorSummary(
+        run=run_id,
+        peers_done=peers_done,
+        peers_dropped=peers_dropped,
+        schedule_versions=schedule_versions,
+        rejected_payloads=rejected_payloads,
+        stats_ignored=stats_ignored,
+        stats_refused=stats_refused,
+        control_handler_errors=handler_errors,
+        graph_decisions=graph_decisions,
+        graph_steps_partial=graph_steps_partial,
+        wall_seconds=wall_seconds,
+        cpu_seconds=time.process_time(),
+    )

@@ -19,6 +19,7 @@ from concord.core.records import (
     EvalRecord,
     Manifest,
     MetricsRecord,
+    OrchestratorSummary,
     PeerSummary,
     Record,
     RunSummary,
@@ -30,6 +31,7 @@ __all__ = [
     "read_evals",
     "read_manifest",
     "read_metrics",
+    "read_orchestrator_summary",
     "read_peer_summary",
     "read_steps",
     "read_summary",
@@ -102,6 +104,11 @@ def read_peer_summary(peer_dir: str | Path) -> PeerSummary | None:
 def read_manifest(run_dir: str | Path) -> Manifest | None:
     """``run_dir/manifest.json``, or None when the run has not written one (yet)."""
     return read_record(Path(run_dir) / "manifest.json", Manifest)
+
+
+def read_orchestrator_summary(run_dir: str | Path) -> OrchestratorSummary | None:
+    """``run_dir/orchestrator-summary.json`` (processes runs), or None when there is none."""
+    return read_record(Path(run_dir) / "orchestrator-summary.json", OrchestratorSummary)
 
 
 def run_title(run_dir: str | Path) -> str:

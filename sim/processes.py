@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import structlog
 import torch
@@ -37,6 +37,14 @@ import torch
 from concord.core.config import RunConfig, to_toml
 from concord.core.control.consensus import consensus_distance
 from concord.core.loop import check_algorithm
+from concord.core.records import (
+    JSON,
+    EvalRecord,
+    MetricsRecord,
+    RunSummary,
+    StepRecord,
+    peer_accuracy,
+)
 from concord.core.task import ClassificationTask, load_task_data, make_partition
 from concord.errors import ConfigError
 from concord.errors import ProcessesError as ProcessesError
@@ -50,7 +58,13 @@ from concord.protos.signing import Signing, signing_for
 from concord.runtime.lock import holder
 from concord.runtime.logs import open_log
 from concord.runtime.progress import step_progress
-from concord.runtime.records import truncate_metrics
+from concord.runtime.records import (
+    read_manifest,
+    read_metrics,
+    read_orchestrator_summary,
+    read_peer_summary,
+    truncate_metrics,
+)
 from concord.runtime.rundir import checkpoint_steps, load_checkpoint
 
 _GRACE = 15.0  # seconds children get to stop cleanly after SIGTERM
@@ -216,7 +230,8 @@ class Monitor:
             self.states[peer] = message.state
         elif isinstance(message, Metrics) and peer is not None:
             if message.event == "eval":
-                self.evals[peer] = message.values.get("accuracy", float("nan"))
+                accuracy = peer_accuracy(message.values)
+                self.evals[peer] = float("nan") if accuracy is None else accuracy
             else:
                 self.steps[peer] = message.step
                 self.latest[peer] = message.values
@@ -321,8 +336,9 @@ def run_processes(
     progress: bool = True,
     broker: str | None = None,
     resume: bool = False,
-) -> dict[str, Any]:
-    """Run orchestrator + n peers; returns the summary (and writes the run directory). A run
+) -> dict[str, JSON]:
+    """Run orchestrator + n peers; returns the summary (`RunSummary` as its JSON document,
+    written to ``run_dir/summary.json``) and writes the run directory. A run
     that fails leaves ``error.json`` in ``run_dir`` (what failed and why, each child's exit
     status and recorded error), so no run directory is left without a summary or a reason.
     ``resume``: continue the interrupted run in ``run_dir`` (`resume_step`)."""
@@ -332,7 +348,10 @@ def run_processes(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "error.json").unlink(missing_ok=True)
     try:
-        return _run_processes(cfg, run_dir, run_id, progress=progress, broker=broker, after=after)
+        summary = _run_processes(
+            cfg, run_dir, run_id, progress=progress, broker=broker, after=after
+        )
+        return summary.to_json()
     except ProcessesError as exc:
         record = {
             "role": "launcher",
@@ -424,36 +443,36 @@ def refill_run_metrics(cfg: RunConfig, run_dir: Path, after: int) -> int:
     peers' records, with the orchestrator's arithmetic. Returns the records added."""
     path = run_dir / "metrics.jsonl"
     truncate_metrics(path, after)
-    written = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
+    written = read_metrics(run_dir) if path.is_file() else []
     last = {
-        kind: max((r["step"] for r in written if r.get("kind") == kind), default=-1)
-        for kind in ("step", "eval")
+        kind: max((r.step for r in written if isinstance(r, kind)), default=-1)
+        for kind in (StepRecord, EvalRecord)
     }
-    per: dict[str, dict[int, dict[int, dict[str, float]]]] = {"step": {}, "eval": {}}
+    per: dict[type, dict[int, dict[int, dict[str, float]]]] = {StepRecord: {}, EvalRecord: {}}
     for i in range(cfg.peers):
-        peer_metrics = run_dir / "peers" / f"peer-{i}" / "metrics.jsonl"
-        if not peer_metrics.is_file():
+        peer_dir = run_dir / "peers" / f"peer-{i}"
+        if not (peer_dir / "metrics.jsonl").is_file():
             continue
-        for line in peer_metrics.read_text(encoding="utf-8").splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line
-            kind, step = r.get("kind"), r.get("step")
-            if kind not in per or not isinstance(step, int) or r.get("stage", "train") != "train":
+        for r in read_metrics(peer_dir):
+            kind = type(r)
+            if isinstance(r, StepRecord) and r.extra.get("stage", "train") != "train":
                 continue
-            if last[kind] < step <= after:
-                values = {
-                    k: float(v)
-                    for k, v in r.items()
-                    if isinstance(v, int | float) and not isinstance(v, bool)
-                }
-                per[kind].setdefault(step, {})[i] = values
-    rows = [step_record(s, per["step"][s]) for s in sorted(per["step"])]
-    rows += [eval_record(s, per["eval"][s]) for s in sorted(per["eval"])]
+            if last[kind] < r.step <= after:
+                per[kind].setdefault(r.step, {})[i] = _values(r)
+    rows: list[MetricsRecord] = [step_record(s, v) for s, v in sorted(per[StepRecord].items())]
+    rows += [eval_record(s, v) for s, v in sorted(per[EvalRecord].items())]
     with open(path, "a", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.writelines(json.dumps(r.to_json()) + "\n" for r in rows)
     return len(rows)
+
+
+def _values(record: MetricsRecord) -> dict[str, float]:
+    """A peer's record as the numbers it publishes (`concord.protos.control_plane.Metrics`)."""
+    return {
+        k: float(v)
+        for k, v in record.to_json().items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def _run_processes(
@@ -464,7 +483,7 @@ def _run_processes(
     progress: bool,
     broker: str | None,
     after: int | None,
-) -> dict[str, Any]:
+) -> RunSummary:
     started = time.perf_counter()
     for stale in STALE_FILES:  # an earlier run's (`concord sim` refuses a reused --out first)
         (run_dir / stale).unlink(missing_ok=True)
@@ -553,14 +572,16 @@ def child_errors(
     nothing (it died before it could: an exception at start-up), the last line it printed —
     a traceback's last line names the exception and its message."""
     found: dict[str, str] = {}
-    records = {"orchestrator": run_dir / "orchestrator-summary.json"}
+    with contextlib.suppress(ValueError):  # an unreadable record says nothing
+        orch = read_orchestrator_summary(run_dir)
+        if orch is not None and orch.error:
+            found["orchestrator"] = orch.error
     for i in range(cfg.peers):
-        records[f"peer-{i}"] = run_dir / "peers" / f"peer-{i}" / "error.json"
-    for name, path in records.items():
         with contextlib.suppress(OSError, ValueError):
+            path = run_dir / "peers" / f"peer-{i}" / "error.json"
             why = json.loads(path.read_text()).get("error")
             if why:
-                found[name] = str(why)
+                found[f"peer-{i}"] = str(why)
     for name in failed or {}:
         if name not in found and (words := last_words(run_dir / "logs" / f"{name}.out")):
             found[name] = words
@@ -595,15 +616,11 @@ def _rank(name: str) -> int:
     return int(name.removeprefix("peer-")) if name.startswith("peer-") else -1
 
 
-def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]) -> dict[str, Any]:
+def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]) -> RunSummary:
     """Final evaluation from the peers' checkpoints, edges, partition, plots and summary."""
     peer_dirs = {i: run_dir / "peers" / f"peer-{i}" for i in range(cfg.peers)}
-    summaries = {
-        i: json.loads((d / "summary.json").read_text())
-        for i, d in peer_dirs.items()
-        if (d / "summary.json").is_file()
-    }
-    done = sorted(i for i, s in summaries.items() if s.get("completed"))
+    summaries = {i: s for i, d in peer_dirs.items() if (s := read_peer_summary(d)) is not None}
+    done = sorted(i for i, s in summaries.items() if s.completed)
     if not done:
         raise ProcessesError(
             f"no peer completed the run; see {run_dir / 'logs'}"
@@ -620,57 +637,57 @@ def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]
             buffers.append(state["buffers"][0])
     if buffers:
         task.flat.load_buffers_flat(torch.stack(buffers))
-    final = task.evaluate(peers=True)
     xi = consensus_distance(task.x)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    steps = int(manifest["steps"])
+    manifest = read_manifest(run_dir)
+    if manifest is None:
+        raise ProcessesError(f"{run_dir} has no manifest.json: the orchestrator wrote none")
+    final = task.eval_record(manifest.steps - 1, cfg.epochs, xi=xi, peers=True)
     with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-        record = {"kind": "eval", "step": steps - 1, "epoch": cfg.epochs, "xi": xi, **final}
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(final.to_json()) + "\n")
     task_stats = task.partition_stats()
     (run_dir / "partition.json").write_text(json.dumps(task_stats, indent=2) + "\n")
-    edges = [e for s in summaries.values() for e in s.get("bytes_per_edge", [])]
+    edges = [e for s in summaries.values() for e in s.bytes_per_edge]
     (run_dir / "edges.json").write_text(json.dumps(edges, indent=2) + "\n")
-    orch = json.loads((run_dir / "orchestrator-summary.json").read_text())
-    summary = {
-        "engine": "processes",
-        "algorithm": cfg.algorithm,
-        "topology": cfg.topology,
-        "peers": cfg.peers,
-        "steps": steps,
-        "epochs": cfg.epochs,
-        "seed": cfg.seed,
-        "plan": cfg.plan_label(),
-        **cfg.control_summary(),
-        "control_lagged": cfg.control.lagged,
-        "accuracy_avg_model": final["acc_avg_model"],
-        "accuracy_worst_peer": final["acc_worst_peer"],
-        "accuracy_mean_peer": final["acc_mean_peer"],
-        "gossip_rounds_total": max(s["gossip_rounds_total"] for s in summaries.values()),
-        "bytes_sent_total": sum(s["bytes_sent_total"] for s in summaries.values()),
-        "bytes_raw_total": sum(s["bytes_raw_total"] for s in summaries.values()),
-        "final_consensus_distance": xi,
+    orch = read_orchestrator_summary(run_dir)
+    control = cfg.control_summary()
+    resumed = sorted({s.resumed_from_step for s in summaries.values() if s.resumed_from_step})
+    summary = RunSummary(
+        engine="processes",
+        algorithm=cfg.algorithm,
+        topology=cfg.topology,
+        peers=cfg.peers,
+        steps=manifest.steps,
+        epochs=cfg.epochs,
+        seed=cfg.seed,
+        plan=cfg.plan_label(),
+        control_mode=control["control_mode"],
+        control_factor=control["control_factor"],
+        control_lagged=cfg.control.lagged,
+        accuracy_avg_model=final.accuracy_avg_model,
+        accuracy_worst_peer=final.accuracy_worst_peer,
+        accuracy_mean_peer=final.accuracy_mean_peer,
+        gossip_rounds_total=max(s.gossip_rounds_total for s in summaries.values()),
+        bytes_sent_total=sum(s.bytes_sent_total for s in summaries.values()),
+        bytes_raw_total=sum(s.bytes_raw_total for s in summaries.values()),
+        final_consensus_distance=xi,
         # the partition this process built; every peer built its own from the same config
-        "partition_sha256": task_stats["sha256"],
-        "partition_mismatch": sorted(
+        partition_sha256=task_stats["sha256"],
+        partition_mismatch=sorted(
             i
             for i, s in summaries.items()
-            if s.get("partition_sha256") not in (None, task_stats["sha256"])
+            if s.partition_sha256 not in (None, task_stats["sha256"])
         ),
-        "peers_completed": done,
-        "peers_dropped": orch.get("peers_dropped", []),
-        "children_failed": failed,
-        "children_errors": child_errors(run_dir, cfg),
-        "control_fallbacks": sum(s.get("control_fallbacks", 0) for s in summaries.values()),
-        "wall_seconds": time.perf_counter() - started,
-        "run_dir": str(run_dir),
-    }
-    resumed = sorted(
-        {s["resumed_from_step"] for s in summaries.values() if s.get("resumed_from_step")}
+        peers_completed=done,
+        peers_dropped=[] if orch is None else orch.peers_dropped,
+        children_failed=failed,
+        children_errors=child_errors(run_dir, cfg),
+        control_fallbacks=sum(s.control_fallbacks for s in summaries.values()),
+        wall_seconds=time.perf_counter() - started,
+        run_dir=str(run_dir),
+        # `concord sim --resume`: every peer from the same step
+        resumed_from_step=resumed[0] if resumed else None,
     )
-    if resumed:  # `concord sim --resume`: every peer from the same step
-        summary["resumed_from_step"] = resumed[0]
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     from concord.runtime.plots import write_plots
 
     with contextlib.suppress(Exception):  # plots never lose a finished run's numbers

@@ -16,6 +16,7 @@ import pytest
 from concord.core.records import (
     RECORD_KINDS,
     CheckpointRunState,
+    ControlCheckpointState,
     CounterState,
     EvalRecord,
     Manifest,
@@ -28,6 +29,7 @@ from concord.core.records import (
     StepRecord,
     metrics_record,
     peer_accuracy,
+    peer_loss,
     record_schema,
 )
 
@@ -93,6 +95,13 @@ EXAMPLES: list[Record] = [
         controller={"targets": [0.5, None]},
         peer=3,
         config="seed = 1\n",
+    ),
+    ControlCheckpointState(
+        config="seed = 1\n",
+        steps_per_epoch=10,
+        step_base=3,
+        calibration={"statistic": "theta", "max_statistic": {"1": 1.0}},
+        controller={"4": {"targets": [0.5, None]}, "9": {"targets": [0.25, None]}},
     ),
     Manifest(
         engine="vectorized",
@@ -274,6 +283,29 @@ def test_peer_accuracy_reads_both_names() -> None:
     assert peer_accuracy({"accuracy_mean_peer": 0.5}) == 0.5
     assert peer_accuracy({"accuracy": 0.25}) == 0.25
     assert peer_accuracy({"loss": 1.0}) is None
+
+
+def test_peer_loss_reads_both_names() -> None:
+    assert peer_loss({"loss_mean_peer": 0.5, "loss": 9.0}) == 0.5
+    assert peer_loss({"loss": 0.25}) == 0.25
+    assert peer_loss({"loss": math.nan}) is None
+    assert peer_loss({"accuracy": 1.0}) is None
+
+
+def test_control_checkpoint_lists_its_steps_and_reads_the_version_1_file() -> None:
+    # orchestrator-checkpoint.json has carried "version": 1 since before records were typed
+    old = {
+        "version": 1,
+        "config": "seed = 1\n",
+        "steps_per_epoch": 10,
+        "step_base": 0,
+        "calibration": None,
+        "controller": {"4": {"ema": 0.5}, "14": {"ema": 0.25}},
+    }
+    state = ControlCheckpointState.from_json(old, where="orchestrator-checkpoint.json")
+    assert state.steps == {4, 14}
+    with pytest.raises(RecordError, match=r"field 'controller\.4'"):
+        ControlCheckpointState.from_json({**old, "controller": {"4": 1}}, where="c")
 
 
 @pytest.mark.parametrize("kind", sorted(RECORD_KINDS))

@@ -87,10 +87,12 @@ def test_load_returns_the_step_state_and_refuses_what_does_not_fit(tmp_path: Pat
         environ={},
     )
     got = checkpoint.load(tmp_path, 4, cfg)
-    assert got["step_base"] == 7
-    assert got["calibration"].max_statistic == {1: 1.0}
+    assert got.checkpoint.step_base == 7
+    assert got.checkpoint.steps == {4}
+    assert got.calibration is not None
+    assert got.calibration.max_statistic == {1: 1.0}
     fresh = ConsensusController(control_config(cfg), saver.plan)
-    fresh.load_state_dict(got["state"])
+    fresh.load_state_dict(got.state)
     assert fresh.state_dict() == ctl.state_dict()
     with pytest.raises(OrchestratorError, match=r"after step 9: .* holds steps \[4\]"):
         checkpoint.load(tmp_path, 9, cfg)

@@ -4,10 +4,10 @@ sans-io."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
 
+from concord.core.records import EvalRecord, MetricsRecord, StepRecord
 from concord.orchestrator.metrics import MetricsTable, eval_record, step_record
 
 PEERS = {0, 1, 2}
@@ -34,14 +34,14 @@ def row(peer: int, step: int, **extra: float) -> dict[str, float]:
 
 class Sink:
     def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
+        self.records: list[MetricsRecord] = []
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: MetricsRecord) -> None:
         self.records.append(record)
 
-    def steps(self, kind: str = "step") -> list[tuple[int, int]]:
+    def steps(self, kind: str = "step") -> list[tuple[int, int | None]]:
         """(step, peers) of the records of ``kind``, in the order written."""
-        return [(r["step"], r["peers"]) for r in self.records if r["kind"] == kind]
+        return [(r.step, r.peers) for r in self.records if kind == r.TAG]
 
 
 def add_step(table: MetricsTable, step: int, peers: set[int] = PEERS) -> None:
@@ -59,44 +59,44 @@ def test_step_record_aggregates_over_peers() -> None:
         2: row(2, 7, theta=5.0, loss=4.0, rounds=3.0, target=0.75),
     }
     rec = step_record(7, per_peer)
-    assert rec["kind"] == "step"
-    assert rec["step"] == 7
-    assert rec["peers"] == 3
-    assert rec["loss"] == 2.0  # (0.5 + 1.5 + 4.0) / 3, exact in binary
+    assert isinstance(rec, StepRecord)
+    assert rec.step == 7
+    assert rec.peers == 3
+    assert rec.loss == 2.0  # (0.5 + 1.5 + 4.0) / 3, exact in binary
     # each peer's "theta" is its sqrt(θ_i): the run's Θ = sqrt(mean θ_i) = sqrt((1+49+25)/3) = 5
-    assert rec["theta"] == 5.0
-    assert rec["theta"] != (1.0 + 7.0 + 5.0) / 3  # not the arithmetic mean of the peers' values
-    assert rec["rounds"] == 5  # the slowest peer's rounds
-    assert isinstance(rec["rounds"], int)
-    assert rec["bytes_sent"] == 1000 + 2000 + 3000  # summed over peers
-    assert isinstance(rec["bytes_sent"], int)
-    assert rec["target"] == 0.75  # max over peers
-    assert rec["grad_norm"] == 2.0
-    assert rec["rounds_total"] == 17
-    assert rec["train_acc"] == 0.5
-    assert rec["phase"] == 1
-    assert (rec["epoch"], rec["lr"]) == (0.7, 0.1)
+    assert rec.theta == 5.0
+    assert rec.theta != (1.0 + 7.0 + 5.0) / 3  # not the arithmetic mean of the peers' values
+    assert rec.rounds == 5  # the slowest peer's rounds
+    assert isinstance(rec.rounds, int)
+    assert rec.bytes_sent == 1000 + 2000 + 3000  # summed over peers
+    assert isinstance(rec.bytes_sent, int)
+    assert rec.target == 0.75  # max over peers
+    assert rec.grad_norm == 2.0
+    assert rec.rounds_total == 17
+    assert rec.train_acc == 0.5
+    assert rec.phase == 1
+    assert (rec.epoch, rec.lr) == (0.7, 0.1)
 
 
 def test_step_record_with_missing_keys() -> None:
     rec = step_record(3, {4: {"loss": 2.0}, 5: {"loss": 4.0, "theta": 3.0}})
-    assert rec["peers"] == 2
-    assert rec["loss"] == 3.0
-    assert rec["theta"] == 3.0  # over the peers that sent one
-    assert rec["rounds"] == 0
-    assert rec["target"] is None
-    assert rec["phase"] is None
-    assert rec["train_acc"] is None
-    assert rec["bytes_sent"] == 0
+    assert rec.peers == 2
+    assert rec.loss == 3.0
+    assert rec.theta == 3.0  # over the peers that sent one
+    assert rec.rounds == 0
+    assert rec.target is None
+    assert rec.phase is None
+    assert rec.train_acc is None
+    assert rec.bytes_sent == 0
     empty = step_record(3, {})
-    assert (empty["peers"], empty["loss"], empty["theta"]) == (0, None, None)
+    assert (empty.peers, empty.loss, empty.theta) == (0, None, None)
 
 
 def test_loss_mean_is_exact_summation() -> None:
     # the mean is fsum/n: the result does not depend on the peers' order
     losses = [1e16, 1.0, -1e16, 3.0]
     rec = step_record(0, {i: {"loss": v} for i, v in enumerate(losses)})
-    assert rec["loss"] == 1.0  # (1 + 3) / 4; naive left-to-right summation gives 0.75
+    assert rec.loss == 1.0  # (1 + 3) / 4; naive left-to-right summation gives 0.75
 
 
 def test_eval_record_mean_worst_best() -> None:
@@ -106,20 +106,31 @@ def test_eval_record_mean_worst_best() -> None:
         2: {"accuracy": 1.0, "loss": 3.0},
     }
     rec = eval_record(30, per_peer)
-    assert rec == {
-        "kind": "eval",
-        "step": 30,
-        "epoch": 3.0,
-        "acc_mean_peer": 0.75,
-        "acc_worst_peer": 0.5,
-        "acc_best_peer": 1.0,
-        "loss_mean_peer": 2.0,
-        "peers": 3,
-    }
+    assert rec == EvalRecord(
+        step=30,
+        epoch=3.0,
+        accuracy_mean_peer=0.75,
+        accuracy_worst_peer=0.5,
+        accuracy_best_peer=1.0,
+        loss_mean_peer=2.0,
+        peers=3,
+    )
     none = eval_record(1, {0: {"epoch": 0.1}})
-    assert none["acc_mean_peer"] is None
-    assert none["acc_worst_peer"] is None
-    assert none["acc_best_peer"] is None
+    assert none.accuracy_mean_peer is None
+    assert none.accuracy_worst_peer is None
+    assert none.accuracy_best_peer is None
+
+
+def test_eval_record_reads_the_peers_old_and_new_names() -> None:
+    # a peer publishes its replica's accuracy and loss as accuracy_mean_peer / loss_mean_peer
+    # (its `EvalRecord`), or as accuracy / loss (peers older than typed records): both count
+    per_peer = {
+        0: {"accuracy_mean_peer": 0.5, "loss_mean_peer": 1.0},
+        1: {"accuracy": 1.0, "loss": 3.0},
+    }
+    rec = eval_record(4, per_peer)
+    assert (rec.accuracy_worst_peer, rec.accuracy_best_peer) == (0.5, 1.0)
+    assert rec.loss_mean_peer == 2.0
 
 
 # -- emission order ------------------------------------------------------------------------------
@@ -135,7 +146,6 @@ def test_records_are_written_in_step_order_once_complete() -> None:
     table.add(2, 0, "step", row(2, 0))
     table.emit(PEERS)
     assert sink.steps() == [(0, 3), (1, 3)]
-    assert table.latest["step"] == 1
     assert table.written_step == 1
     assert table.steps == {}
 
@@ -161,7 +171,9 @@ def test_stragglers_beyond_lag_are_written_partially() -> None:
     add_step(table, 3)
     table.emit(PEERS)
     assert sink.steps() == [(0, 2), (1, 3), (2, 3), (3, 3)]
-    assert sink.records[0]["loss"] == 1.5  # mean of the two peers that reported
+    first = sink.records[0]
+    assert isinstance(first, StepRecord)
+    assert first.loss == 1.5  # mean of the two peers that reported
 
 
 def test_a_straggler_only_releases_what_is_lag_behind() -> None:
@@ -205,10 +217,11 @@ def test_eval_records_are_emitted_in_order_and_separately_from_steps() -> None:
         table.add(p, 5, "eval", {"accuracy": 0.8, "loss": 1.0})
     table.emit(PEERS)
     assert sink.steps("eval") == [(5, 3), (10, 3)]
-    ev = table.latest_eval
-    assert ev["step"] == 10
-    assert (ev["acc_worst_peer"], ev["acc_best_peer"]) == (0.25, 0.75)
-    assert ev["acc_mean_peer"] == 0.5  # (0.25 + 0.5 + 0.75) / 3, exact in binary
+    ev = sink.records[-1]
+    assert isinstance(ev, EvalRecord)
+    assert ev.step == 10
+    assert (ev.accuracy_worst_peer, ev.accuracy_best_peer) == (0.25, 0.75)
+    assert ev.accuracy_mean_peer == 0.5  # (0.25 + 0.5 + 0.75) / 3, exact in binary
     # a late evaluation of a written step is dropped, and steps do not collide with evals
     table.add(0, 10, "eval", {"accuracy": 0.0})
     assert table.evals == {}
@@ -240,7 +253,7 @@ def test_flush_writes_everything_in_order() -> None:
     table.emit(PEERS)
     assert sink.records == []
     table.flush()
-    assert [(r["kind"], r["step"], r["peers"]) for r in sink.records] == [
+    assert [(r.TAG, r.step, r.peers) for r in sink.records] == [
         ("step", 0, 1),
         ("step", 1, 3),
         ("step", 2, 1),
@@ -262,14 +275,19 @@ def test_small_lag_writes_at_once(lag: int) -> None:
     table.emit(PEERS)
     want = [(0, 1), (1, 1)] if lag == 0 else [(0, 1)]
     assert sink.steps() == want
-    assert math.isfinite(sink.records[0]["theta"])
+    first = sink.records[0]
+    assert isinstance(first, StepRecord)
+    assert first.theta is not None
+    assert math.isfinite(first.theta)
 
 
 def test_step_record_carries_the_adaptive_graph_k() -> None:
-    assert "graph_k" not in step_record(0, {0: {"loss": 1.0}})  # other algorithms: no key
+    other = step_record(0, {0: {"loss": 1.0}}).to_json()  # other algorithms: no key
+    assert "graph_k" not in other
+    assert "graph_k_peers" not in other
     rec = step_record(5, {0: {"graph_k": 3.0}, 1: {"graph_k": 3.0}})
-    assert rec["graph_k"] == 3
-    assert "graph_k_peers" not in rec
+    assert rec.graph_k == 3
+    assert "graph_k_peers" not in rec.to_json()
     rec = step_record(5, {0: {"graph_k": 3.0}, 1: {"graph_k": 2.0}})  # a peer fell back
-    assert rec["graph_k"] is None
-    assert rec["graph_k_peers"] == [2, 3]
+    assert rec.graph_k is None
+    assert rec.graph_k_peers == [2, 3]

@@ -9,6 +9,7 @@ from pathlib import Path
 from concord.core.config import load_config
 from concord.core.control.runplan import make_lr_schedule, make_plan
 from concord.core.graphs.adagraph import FeedbackDecision
+from concord.core.records import Manifest, OrchestratorSummary, StepRecord
 from concord.orchestrator.admission import PeerInfo
 from concord.orchestrator.records import RunRecords, manifest, summary
 from concord.orchestrator.rounds import RoundRecord
@@ -21,7 +22,22 @@ def lines(path: Path) -> list[dict[str, object]]:
 def test_line_records_land_in_their_files(tmp_path: Path) -> None:
     out = tmp_path / "run"
     rec = RunRecords(out, graphs=True)
-    rec.metric({"kind": "step", "step": 0})
+    step = StepRecord(
+        step=0,
+        epoch=0.0,
+        phase=1,
+        lr=0.1,
+        loss=1.0,
+        train_acc=None,
+        rounds=1,
+        theta=None,
+        target=None,
+        grad_norm=None,
+        bytes_sent=10,
+        rounds_total=1,
+        peers=2,
+    )
+    rec.metric(step)
     rnd = RoundRecord("train", 3, 1, 4, 0.5, 0.25, True, None, "above-target", False)
     rec.rounds([rnd])
     rec.schedule({"version": 1})
@@ -30,7 +46,7 @@ def test_line_records_land_in_their_files(tmp_path: Path) -> None:
     )
     rec.graph(d)
     rec.close()
-    assert lines(out / "metrics.jsonl") == [{"kind": "step", "step": 0}]
+    assert lines(out / "metrics.jsonl") == [step.to_json()]
     assert lines(out / "control.jsonl") == [rnd.to_json()]
     assert lines(out / "schedules.jsonl") == [{"version": 1}]
     assert lines(out / "graphs.jsonl") == [d.to_json()]
@@ -57,10 +73,12 @@ def test_manifest_and_summary() -> None:
     plan = make_plan(cfg, make_lr_schedule(cfg, 10))
     peers = {i: PeerInfo(address=f"h:{i}", fingerprint="fp") for i in range(4)}
     m = manifest(cfg, "r1", plan, 10, topologies={}, peers=peers)
-    assert (m["run"], m["engine"], m["peers"], m["steps"]) == ("r1", "processes", 4, 20)
-    assert m["addresses"] == {0: "h:0", 1: "h:1", 2: "h:2", 3: "h:3"}
-    assert m["fingerprint"] == "fp"
-    assert {"exponential:1", "exponential:2"} <= set(m["topologies"])  # every K it may move to
+    assert (m.run, m.engine, m.peers, m.steps) == ("r1", "processes", 4, 20)
+    assert m.addresses == {"0": "h:0", "1": "h:1", "2": "h:2", "3": "h:3"}
+    assert m.fingerprint == "fp"
+    assert {"exponential:1", "exponential:2"} <= set(m.topologies)  # every K it may move to
+    # what the orchestrator writes reads back as the same manifest (ISO 8601 ``created``)
+    assert Manifest.from_json(json.loads(json.dumps(m.to_json())), where="m") == m
     s = summary(
         "r1",
         peers_done=[0, 1],
@@ -72,5 +90,7 @@ def test_manifest_and_summary() -> None:
         graph_steps_partial=None,
         wall_seconds=1.5,
     )
-    assert s["peers_done"] == [0, 1]
-    assert s["cpu_seconds"] > 0
+    assert s.peers_done == [0, 1]
+    assert s.cpu_seconds > 0
+    assert s.completed is None  # a finished run; an error's summary sets it False
+    assert OrchestratorSummary.from_json(s.to_json(), where="s") == s
