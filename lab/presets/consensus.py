@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -38,6 +38,10 @@ from concord.lab.presets.report import environment, reproducibility_section, run
 from concord.lab.presets.spec import PresetRequest, RunList, Study, command_line
 from concord.lab.report import CellStats, markdown_grid
 from concord.lab.sweep import SweepRun, run_sweep, run_without_plots
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 from concord.runtime.records import read_summary
 
 NAME = "consensus-control"
@@ -290,37 +294,59 @@ def checks(cells: Sequence[Mapping[str, Any]], n: int = 64) -> list[tuple[str, b
     return out
 
 
+def _figure(width: float) -> Figure:
+    """A new figure ``width`` inches wide, 4.2 high, drawn by Agg (matplotlib is imported only
+    when a report draws)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, 4.2))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _annotate(ax: Axes, xlabel: str, ylabel: str, title: str, legend_size: int) -> None:
+    """Axis labels, title, a light grid and the legend of one panel."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
+def _save(fig: Figure, out: Path, name: str, written: list[str]) -> None:
+    """Lay ``fig`` out, write it as ``out/name`` and list ``name`` in ``written``."""
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=120)
+    written.append(name)
+
+
 def _plots(
     out: Path, rows: Sequence[Mapping[str, Any]], cells: Sequence[Mapping[str, Any]]
 ) -> list[str]:
     """accuracy-rounds.png and xi-n<N>.png (phase 1, first seed); the files written."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    written = []
+    written: list[str] = []
     ns = sorted({c["n"] for c in cells})
-    fig = Figure(figsize=(5.5 * len(ns), 4.2))
-    FigureCanvasAgg(fig)
+    fig = _figure(5.5 * len(ns))
     for i, n in enumerate(ns):
         ax = fig.add_subplot(1, len(ns), i + 1)
         for c in (c for c in cells if c["n"] == n):
             marker = {"xi": "o", "theta": "s", "": "D"}[c["statistic"]]
             ax.errorbar(c["rounds"], c["acc"][0], yerr=c["acc"][1], fmt=marker, capsize=3,
                         label=c["label"])  # fmt: skip
-        ax.set_xlabel("gossip rounds over the run (mean)")
-        ax.set_ylabel("test accuracy, averaged model (%), mean ± 95 % CI")
-        ax.set_title(f"n = {n}, ring")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "accuracy-rounds.png", dpi=120)
-    written.append("accuracy-rounds.png")
+        _annotate(
+            ax,
+            "gossip rounds over the run (mean)",
+            "test accuracy, averaged model (%), mean ± 95 % CI",
+            f"n = {n}, ring",
+            6,
+        )
+    _save(fig, out, "accuracy-rounds.png", written)
     by = {(c["n"], c["phase"], c["target"], c["statistic"]): c for c in cells}
     series = [("none", "", "uncontrolled"), ("1/4", "xi", "¼ · max Ξ"),
               ("1/4", "theta", "¼ · max Θ")]  # fmt: skip
     if len([n for n in ns if (n, "1", "none", "") in by]) >= 2:
-        fig = Figure(figsize=(6, 4.2))
-        FigureCanvasAgg(fig)
+        fig = _figure(6)
         ax = fig.add_subplot(1, 1, 1)
         for target, stat, label in series:
             pts = [(n, by[(n, "1", target, stat)]["diff"]) for n in ns
@@ -331,18 +357,17 @@ def _plots(
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
-        ax.set_xlabel("peers n (ring)")
-        ax.set_ylabel("dec-phase-1 − all-reduce, test accuracy (pp), mean ± 95 % CI")
-        ax.set_title("Phase-1 degradation against n (paired seeds)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "scaling.png", dpi=120)
-        written.append("scaling.png")
+        _annotate(
+            ax,
+            "peers n (ring)",
+            "dec-phase-1 − all-reduce, test accuracy (pp), mean ± 95 % CI",
+            "Phase-1 degradation against n (paired seeds)",
+            7,
+        )
+        _save(fig, out, "scaling.png", written)
     for n in ns:
         seed = min(r["seed"] for r in rows if r["n"] == n)
-        fig = Figure(figsize=(7, 4.2))
-        FigureCanvasAgg(fig)
+        fig = _figure(7)
         ax = fig.add_subplot(1, 1, 1)
         for r in rows:
             if (r["n"], r["seed"]) != (n, seed) or r["phase"] not in ("1", "all"):
@@ -361,14 +386,14 @@ def _plots(
                 written.append(f"xi-n{n}.png")
             continue
         ax.set_yscale("log")
-        ax.set_xlabel("step")
-        ax.set_ylabel("consensus distance Ξ (exact, after the step)")
-        ax.set_title(f"Ξ over training, n = {n}, seed {seed}, dec-phase-1")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out / f"xi-n{n}.png", dpi=120)
-        written.append(f"xi-n{n}.png")
+        _annotate(
+            ax,
+            "step",
+            "consensus distance Ξ (exact, after the step)",
+            f"Ξ over training, n = {n}, seed {seed}, dec-phase-1",
+            6,
+        )
+        _save(fig, out, f"xi-n{n}.png", written)
     return written
 
 
