@@ -173,10 +173,13 @@ def _frame(
     ax.grid(alpha=0.3, which=ticks)
 
 
-def _new_figure() -> tuple[Figure, Axes]:
+def _new_figure(title: str) -> tuple[Figure, Axes]:
+    """A figure of one panel titled ``title``."""
     fig = Figure(figsize=_FIGSIZE, dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, fig.add_subplot()
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=10)
+    return fig, ax
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -225,7 +228,7 @@ _EVAL_KEYS = (
 
 
 def _accuracy_figure(s: _RunSeries, title: str) -> Figure:
-    fig, ax = _new_figure()
+    fig, ax = _new_figure(f"{title} — test accuracy")
     epoch, phase = s.eval["epoch"], s.eval_phase
     markers = "o" if np.isfinite(epoch).sum() <= 30 else None
     lo, hi = s.eval["accuracy_worst_peer"], s.eval["accuracy_best_peer"]
@@ -248,12 +251,11 @@ def _accuracy_figure(s: _RunSeries, title: str) -> Figure:
         ax.legend(loc="lower right", fontsize=8)
     else:
         _no_data(ax, "test accuracy")
-    ax.set_title(f"{title} — test accuracy", fontsize=10)
     return fig
 
 
 def _consensus_figure(s: _RunSeries, title: str) -> Figure:
-    fig, ax = _new_figure()
+    fig, ax = _new_figure(f"{title} — consensus distance")
     step, phase = s.step["step"], s.step["phase"]
     xi_x, xi_y, xi_phase = step, s.step["xi"], phase
     if not np.isfinite(xi_y).any():  # Ξ measured only at evaluations
@@ -282,17 +284,15 @@ def _consensus_figure(s: _RunSeries, title: str) -> Figure:
         ax.legend(loc="best", fontsize=8)
     else:
         _no_data(ax, "consensus distance")
-    ax.set_title(f"{title} — consensus distance", fontsize=10)
     return fig
 
 
 def _rounds_figure(s: _RunSeries, title: str) -> Figure:
-    fig, ax = _new_figure()
+    fig, ax = _new_figure(f"{title} — gossip rounds")
     step, rounds, phase = s.step["step"], s.step["rounds"], s.step["phase"]
     x, y = _by_phase(step, rounds, phase)
     if not x.size:
         _no_data(ax, "gossip rounds")
-        ax.set_title(f"{title} — gossip rounds", fontsize=10)
         return fig
     # three series, three colours: per step (light), its moving average, the cumulative count
     ax.plot(x, y, **_visible(y, {"color": "C0", "lw": 0.6, "alpha": 0.45}), label="rounds per step")
@@ -315,7 +315,6 @@ def _rounds_figure(s: _RunSeries, title: str) -> Figure:
     _mark_phases(ax, step, s.runs, label=True, top=False)
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles=handles, loc="upper left", fontsize=8)
-    ax.set_title(f"{title} — gossip rounds", fontsize=10)
     return fig
 
 
@@ -375,7 +374,7 @@ def _byte_unit(largest: float) -> tuple[float, str]:
 
 
 def _bytes_figure(s: _RunSeries, title: str) -> Figure:
-    fig, ax = _new_figure()
+    fig, ax = _new_figure(f"{title} — communication")
     x, y = _decimate(*_finite_pair(s.step["epoch"], s.step["bytes_sent"]))
     if x.size:
         unit, name = _byte_unit(float(np.max(y)))
@@ -384,7 +383,6 @@ def _bytes_figure(s: _RunSeries, title: str) -> Figure:
         _frame(ax, s.step["epoch"], s.runs, "epoch", f"bytes sent, cumulative, all peers ({name})")
     else:
         _no_data(ax, "bytes sent")
-    ax.set_title(f"{title} — communication", fontsize=10)
     return fig
 
 
