@@ -28,7 +28,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -38,6 +38,9 @@ from matplotlib.ticker import MaxNLocator
 
 from concord.core.records import EvalRecord, MetricsRecord, StepRecord
 from concord.runtime.records import read_metrics, run_title
+
+if TYPE_CHECKING:
+    from matplotlib.typing import LegendLocType
 
 MAX_POINTS = 4000
 """Upper bound (≥ 4) on plotted points per line segment; longer series are min/max decimated."""
@@ -164,13 +167,16 @@ def _frame(
     ylabel: str,
     *,
     ticks: Literal["major", "minor", "both"] = "major",
+    legend: LegendLocType | None = None,
 ) -> None:
-    """What every drawn figure has: its phases marked along ``x``, its axis labels and a light
-    grid at the ``ticks``."""
+    """What every drawn figure has: its phases marked along ``x``, its axis labels, a light
+    grid at the ``ticks`` and, ``legend`` given, the legend at that ``loc``."""
     _mark_phases(ax, x, runs, label=True)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which=ticks)
+    if legend is not None:
+        ax.legend(loc=legend, fontsize=8)
 
 
 def _new_figure(title: str) -> tuple[Figure, Axes]:
@@ -247,8 +253,7 @@ def _accuracy_figure(s: _RunSeries, title: str) -> Figure:
             ax.plot(x, y, label=label, **style)
             drawn = True
     if drawn:
-        _frame(ax, s.step["epoch"], s.runs, "epoch", "test accuracy (%)")
-        ax.legend(loc="lower right", fontsize=8)
+        _frame(ax, s.step["epoch"], s.runs, "epoch", "test accuracy (%)", legend="lower right")
     else:
         _no_data(ax, "test accuracy")
     return fig
@@ -280,8 +285,7 @@ def _consensus_figure(s: _RunSeries, title: str) -> Figure:
         limits = _log_limits(np.concatenate(shown_x), np.concatenate(shown_y))
         if limits is not None:
             ax.set_ylim(*limits)
-        _frame(ax, step, s.runs, "step", "consensus distance (log)", ticks="both")
-        ax.legend(loc="best", fontsize=8)
+        _frame(ax, step, s.runs, "step", "consensus distance (log)", ticks="both", legend="best")
     else:
         _no_data(ax, "consensus distance")
     return fig
