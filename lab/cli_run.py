@@ -3,18 +3,18 @@ one process at a time."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import click
 
 from concord.core.config import ConfigError, RunConfig
+from concord.core.records import RunSummary
 from concord.lab.cli_common import (
     F,
     broker_option,
@@ -28,6 +28,7 @@ from concord.lab.cli_common import (
     set_option,
     telemetry,
 )
+from concord.runtime.records import read_peer_summary, read_summary
 
 
 def config_option(help: str) -> Callable[[F], F]:
@@ -140,21 +141,25 @@ def sim(
     from concord.lab.report import compare_table, final_table
     from concord.runtime.rundir import default_run_dir
 
-    def run(c: RunConfig, d: Path) -> dict[str, Any]:
+    def run(c: RunConfig, d: Path) -> RunSummary:
+        where = str(d / "summary.json")
         if c.engine == "processes":
             from concord.sim.processes import run_processes
 
             if resume is not None and d != resume:  # the reference run of a resumed run
-                if (d / "summary.json").is_file():
-                    return dict(json.loads((d / "summary.json").read_text(encoding="utf-8")))
+                if (done := read_summary(d)) is not None:
+                    return done
                 shutil.rmtree(d, ignore_errors=True)  # interrupted too: run it again
             resuming = resume is not None and d == resume
-            return run_processes(c, d, progress=not quiet, broker=broker, resume=resuming)
+            doc = run_processes(c, d, progress=not quiet, broker=broker, resume=resuming)
+            return RunSummary.from_json(doc, where=where)
         from concord.sim.engine import run as run_vectorized
 
         if resume is not None and (d == resume or (d / "summary.json").is_file()):
-            return run_vectorized(c, d, progress=not quiet, resume=True)
-        return run_vectorized(c, d, progress=not quiet)
+            return RunSummary.from_json(
+                run_vectorized(c, d, progress=not quiet, resume=True), where=where
+            )
+        return RunSummary.from_json(run_vectorized(c, d, progress=not quiet), where=where)
 
     run_dir = resume or out or default_run_dir(cfg)
     if resume is None:
@@ -180,11 +185,11 @@ def sim(
             fail(f"reference run: {exc}")
         console.print(
             compare_table(
-                [{**ref, "label": reference}, {**summary, "label": _label(cfg)}],
+                [replace(ref, label=reference), replace(summary, label=_label(cfg))],
                 title="Final accuracy next to the reference (Δ vs the first row)",
             )
         )
-    console.print(f"run directory: {summary['run_dir']}")
+    console.print(f"run directory: {summary.run_dir}")
 
 
 @click.command()
@@ -256,13 +261,12 @@ def peer(
     # a peer started again with the same command on its interrupted run rejoins it: a static
     # peer from its checkpoint (or a neighbour's parameters), an orchestrated one where the
     # orchestrator re-admits it; a completed run's directory is refused as before
-    summary = run_dir / "summary.json"
     started = (run_dir / "checkpoint.pt").is_file() or (run_dir / "metrics.jsonl").is_file()
-    resuming = (
-        not force
-        and started
-        and not (summary.is_file() and json.loads(summary.read_text()).get("completed"))
-    )
+    try:
+        summary = read_peer_summary(run_dir)
+    except ValueError as exc:
+        fail(str(exc))
+    resuming = not force and started and not (summary is not None and summary.completed)
     if resume_step is not None and force:
         fail("--resume-step continues the run in --out: --force would delete it")
     if not resuming and resume_step is None:

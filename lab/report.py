@@ -5,7 +5,8 @@ A run directory (written by the engine) holds ``config.toml`` (resolved config),
 ``"eval"``), ``partition.json`` and ``summary.json``. This module reads those files and renders
 :mod:`rich` tables:
 
-- :func:`final_table` — the end-of-run table (accuracies in %, gossip rounds, bytes, Ξ, wall time);
+- :func:`final_table` — the end-of-run table of a `concord.core.records.RunSummary`
+  (accuracies in %, gossip rounds, bytes, Ξ, wall time);
 - :func:`compare_table` — several summaries side by side, e.g. a controlled run next to its
   all-reduce reference, with the accuracy difference to the first row;
 - :func:`grid_layout` / :func:`rich_grid` / :func:`markdown_grid` — a sweep's Table-2-shaped grid
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.table import Table
+
+from concord.core.records import RunSummary
 
 MISSING = "—"
 
@@ -92,74 +95,56 @@ def _fmt_wall(value: object) -> str:
     return MISSING if x is None or x < 0 else format_duration(x)
 
 
-def _fmt_plan(plan: object) -> str:
-    if plan is None:
-        return MISSING
-    if isinstance(plan, list | tuple):
-        return ", ".join(str(p) for p in plan)
-    return str(plan)
+def _fmt_control(summary: RunSummary) -> str:
+    factor = _number(summary.control_factor)
+    if summary.control_mode == "none" or factor is None:
+        return summary.control_mode
+    return f"{summary.control_mode} × {factor:g}"
 
 
-def _fmt_control(summary: Mapping[str, Any]) -> str:
-    mode = summary.get("control_mode")
-    if mode is None:
-        return MISSING
-    factor = _number(summary.get("control_factor"))
-    if mode == "none" or factor is None:
-        return str(mode)
-    return f"{mode} × {factor:g}"
-
-
-def _run_label(summary: Mapping[str, Any]) -> str:
-    if summary.get("label") is not None:
-        return str(summary["label"])
-    parts = [str(summary[k]) for k in ("algorithm", "topology") if summary.get(k) is not None]
-    if summary.get("peers") is not None:
-        parts.append(f"n={summary['peers']}")
-    if summary.get("plan") is not None:
-        parts.append(_fmt_plan(summary.get("plan")))
+def _run_label(summary: RunSummary) -> str:
+    if summary.label is not None:
+        return summary.label
+    parts = [summary.algorithm, summary.topology, f"n={summary.peers}", summary.plan]
     control = _fmt_control(summary)
-    if control not in (MISSING, "none"):
+    if control != "none":
         parts.append(control)
-    return " ".join(parts) if parts else MISSING
+    return " ".join(parts)
 
 
-def final_table(summary: Mapping[str, Any]) -> Table:
+def final_table(summary: RunSummary) -> Table:
     """The end-of-run table: one "quantity | value" row per summary field worth reading."""
     table = Table(
         title=f"Concord run — {_run_label(summary)}", show_header=False, title_justify="left"
     )
     table.add_column("quantity", style="bold")
     table.add_column("value", justify="right")
-    steps = _fmt_count(summary.get("steps"))
-    epochs = _number(summary.get("epochs"))
     rows: list[tuple[str, str]] = [
-        ("algorithm", str(summary.get("algorithm", MISSING))),
-        ("topology", str(summary.get("topology", MISSING))),
-        ("peers", _fmt_count(summary.get("peers"))),
-        ("plan", _fmt_plan(summary.get("plan"))),
+        ("algorithm", summary.algorithm),
+        ("topology", summary.topology),
+        ("peers", _fmt_count(summary.peers)),
+        ("plan", summary.plan),
         ("control", _fmt_control(summary)),
-        ("seed", str(summary.get("seed", MISSING))),
-        ("steps / epochs", f"{steps} / {MISSING if epochs is None else f'{epochs:g}'}"),
-        ("test accuracy, averaged model", fmt_percent(summary.get("accuracy_avg_model"))),
-        ("test accuracy, mean peer", fmt_percent(summary.get("accuracy_mean_peer"))),
-        ("test accuracy, worst peer", fmt_percent(summary.get("accuracy_worst_peer"))),
-        ("gossip rounds", _fmt_count(summary.get("gossip_rounds_total"))),
-        ("bytes sent", _fmt_bytes(summary.get("bytes_sent_total"))),
-        ("final consensus distance Ξ", _fmt_float(summary.get("final_consensus_distance"))),
-        ("wall time", _fmt_wall(summary.get("wall_seconds"))),
+        ("seed", str(summary.seed)),
+        ("steps / epochs", f"{_fmt_count(summary.steps)} / {summary.epochs:g}"),
+        ("test accuracy, averaged model", fmt_percent(summary.accuracy_avg_model)),
+        ("test accuracy, mean peer", fmt_percent(summary.accuracy_mean_peer)),
+        ("test accuracy, worst peer", fmt_percent(summary.accuracy_worst_peer)),
+        ("gossip rounds", _fmt_count(summary.gossip_rounds_total)),
+        ("bytes sent", _fmt_bytes(summary.bytes_sent_total)),
+        ("final consensus distance Ξ", _fmt_float(summary.final_consensus_distance)),
+        ("wall time", _fmt_wall(summary.wall_seconds)),
+        ("run directory", summary.run_dir),
     ]
-    if summary.get("run_dir") is not None:
-        rows.append(("run directory", str(summary["run_dir"])))
     for name, value in rows:
         table.add_row(name, value)
     return table
 
 
-def compare_table(rows: Sequence[Mapping[str, Any]], *, title: str = "Comparison") -> Table:
+def compare_table(rows: Sequence[RunSummary], *, title: str = "Comparison") -> Table:
     """Summaries side by side, one row each; "Δ acc" is the averaged-model accuracy minus row 0's.
 
-    A row may carry a ``label`` key to name it; otherwise algorithm/topology/plan/control are used.
+    A row is named by its ``label`` if it has one, else by algorithm/topology/plan/control.
     """
     if not rows:
         raise ValueError("compare_table needs at least one summary in rows, got an empty sequence")
@@ -169,9 +154,9 @@ def compare_table(rows: Sequence[Mapping[str, Any]], *, title: str = "Comparison
         table.add_column(header, justify="right")
     table.add_column("final Ξ", justify="right")
     table.add_column("wall", justify="right")
-    reference = _number(rows[0].get("accuracy_avg_model"))
+    reference = _number(rows[0].accuracy_avg_model)
     for index, row in enumerate(rows):
-        acc = _number(row.get("accuracy_avg_model"))
+        acc = _number(row.accuracy_avg_model)
         if index == 0 or acc is None or reference is None:
             delta = MISSING
         else:
@@ -180,12 +165,12 @@ def compare_table(rows: Sequence[Mapping[str, Any]], *, title: str = "Comparison
             _run_label(row),
             fmt_percent(acc),
             delta,
-            fmt_percent(row.get("accuracy_mean_peer")),
-            fmt_percent(row.get("accuracy_worst_peer")),
-            _fmt_count(row.get("gossip_rounds_total")),
-            _fmt_bytes(row.get("bytes_sent_total")),
-            _fmt_float(row.get("final_consensus_distance")),
-            _fmt_wall(row.get("wall_seconds")),
+            fmt_percent(row.accuracy_mean_peer),
+            fmt_percent(row.accuracy_worst_peer),
+            _fmt_count(row.gossip_rounds_total),
+            _fmt_bytes(row.bytes_sent_total),
+            _fmt_float(row.final_consensus_distance),
+            _fmt_wall(row.wall_seconds),
         )
     return table
 

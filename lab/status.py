@@ -26,6 +26,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from concord.core.records import peer_accuracy
 from concord.protos.control_plane import (
     Decision,
     Heartbeat,
@@ -93,7 +94,7 @@ class RunView:
             row.step = max(row.step or 0, message.step)
         elif isinstance(message, Metrics):
             if message.event == "eval":
-                row.accuracy = message.values.get("accuracy")
+                row.accuracy = peer_accuracy(message.values)  # the peer's name, old or new
             else:
                 row.step = max(row.step or 0, message.step)
                 row.values = dict(message.values)

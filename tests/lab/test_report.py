@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -15,6 +16,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
+from concord.core.records import EvalRecord, RunSummary, StepRecord
 from concord.lab.report import (
     CellStats,
     compare_table,
@@ -38,7 +40,8 @@ def _render(table: Table) -> str:
 
 
 def _fabricate_run(run_dir: Path, *, steps: int = 3000, measured: bool = True) -> None:
-    """``steps`` steps in 3 phases; ``measured=False`` leaves every optional series null."""
+    """``steps`` steps in 3 phases (version-0 records: the old names); ``measured=False``
+    leaves every optional series null and sends no bytes."""
     rng = np.random.default_rng(0)
     lines: list[dict[str, Any]] = []
     rounds_total = 0
@@ -50,12 +53,12 @@ def _fabricate_run(run_dir: Path, *, steps: int = 3000, measured: bool = True) -
         lines.append(
             {
                 "kind": "step", "step": s, "epoch": s / 100, "phase": phase, "lr": 0.1,
-                "loss": 1.0, "rounds": rounds,
+                "loss": 1.0, "train_acc": 0.5, "rounds": rounds,
                 "theta": (0.5 * xi if s % 5 == 0 else None) if measured else None,
                 "target": (0.4 if phase == 1 else None) if measured else None,
                 "xi": xi if measured else None,
                 "grad_norm": 1.0,
-                "bytes_sent": 4096 * rounds_total if measured else None,
+                "bytes_sent": 4096 * rounds_total if measured else 0,
                 "rounds_total": rounds_total,
             }
         )  # fmt: skip
@@ -85,9 +88,7 @@ def _assert_pngs(paths: list[Path], run_dir: Path) -> None:
 
 def test_write_plots_full_run(tmp_path: Path) -> None:
     _fabricate_run(tmp_path)
-    (tmp_path / "summary.json").write_text(
-        json.dumps({"algorithm": "dsgd", "topology": "ring", "peers": 16})
-    )
+    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
     _assert_pngs(write_plots(tmp_path), tmp_path)
 
 
@@ -132,8 +133,22 @@ def test_decimate_keeps_spikes() -> None:
 
 
 def test_read_metrics(tmp_path: Path) -> None:
-    good = [{"kind": "step", "step": 0}, {"kind": "eval", "step": 0}]
-    text = "\n".join(json.dumps(x) for x in good)
+    step = StepRecord(
+        step=0,
+        epoch=0.0,
+        phase=1,
+        lr=0.1,
+        loss=1.0,
+        train_acc=0.5,
+        rounds=1,
+        theta=None,
+        target=None,
+        grad_norm=None,
+        bytes_sent=0,
+        rounds_total=1,
+    )
+    good = [step, EvalRecord(step=0, epoch=0.0, accuracy_avg_model=0.5)]
+    text = "\n".join(json.dumps(x.to_json()) for x in good)
     (tmp_path / "metrics.jsonl").write_text(text + "\n\n" + '{"kind": "st')  # crash mid-write
     assert read_metrics(tmp_path) == good
     (tmp_path / "metrics.jsonl").write_text(text + "\nnot json\n" + text + "\n")
@@ -161,12 +176,13 @@ SUMMARY = {
     "epochs": 10.0, "seed": 0, "plan": "dec-phase-1", "control_mode": "constant",
     "control_factor": 0.5, "accuracy_avg_model": 0.9271, "accuracy_worst_peer": 0.9012,
     "accuracy_mean_peer": None, "gossip_rounds_total": 12345, "bytes_sent_total": 1536,
+    "bytes_raw_total": 3072, "partition_sha256": None,
     "final_consensus_distance": 0.0123456, "wall_seconds": 754.0, "run_dir": "runs/x",
 }  # fmt: skip
 
 
 def test_final_table() -> None:
-    text = _render(final_table(SUMMARY))
+    text = _render(final_table(RunSummary.from_json(SUMMARY, where="summary.json")))
     for expected in ("92.71 %", "90.12 %", "12,345", "1.50 KiB", "0.01235", "12 min 34 s"):
         assert expected in text
     assert "constant × 0.5" in text
@@ -174,8 +190,9 @@ def test_final_table() -> None:
 
 
 def test_compare_table_delta() -> None:
-    reference = {**SUMMARY, "label": "all-reduce", "accuracy_avg_model": 0.9221}
-    text = _render(compare_table([reference, SUMMARY]))
+    summary = RunSummary.from_json(SUMMARY, where="summary.json")
+    reference = dataclasses.replace(summary, label="all-reduce", accuracy_avg_model=0.9221)
+    text = _render(compare_table([reference, summary]))
     assert "all-reduce" in text
     assert "+0.50 pt" in text
     with pytest.raises(ValueError, match="rows"):

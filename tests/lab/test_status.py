@@ -44,6 +44,19 @@ def test_the_view_folds_the_messages_and_flags_stragglers() -> None:
     json.dumps(snap)  # plain data
 
 
+def test_a_peers_accuracy_is_read_under_its_old_and_new_names() -> None:
+    view = _view()
+    new = {"accuracy_mean_peer": 0.75, "loss_mean_peer": 0.5}  # a peer's `EvalRecord` names
+    view.on_message("metrics", 0, Metrics(peer=0, step=39, values=new, event="eval"))
+    view.on_message("metrics", 1, Metrics(peer=1, step=39, values={"accuracy": 0.5}, event="eval"))
+    peers = view.snapshot()["peers"]
+    assert (peers["0"]["accuracy"], peers["1"]["accuracy"], peers["2"]["accuracy"]) == (
+        0.75,
+        0.5,
+        None,
+    )
+
+
 def test_the_view_fits_80_columns() -> None:
     console = Console(width=80, record=True, force_terminal=False)
     console.print(_view().render())
