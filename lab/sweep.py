@@ -60,6 +60,7 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
+from concord.core.records import JSON, RunSummary
 from concord.lab.report import grid_layout, markdown_grid, rich_grid
 
 METRICS: Mapping[str, tuple[str, str]] = {
@@ -105,7 +106,7 @@ class RunFn(Protocol):
 
     def __call__(
         self, cfg: Any, out_dir: Path, *, progress: bool = ..., calibration_cache: Path | None = ...
-    ) -> Mapping[str, Any]: ...
+    ) -> Mapping[str, JSON]: ...
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,7 @@ def _execute(run_fn: RunFn, cfg: Any, run_dir: str, calibration_cache: str) -> d
 
 def run_without_plots(
     cfg: Any, out_dir: Path, *, progress: bool = False, calibration_cache: Path | None = None
-) -> Mapping[str, Any]:
+) -> Mapping[str, JSON]:
     """`concord.sim.engine.run` without the per-run PNGs (1–3 s each on a small CPU; the report
     plots every run's curves instead). Module-level, so it pickles into the sweep's workers."""
     from concord.sim.engine import run
@@ -329,7 +330,11 @@ def _default_run_fn() -> RunFn:
 
 
 def csv_row(run: SweepRun, outcome: Mapping[str, Any] | None, run_dir: Path) -> dict[str, Any]:
-    summary: Mapping[str, Any] = outcome.get("summary", {}) if outcome else {}
+    """``run``'s table.csv row: its grid point and ``outcome`` (None: pending; else ``status``,
+    ``error`` or ``summary`` — the run's `RunSummary` document — and ``wall``)."""
+    doc = outcome.get("summary") if outcome else None
+    where = str(run_dir / "summary.json")
+    summary = None if doc is None else RunSummary.from_json(doc, where=where)
     row: dict[str, Any] = {
         "name": run.name,
         "kind": run.kind,
@@ -345,9 +350,17 @@ def csv_row(run: SweepRun, outcome: Mapping[str, Any] | None, run_dir: Path) -> 
         "column": run.column,
         "lr": run.overrides.get("optim.lr"),
     }
-    for key in CSV_COLUMNS[9:16]:
-        row[key] = summary.get(key)
-    if row["wall_seconds"] is None and outcome and "wall" in outcome:
+    if summary is not None:
+        row.update(
+            accuracy_avg_model=summary.accuracy_avg_model,
+            accuracy_worst_peer=summary.accuracy_worst_peer,
+            accuracy_mean_peer=summary.accuracy_mean_peer,
+            gossip_rounds_total=summary.gossip_rounds_total,
+            bytes_sent_total=summary.bytes_sent_total,
+            final_consensus_distance=summary.final_consensus_distance,
+            wall_seconds=summary.wall_seconds,
+        )
+    elif outcome and "wall" in outcome:
         row["wall_seconds"] = outcome["wall"]
     return row
 

@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
+from concord.core.records import RunSummary
 from concord.lab.sweep import Sweep, parse_factor, sweep_main
 
 BASE_ACC = {"dec-phase-1": 0.90, "dec-phase-2": 0.93}
@@ -29,6 +30,21 @@ def fake_accuracy(cfg: Mapping[str, Any]) -> float:
         return 0.95 + 0.01 * int(cfg["seed"])
     factor = 0.0 if cfg["control.mode"] == "none" else float(cfg["control.factor"])
     return BASE_ACC[str(cfg["plan"])] + 0.01 * factor + 0.01 * int(cfg["seed"])
+
+
+def summary(cfg: Mapping[str, Any], **values: object) -> dict[str, Any]:
+    """A run summary's document (`RunSummary`) with ``values`` for its measured fields."""
+    fields: dict[str, Any] = {
+        "engine": "vectorized", "algorithm": str(cfg.get("algorithm", "dsgd")),
+        "topology": str(cfg.get("topology", "ring")), "peers": 4, "steps": 10, "epochs": 1.0,
+        "seed": int(cfg.get("seed", 0)), "plan": str(cfg.get("plan", "gossip")),
+        "control_mode": str(cfg.get("control.mode", "none")), "control_factor": None,
+        "accuracy_avg_model": None, "accuracy_worst_peer": None, "accuracy_mean_peer": None,
+        "gossip_rounds_total": 0, "bytes_sent_total": 0, "bytes_raw_total": 0,
+        "final_consensus_distance": None, "partition_sha256": None, "wall_seconds": 0.0,
+        "run_dir": "runs/x",
+    }  # fmt: skip
+    return RunSummary(**{**fields, **values}).to_json()
 
 
 def fake_run(
@@ -53,15 +69,16 @@ def fake_run(
     (out_dir / "fake.json").write_text(json.dumps({"progress": progress, "conflict": conflict}))
     if cfg.get("plan") == "dec-phase-2" and cfg.get("control.factor") == 0.5 and cfg["seed"] == 1:
         raise RuntimeError("boom")
-    return {
-        "accuracy_avg_model": fake_accuracy(cfg),
-        "accuracy_worst_peer": fake_accuracy(cfg) - 0.05,
-        "accuracy_mean_peer": fake_accuracy(cfg) - 0.02,
-        "gossip_rounds_total": 100 * (1 + int(cfg["seed"])),
-        "bytes_sent_total": 4096,
-        "final_consensus_distance": 0.01,
-        "wall_seconds": 1.5,
-    }
+    return summary(
+        cfg,
+        accuracy_avg_model=fake_accuracy(cfg),
+        accuracy_worst_peer=fake_accuracy(cfg) - 0.05,
+        accuracy_mean_peer=fake_accuracy(cfg) - 0.02,
+        gossip_rounds_total=100 * (1 + int(cfg["seed"])),
+        bytes_sent_total=4096,
+        final_consensus_distance=0.01,
+        wall_seconds=1.5,
+    )
 
 
 def crashing_run(
@@ -74,7 +91,7 @@ def crashing_run(
     """Kills its worker process for seed 1 (like the OOM killer would)."""
     if cfg["seed"] == 1:
         os._exit(3)
-    return {"accuracy_avg_model": 0.9, "gossip_rounds_total": 10}
+    return summary(cfg, accuracy_avg_model=0.9, gossip_rounds_total=10)
 
 
 def _dict_config(overrides: Mapping[str, object]) -> dict[str, object]:
