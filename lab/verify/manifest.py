@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from concord.core.records import RunSummary
 from concord.lab.presets.report import MANIFEST_VERSION, TABLE_METRICS
 from concord.lab.sweep import SweepRun
 
@@ -36,7 +37,7 @@ class Metric:
     label: str
     column: str
     accuracy: bool
-    read: Callable[[Mapping[str, Any], int], float | None]
+    read: Callable[[RunSummary, int], float | None]
     unit: str = "%"  # of the reproducibility record (`record_rows`): %, rounds or bytes
 
 
@@ -51,25 +52,38 @@ def number(value: object) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _key(name: str) -> Callable[[Mapping[str, Any], int], float | None]:
-    return lambda summary, peers: number(summary.get(name))
-
-
-def _per_peer(summary: Mapping[str, Any], peers: int) -> float | None:
-    sent = number(summary.get("bytes_sent_total"))
-    return None if sent is None else float(round(sent / peers))
+def _per_peer(summary: RunSummary, peers: int) -> float | None:
+    return float(round(summary.bytes_sent_total / peers))
 
 
 METRICS: Mapping[str, Metric] = {
     m.column: m
     for m in (
-        Metric("accuracy (averaged model)", "accuracy_avg_model", True, _key("accuracy_avg_model")),
-        Metric("accuracy (worst peer)", "accuracy_worst_peer", True, _key("accuracy_worst_peer")),
         Metric(
-            "gossip rounds", "gossip_rounds_total", False, _key("gossip_rounds_total"), "rounds"
+            "accuracy (averaged model)",
+            "accuracy_avg_model",
+            True,
+            lambda s, _: number(s.accuracy_avg_model),
         ),
         Metric(
-            "bytes sent (all peers)", "bytes_sent_total", False, _key("bytes_sent_total"), "bytes"
+            "accuracy (worst peer)",
+            "accuracy_worst_peer",
+            True,
+            lambda s, _: number(s.accuracy_worst_peer),
+        ),
+        Metric(
+            "gossip rounds",
+            "gossip_rounds_total",
+            False,
+            lambda s, _: number(s.gossip_rounds_total),
+            "rounds",
+        ),
+        Metric(
+            "bytes sent (all peers)",
+            "bytes_sent_total",
+            False,
+            lambda s, _: number(s.bytes_sent_total),
+            "bytes",
         ),
         Metric("bytes sent per peer", "bytes_per_peer", False, _per_peer, "bytes"),
     )

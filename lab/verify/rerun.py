@@ -10,7 +10,6 @@ likely reason of a difference, not as an error.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,10 +18,12 @@ from typing import Any
 
 from rich.console import Console
 
+from concord.core.records import RunSummary
 from concord.lab.presets.report import environment
 from concord.lab.presets.spec import RunList
 from concord.lab.sweep import RunFn, run_sweep, run_without_plots
 from concord.lab.verify.manifest import Metric, Target, VerifyError, number
+from concord.runtime.records import read_summary
 
 __all__ = ["ACCURACY_TOL_PP", "CONTROLLED_COUNT_TOL", "Check", "Outcome", "compare", "rerun"]
 
@@ -66,15 +67,16 @@ def _controlled(cfg: Any) -> bool:
 
 
 def compare(
-    target: Target, summary: Mapping[str, Any], peers: int, tol: float, count_tol: float
+    target: Target, summary: RunSummary | None, peers: int, tol: float, count_tol: float
 ) -> list[Check]:
-    """One check per metric the committed CSV row has a value for."""
+    """One check per metric the committed CSV row has a value for (``summary`` None: the
+    re-run failed, every check fails)."""
     checks = []
     for metric in target.metrics:
         committed = number(target.cell.record.get(metric.column))
         if committed is None:
             continue
-        rerun = metric.read(summary, peers)
+        rerun = None if summary is None else metric.read(summary, peers)
         if rerun is None:
             ok = False
         elif metric.accuracy:
@@ -212,15 +214,12 @@ def rerun(
         console=console or Console(stderr=True),
     )
     outcome = rows[0]
-    summary_path = out_dir / "runs" / name / "summary.json"
-    summary: dict[str, Any] = {}
-    if summary_path.is_file():
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    summary = read_summary(out_dir / "runs" / name)
     here = environment(threads=cfg.threads, jobs=1, engine=cfg.engine)
     machine, state = _machine(target.recorded, here)
     peers = int(cfg.peers)
     echo("")
-    if outcome.get("status") != "ok" or not summary:
+    if outcome.get("status") != "ok" or summary is None:
         error = str(outcome.get("error") or outcome.get("status") or "no summary.json")
         echo(f"the re-run failed: {error}")
         trace = out_dir / "runs" / name / "error.txt"
@@ -231,7 +230,7 @@ def rerun(
             echo(f"(its directory: {out_dir / 'runs' / name})")
         for line in machine:
             echo(line)
-        checks = compare(target, {}, peers, tol, count_tol)
+        checks = compare(target, None, peers, tol, count_tol)
         return Outcome(given, target, tuple(checks), count_tol, error, here, state)
     checks = compare(target, summary, peers, tol, count_tol)
     result = Outcome(given, target, tuple(checks), count_tol, None, here, state)
