@@ -6,7 +6,6 @@ the training thread's help; ``wait`` then mixes what arrived."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -18,16 +17,10 @@ import torch
 
 from concord.core.comm import MixResult
 from concord.peer.comm import PeerComm, RoundHandle
-from concord.peer.transport import Transport, TransportOptions
+from tests.peer.transports import transports
 
 DIM = 300_000  # 1.2 MB of float32: two chunks of ≤ 1 MiB
 T = TypeVar("T")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Pair:
@@ -37,25 +30,7 @@ class Pair:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="loop", daemon=True)
         self.thread.start()
-        addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
-        self.transports = [
-            Transport(
-                TransportOptions(
-                    run_id="t",
-                    peer_id=i,
-                    world_size=2,
-                    fingerprint="f" * 64,
-                    dim=DIM,
-                    codec="none",
-                    chunk_bytes=1 << 20,
-                    max_tensor_bytes=1 << 26,
-                    deadline=20.0,
-                ),
-                addresses,
-                lambda *a: True,
-            )
-            for i in range(2)
-        ]
+        self.transports = transports(2, 2, dim=DIM, deadline=20.0)
         for t in self.transports:
             self.run(t.start(t.addresses[t.peer_id]))
         for t in self.transports:

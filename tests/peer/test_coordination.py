@@ -5,7 +5,6 @@ decision's schedule at its effective step, and the neighbour check of incoming f
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -19,8 +18,9 @@ from concord.core.graphs.adagraph import feedback_config
 from concord.peer.coordination import OrchestratedCoordination, OrchestratorHooks, Stage
 from concord.peer.schedules import Membership, ScheduleCheck, phase_topologies
 from concord.peer.serde import TENSOR_ALLREDUCE
-from concord.peer.transport import Transport, TransportOptions
+from concord.peer.transport import Transport
 from concord.protos.control_plane import Schedule
+from tests.peer.transports import transports
 
 N = 8  # ring: 0's neighbours are {1, 7}; exponential:3 adds {2, 4, 6}
 TENSOR = 0
@@ -145,32 +145,8 @@ def test_a_later_schedule_may_add_back_a_dropped_peer_at_a_new_address_only() ->
     assert "not peers of this run" in (check(sched(3, [0, 1, 2, 4], {}), v2) or "")
 
 
-def _transports(n: int, deadline: float = 1.0) -> list[Transport]:
-    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(n)]
-    return [
-        Transport(
-            TransportOptions(
-                run_id="t",
-                peer_id=i,
-                world_size=n,
-                fingerprint="f" * 64,
-                dim=8,
-                codec="none",
-                chunk_bytes=1 << 20,
-                max_tensor_bytes=1 << 20,
-                deadline=deadline,
-            ),
-            addresses,
-            lambda *a: True,
-        )
-        for i in range(n)
-    ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _transports(n: int) -> list[Transport]:
+    return transports(n, n, dim=8, deadline=1.0)
 
 
 async def _wanted(t: Transport) -> None:

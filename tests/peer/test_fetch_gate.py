@@ -5,7 +5,6 @@ peer id; refusals are counted under their own names. Real gRPC transports on loo
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -18,16 +17,10 @@ from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules
 from concord.peer.coordination import FetchPeers, graph_neighbours
 from concord.peer.servicer import FETCH_BURST, FetchGate
-from concord.peer.transport import Transport, TransportOptions
 from concord.peer.validate import RejectedError
+from tests.peer.transports import transports
 
 DIM = 64
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _runner(topology: str, peers: int) -> Any:
@@ -76,35 +69,13 @@ def test_the_gate_limits_each_peer_id_to_a_burst_then_a_steady_rate() -> None:
     assert gate.refused == {"rate": 2, "not-neighbour": 1}
 
 
-def _transports(n: int, world: int) -> list[Transport]:
-    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(world)]
-    return [
-        Transport(
-            TransportOptions(
-                run_id="t",
-                peer_id=i,
-                world_size=world,
-                fingerprint="f" * 64,
-                dim=DIM,
-                codec="none",
-                chunk_bytes=1 << 20,
-                max_tensor_bytes=1 << 26,
-                deadline=1.0,
-            ),
-            addresses,
-            lambda *a: True,
-        )
-        for i in range(n)
-    ]
-
-
 def test_a_non_neighbour_is_refused_and_a_flood_is_capped_over_grpc() -> None:
     """A ring of 4: peer 2 is not a neighbour of peer 0 — its Fetch is refused before the
     training thread is asked; neighbour 1 is answered; 20 Fetches of peer 1 in a row get
     `FETCH_BURST` answers at most, the rest refused at once as a flood."""
 
     async def body() -> None:
-        t0, t1, t2 = _transports(3, 4)
+        t0, t1, t2 = transports(3, 4, dim=DIM, deadline=1.0)
         may = FetchPeers(0, lambda: [(None, None)])
         may.runner = _runner("ring", 4)
         t0.may_fetch = may

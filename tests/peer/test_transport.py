@@ -4,7 +4,6 @@ answered, who is missing (without waiting for a dead link) and who was rejected 
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -17,14 +16,10 @@ from concord.peer import serde
 from concord.peer.links import Fanout, Wire
 from concord.peer.mailbox import Arrival
 from concord.peer.transport import Fetched, Transport, TransportOptions
+from tests.peer.transports import free_port
+from tests.peer.transports import options as transport_options
 
 DIM = 300_000  # 1.2 MB of float32: two chunks of ≤ 1 MiB
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pair(
@@ -34,21 +29,11 @@ def _pair(
     wire: Wire = "raw",
     skip_after: int = 3,
 ) -> tuple[Transport, Transport]:
-    addresses = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
 
     def options(peer_id: int) -> TransportOptions:
-        return TransportOptions(
-            run_id="t",
-            peer_id=peer_id,
-            world_size=2,
-            fingerprint="f" * 64,
-            dim=DIM,
-            codec="none",
-            chunk_bytes=1 << 20,
-            max_tensor_bytes=1 << 26,
-            deadline=deadline,
-            wire=wire,
-            skip_after=skip_after,
+        return transport_options(
+            peer_id, 2, dim=DIM, deadline=deadline, wire=wire, skip_after=skip_after
         )
 
     t0 = Transport(options(0), addresses, lambda *a: True)
