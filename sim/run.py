@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from concord.core.config import RunConfig, apply_overrides, load_config, parse_overrides
+from concord.core.records import JSON
 from concord.runtime.rundir import default_run_dir
 
 __all__ = ["simulate"]
@@ -29,8 +30,9 @@ def simulate(
     out: str | Path | None = None,
     progress: bool = False,
     broker: str | None = None,
-) -> dict[str, Any]:
-    """Run ``config`` and return its summary (also written to ``<run dir>/summary.json``).
+) -> dict[str, JSON]:
+    """Run ``config`` and return its summary (`concord.core.records.RunSummary` as its JSON
+    document, also written to ``<run dir>/summary.json``; docs/records.md lists the fields).
 
     ``config``: a `RunConfig`, a TOML file, or None for the defaults. ``overrides``: dotted keys,
     as a mapping (``{"peers": 16}``) or as ``--set`` strings (``["peers=16"]``), applied on top.
