@@ -35,7 +35,7 @@ import torch
 from concord.core.algorithms.catalog import AlgorithmSpec
 from concord.core.comm import Comm, MixOutcome, MixResult, Pending
 from concord.core.compress import Codec, codec_key
-from concord.core.control.consensus import local_theta
+from concord.core.control.consensus import local_theta, squared_row_norms
 from concord.core.control.plan import Phase
 from concord.core.models import cache_blocks
 from concord.core.registry import Registry
@@ -113,10 +113,11 @@ class StepReport:
 
 def assign_mixed(x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
     """``x ← mixed``; returns θ_i = ‖mixed_i − x_i‖² of the rows before ([k] float64), the
-    arithmetic of `local_theta`: both rows in float64, subtracted, squared, summed per row.
+    arithmetic of `local_theta`: the difference in x's dtype, its squared norm accumulated in
+    float64 (`squared_row_norms`).
 
-    Block by block of rows, in two cache-sized float64 buffers: `local_theta` on [k, d] makes
-    four [k, d] float64 temporaries (GBs at large k, fresh pages every round), and calling it
+    Block by block of rows, in one cache-sized buffer for the difference: `local_theta` on
+    [k, d] makes a [k, d] temporary (GBs at large k, fresh pages every round), and calling it
     per block would allocate and free small ones hundreds of times per round, which glibc may
     hand back to the kernel each time. The bits are those of `local_theta` — θ_i is a sum
     within row i — as long as no block is a lone row (torch splits a single row's sum between
@@ -126,14 +127,12 @@ def assign_mixed(x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
         x.copy_(mixed)
         return theta_local
     k, d = x.shape
-    blocks = cache_blocks(k, d * 8, min_size=2)
-    shape = (max(e - s for s, e in blocks), d)
-    after = torch.empty(shape, dtype=torch.float64, device=x.device)
-    before = torch.empty(shape, dtype=torch.float64, device=x.device)
+    dtype = torch.promote_types(x.dtype, mixed.dtype)
+    blocks = cache_blocks(k, d * dtype.itemsize, min_size=2)
+    diff = torch.empty((max(e - s for s, e in blocks), d), dtype=dtype, device=x.device)
     theta_local = torch.empty(k, dtype=torch.float64, device=x.device)
     for s, e in blocks:
-        a, b = after[: e - s].copy_(mixed[s:e]), before[: e - s].copy_(x[s:e])
-        torch.sum(a.sub_(b).square_(), dim=1, out=theta_local[s:e])
+        theta_local[s:e] = squared_row_norms(torch.sub(mixed[s:e], x[s:e], out=diff[: e - s]))
         x[s:e].copy_(mixed[s:e])
     return theta_local
 

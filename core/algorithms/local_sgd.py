@@ -43,12 +43,17 @@ from __future__ import annotations
 
 import torch
 
-from concord.core.algorithms.base import Algorithm, StepContext, StepReport, register_algorithm
+from concord.core.algorithms.base import (
+    Algorithm,
+    StepContext,
+    StepReport,
+    assign_mixed,
+    register_algorithm,
+)
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.correction import gossip_once
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.algorithms.overlap import direction_buffer, finish_exchange, start_exchange
-from concord.core.control.consensus import local_theta
 
 AVERAGES = ("exact", "gossip")
 
@@ -105,8 +110,7 @@ class LocalSGDAlgorithm(Algorithm):
             x.copy_(ctx.comm.allreduce_mean(x, step=ctx.step))
             return StepReport(exact_average=True)
         mixed, outcome = gossip_once(x, ctx.matrix(ctx.round_offset), ctx)
-        theta_local = local_theta(x, mixed)
-        x.copy_(mixed)
+        theta_local = assign_mixed(x, mixed)
         return StepReport(
             rounds=1, theta_local=theta_local, statistics=[theta_local], outcomes=[outcome]
         )

@@ -22,7 +22,9 @@ docs/algorithms.md#consensus-distance-and-the-estimator):
 
 All reductions are done in float64 whatever the input dtype, so that float32 training does not
 lose the (small) differences between replicas; results are returned as Python floats or float64
-tensors on the input's device.
+tensors on the input's device. θ_i reduces a float32 difference in float64 (`local_theta`): the
+difference of two float32 models rounds once, to 2⁻²⁴ relative per coordinate, which moves θ_i
+by ~1e-12 relative and saves the two float64 copies of the model a round would otherwise make.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from torch import Tensor
 
 from concord.core.control.statistic import theta_from_locals
 
-__all__ = ["consensus_distance", "grad_norms", "local_theta", "theta"]
+__all__ = ["consensus_distance", "grad_norms", "local_theta", "squared_row_norms", "theta"]
 
 
-def _rows(X: Tensor, name: str) -> Tensor:
-    """View ``X`` ([k, ...]) as float64 [k, d]; reject tensors without a replica dimension."""
+def _matrix(X: Tensor, name: str) -> Tensor:
+    """View ``X`` ([k, ...]) as [k, d] in its own dtype; reject tensors without a replica
+    dimension."""
     if not isinstance(X, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape [k, d], got {type(X).__name__}")
     if X.dim() < 2:
@@ -50,7 +53,12 @@ def _rows(X: Tensor, name: str) -> Tensor:
         raise ValueError(f"{name} must hold at least one replica, got shape {tuple(X.shape)}")
     if not X.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {X.dtype}")
-    return X.reshape(X.shape[0], -1).to(torch.float64)
+    return X.reshape(X.shape[0], -1)
+
+
+def _rows(X: Tensor, name: str) -> Tensor:
+    """`_matrix` as float64."""
+    return _matrix(X, name).to(torch.float64)
 
 
 def consensus_distance(X: Tensor) -> float:
@@ -68,24 +76,37 @@ def consensus_distance(X: Tensor) -> float:
     return math.sqrt(float(dev.square().sum()) / Xd.shape[0])
 
 
-def local_theta(x_before: Tensor, x_after: Tensor) -> Tensor:
+def local_theta(x_before: Tensor, x_after: Tensor, *, out: Tensor | None = None) -> Tensor:
     """Per-replica statistic θ_i = ‖x_i(after round) − x_i(before round)‖².
+
+    The difference is taken in the inputs' promoted dtype (float32 for float32 models) and its
+    squared norm accumulated in float64 (`squared_row_norms`).
 
     Args:
         x_before: [k, d] local replicas before one gossip round.
         x_after: [k, d] the same replicas after that round (same shape).
+        out: [k, d] buffer of the difference's dtype (float32 for float32 inputs) that the
+            caller reuses across rounds; None allocates one.
 
     Returns:
         [k] float64 tensor of θ_i ≥ 0, on the inputs' device.
     """
-    before = _rows(x_before, "x_before")
-    after = _rows(x_after, "x_after")
+    before = _matrix(x_before, "x_before")
+    after = _matrix(x_after, "x_after")
     if before.shape != after.shape:
         raise ValueError(
             f"x_before and x_after must have the same shape, got {tuple(x_before.shape)} "
             f"and {tuple(x_after.shape)}"
         )
-    return (after - before).square().sum(dim=1)
+    return squared_row_norms(torch.sub(after, before, out=out))
+
+
+def squared_row_norms(D: Tensor) -> Tensor:
+    """‖d_i‖² of every row of ``D`` ([k, d], any floating dtype), accumulated in float64 without
+    a float64 copy of ``D``: [k] float64. The one reduction behind θ_i, whether a row is
+    reduced alone (a peer) or among others (`concord.core.algorithms.base.assign_mixed`)."""
+    norms: Tensor = torch.linalg.vector_norm(D, dim=1, dtype=torch.float64)
+    return norms.square_()
 
 
 def theta(thetas: Tensor | Sequence[float]) -> float:
@@ -119,5 +140,5 @@ def grad_norms(G: Tensor) -> Tensor:
         [k] float64 tensor of ‖g_i‖ ≥ 0. The adaptive target uses their mean over all n replicas
         (a scalar all-reduce in a distributed run).
     """
-    norms: Tensor = torch.linalg.vector_norm(_rows(G, "G"), dim=1)
+    norms: Tensor = torch.linalg.vector_norm(_matrix(G, "G"), dim=1, dtype=torch.float64)
     return norms

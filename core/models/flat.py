@@ -49,6 +49,33 @@ def cache_blocks(
     return list(zip(bounds, [*bounds[1:], total][: len(bounds)], strict=True))
 
 
+TRANSPOSED_COPY_MIN = 1 << 15
+"""Matrix size (elements per replica) from which `_copy_gradient` copies a transposed gradient
+one replica at a time."""
+
+
+def _copy_gradient(dest: Tensor, g: Tensor) -> None:
+    """``dest.copy_(g)`` for a gradient ``g`` that autograd may hand over as a transposed view.
+
+    The weight gradient of a linear layer ``x Wᵀ`` arrives as ``[k, out, in]`` with strides
+    ``(·, 1, out)``. Copied as one 3-D tensor, every element written reads another cache line
+    (4.0 ms for 1024 × 1024 on one core, more than the 2.6 ms of forward and backward of
+    that MLP together); the 2-D copy of one replica's matrix into contiguous memory takes
+    PyTorch's blocked transpose (0.41 ms). Below `TRANSPOSED_COPY_MIN` elements the matrix
+    stays in cache and one call for all replicas is faster than a loop over them. A copy
+    either way: the same bits."""
+    if (
+        g.dim() == 3
+        and g.shape[1] * g.shape[2] >= TRANSPOSED_COPY_MIN
+        and g.stride(1) == 1
+        and g.stride(2) == g.shape[1]
+    ):
+        for i in range(g.shape[0]):
+            dest[i].copy_(g[i])
+        return
+    dest.copy_(g)
+
+
 class FlatParams:
     """Binds every parameter of ``model`` as a view into one float32 tensor ``data [k, d]``.
 
@@ -140,13 +167,13 @@ class FlatParams:
         found = iter(torch.autograd.grad(loss.sum(), trainable, allow_unused=True))
         for p, shape, o in zip(self._params, self.shapes, self.offsets, strict=True):
             g = next(found) if p.requires_grad else None
-            # one copy per parameter straight into its slice (autograd's weight gradients are
-            # transposed views: a reshape would copy them once more, a cat a third time)
+            # one copy per parameter straight into its slice (a reshape would copy autograd's
+            # transposed weight gradients once more, a cat a third time)
             dest = out[:, o : o + math.prod(shape)].view(self.k, *shape)
             if g is None:  # frozen or unused parameter
                 dest.zero_()
             else:
-                dest.copy_(g)
+                _copy_gradient(dest, g)
         return out
 
     def fingerprint(self) -> str:

@@ -13,6 +13,7 @@ from concord.core.comm import MixOutcome, MixResult
 from concord.core.control.consensus import local_theta
 from concord.core.graphs.topology import make_schedule
 from concord.core.models import BLOCK_BYTES, FlatParams, build_model, cache_blocks, loss_and_grad
+from concord.core.models.flat import TRANSPOSED_COPY_MIN
 from concord.sim.vectorized import VectorizedComm
 
 
@@ -36,11 +37,11 @@ def _pair(k: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x + 1e-3 * torch.randn(k, d, generator=gen)
 
 
-# d = 150 000: a block of rows is 3 rows of float64, so k = 7 and 9 take several blocks (the
+# d = 300 000: a block of rows is 3 rows of float32, so k = 7 and 9 take several blocks (the
 # last of k = 7 absorbs the lone 7th row); k = 1 … 3 take one call
 @pytest.mark.parametrize("k", [1, 2, 3, 7, 9])
 def test_assign_mixed_is_local_theta_then_copy_bit_for_bit(k: int) -> None:
-    x, mixed = _pair(k, 150_000)
+    x, mixed = _pair(k, 300_000)
     want = local_theta(x, mixed)
     got = assign_mixed(x, mixed)
     assert torch.equal(got, want)
@@ -94,6 +95,25 @@ def test_flat_grad_writes_into_the_callers_buffer() -> None:
     assert torch.equal(into, fresh)
     with pytest.raises(ValueError, match="gradient buffer"):
         loss_and_grad(model, flat, x, y, out=torch.empty(3, flat.d + 1))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_flat_grad_copies_large_transposed_weight_gradients_bit_for_bit(k: int) -> None:
+    """A 256 × 128 linear weight (2¹⁵ elements, `TRANSPOSED_COPY_MIN`) gets its transposed
+    gradient copied one replica at a time; every row is autograd's gradient, bit for bit."""
+    model = build_model("mlp", k, input_shape=(128,), num_classes=4, seed=0, hidden=[256])
+    flat = FlatParams(model)
+    assert model.layers[0].weight.shape[1:].numel() >= TRANSPOSED_COPY_MIN  # the looped path
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(k, 8, 128, generator=gen), torch.randint(0, 4, (k, 8), generator=gen)
+    _, grad, _ = loss_and_grad(model, flat, x, y)
+    logits = model(x)  # no dropout or batch statistics in an MLP: the same forward again
+    per_sample = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), y.flatten(), reduction="none"
+    )
+    grads = torch.autograd.grad(per_sample.view(k, -1).mean(dim=1).sum(), list(model.parameters()))
+    want = torch.cat([g.reshape(k, -1) for g in grads], dim=1)
+    assert torch.equal(grad, want)
 
 
 @pytest.mark.parametrize("n", [8, 160])  # a dense W, and the sparse product from n = 128 on
