@@ -34,7 +34,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from concord.peer.certs import (
     CA_CERT,
-    CA_KEY,
     DEFAULT_HOSTS,
     CertError,
     _atomic_write,
@@ -42,8 +41,7 @@ from concord.peer.certs import (
     _leaf,
     _make_dir,
     _write_pair,
-    load_certificate,
-    load_private_key,
+    load_ca,
 )
 from concord.protos.control_plane import ROOT, TOPICS, Topics
 from concord.protos.mqtt import MOSQUITTO_CLIENT_ID_BINDING
@@ -136,9 +134,7 @@ def issue_broker(
         raise CertError("hosts must be a non-empty list of the broker's IP addresses/DNS names")
     _check_days(days)
     directory = Path(directory)
-    hint = f" (no run CA in {directory}); run `concord certs init --dir {directory}` first"
-    ca_cert = load_certificate(directory / CA_CERT, "CA certificate", hint)
-    ca_key = load_private_key(directory / CA_KEY, "CA private key", hint)
+    ca_cert, ca_key = load_ca(directory)
     sub = directory / SUBDIR
     rules = acl_rules(run_id, peers)
     files = BrokerFiles(

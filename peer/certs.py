@@ -160,6 +160,14 @@ def load_private_key(
 # ---------------------------------------------------------------------------------------- checks
 
 
+def load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """The run CA's certificate and key in ``directory`` (`init_ca`), or a CertError naming the
+    missing file and the command that creates them."""
+    hint = f" (no run CA in {directory}); run `concord certs init --dir {directory}` first"
+    ca_cert = load_certificate(directory / CA_CERT, "CA certificate", hint)
+    return ca_cert, load_private_key(directory / CA_KEY, "CA private key", hint)
+
+
 def _check_days(days: int) -> None:
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
         raise CertError(f"days must be an integer ≥ 1; got {days!r}")
@@ -329,9 +337,7 @@ def issue_peer(
         raise CertError("hosts is empty; a peer certificate needs at least one IP or DNS name")
     _check_days(days)
     directory = Path(directory)
-    hint = f" (no run CA in {directory}); run `concord certs init --dir {directory}` first"
-    ca_cert = load_certificate(directory / CA_CERT, "CA certificate", hint)
-    ca_key = load_private_key(directory / CA_KEY, "CA private key", hint)
+    ca_cert, ca_key = load_ca(directory)
     key, cert = _leaf(
         ca_cert,
         ca_key,
@@ -357,9 +363,7 @@ def issue_orchestrator(directory: Path, *, days: int = 365) -> LeafFiles:
     (receivers accept any certificate of the run CA with that CN)."""
     _check_days(days)
     directory = Path(directory)
-    hint = f" (no run CA in {directory}); run `concord certs init --dir {directory}` first"
-    ca_cert = load_certificate(directory / CA_CERT, "CA certificate", hint)
-    ca_key = load_private_key(directory / CA_KEY, "CA private key", hint)
+    ca_cert, ca_key = load_ca(directory)
     key, cert = _leaf(ca_cert, ca_key, "orchestrator", [], days, [ExtendedKeyUsageOID.CLIENT_AUTH])
     files = LeafFiles(
         directory / ORCHESTRATOR_KEY, directory / ORCHESTRATOR_CERT, directory / CA_CERT
