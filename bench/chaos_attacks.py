@@ -82,7 +82,7 @@ def _tls_sets(certs: Path) -> list[str]:
 def _param_diff(ctx: Ctx, peer_dirs: list[Path]) -> float | None:
     """Max |Δ| of the final parameters against the baseline's, peer by peer (None: no baseline
     or a checkpoint missing)."""
-    base = (ctx.baseline or {}).get("run_dir")
+    base = None if ctx.baseline is None else ctx.baseline.run_dir
     if not base:
         return None
     try:
@@ -167,8 +167,8 @@ def case_takeover(ctx: Ctx, d: dict[str, Any]) -> bool:
         if r.get("event") == "mqtt.connected" and str(r.get("client", "")).startswith("orch")
     )  # fmt: skip
     refused_logged = sum(1 for r in log if r.get("event") == "broker.takeover_refused")
-    s = run.summary() or {}
-    not_completed = 8 - len(s.get("peers_completed") or [])
+    s = run.summary()
+    not_completed = 8 - len((s.peers_completed if s is not None else None) or [])
     accepted = int(seen.get("accepted", 0)) + max(0, connects - 1) + not_completed
     d.update(attempts=seen.get("attempts", 0), refused=seen.get("refused", 0),
              accepted_connections=seen.get("accepted", 0), orchestrator_connects=connects,

@@ -189,7 +189,8 @@ def restart_seed(ctx: Ctx, seed: int, d: dict[str, Any]) -> bool:
     if not finished(reference, d.setdefault("reference", {}), dropped=[]):
         d["error"] = "the fault-free reference run of this length failed"
         return False
-    reference_acc = (reference.summary() or {}).get("accuracy_avg_model")
+    done = reference.summary()
+    reference_acc = None if done is None else done.accuracy_avg_model
     run = SimRun(ctx, f"restart{suffix}", restart_sets(ctx, seed))
     again: subprocess.Popen[bytes] | None = None
     metrics = run.dir / "peers" / f"peer-{RESTARTED}" / "metrics.jsonl"

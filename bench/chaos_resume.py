@@ -119,7 +119,7 @@ def case_resume_processes(ctx: Ctx, d: dict[str, Any]) -> bool:
     if p.returncode:
         d["error"] = f"--resume failed: {(p.stdout + p.stderr)[-600:]}"
         return False
-    base = ROOT / (ctx.baseline or {}).get("run_dir", "")
+    base = ROOT / ("" if ctx.baseline is None else ctx.baseline.run_dir)
     diff = max(
         max_abs_diff(final_params(base / "peers" / f"peer-{i}" / "checkpoint.pt")[0],
                   final_params(run.dir / "peers" / f"peer-{i}" / "checkpoint.pt")[0])

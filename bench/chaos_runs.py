@@ -29,6 +29,8 @@ from bench._procs import (
     wait_exit,
     wait_for,
 )
+from concord.core.records import RunSummary
+from concord.runtime.records import read_orchestrator_summary, read_peer_summary, read_summary
 
 MIB = 1 << 20
 VICTIMS = (2, 5)  # kill25: 2 of 8, not neighbours on the ring
@@ -64,7 +66,7 @@ class Ctx:
     metrics: dict[str, Any] = field(default_factory=dict)
     run_dirs: list[Path] = field(default_factory=list)  # checked for corrupt outputs
     left_behind: dict[int, str] = field(default_factory=dict)  # orphans of exited launchers
-    baseline: dict[str, Any] | None = None
+    baseline: RunSummary | None = None
 
     @property
     def epochs(self) -> int:
@@ -165,8 +167,9 @@ class SimRun:
             self.proc.wait(30)
         reap(kids, grace=2.0)
 
-    def summary(self) -> dict[str, Any] | None:
-        return read_json(self.dir / "summary.json")
+    def summary(self) -> RunSummary | None:
+        """The run's summary.json (`concord.runtime.records.read_summary`), None if none."""
+        return read_summary(self.dir)
 
 
 def finished(run: SimRun, d: dict[str, Any], *, dropped: list[int] | None = None) -> bool:
@@ -177,17 +180,17 @@ def finished(run: SimRun, d: dict[str, Any], *, dropped: list[int] | None = None
         d["launcher_tail"] = tail(run.log, 800)
         return False
     d.update(
-        accuracy=s.get("accuracy_avg_model"),
-        peers_completed=s.get("peers_completed"),
-        peers_dropped=s.get("peers_dropped"),
-        children_failed=s.get("children_failed"),
-        wall_seconds=s.get("wall_seconds"),
+        accuracy=s.accuracy_avg_model,
+        peers_completed=s.peers_completed,
+        peers_dropped=s.peers_dropped,
+        children_failed=s.children_failed,
+        wall_seconds=s.wall_seconds,
     )
     ok = run.code == 0
     if dropped is not None:
-        ok = ok and sorted(s.get("peers_dropped") or []) == sorted(dropped)
+        ok = ok and sorted(s.peers_dropped or []) == sorted(dropped)
         expect = [i for i in range(8) if i not in dropped]
-        ok = ok and all(i in (s.get("peers_completed") or []) for i in expect)
+        ok = ok and all(i in (s.peers_completed or []) for i in expect)
     return ok
 
 
@@ -235,7 +238,7 @@ def drop_times(run_dir: Path) -> dict[int, float]:
 
 
 def gap_pp(ctx: Ctx, accuracy: Any) -> float | None:
-    base = (ctx.baseline or {}).get("accuracy_avg_model")
+    base = None if ctx.baseline is None else ctx.baseline.accuracy_avg_model
     if not isinstance(base, float) or not isinstance(accuracy, float):
         return None
     return round(100.0 * (base - accuracy), 3)
@@ -328,15 +331,16 @@ class Deployment:
         hung = [n for n, c in codes.items() if c is None]
         if hung:
             d["hung"] = hung  # still running at the end of the wait: ended by the teardown
-        orch = read_json(self.dir / "orchestrator-summary.json") or {}
-        d["peers_done"], d["peers_dropped"] = orch.get("peers_done"), orch.get("peers_dropped")
+        orch = read_orchestrator_summary(self.dir)
+        if orch is not None:
+            d["peers_done"], d["peers_dropped"] = orch.peers_done, orch.peers_dropped
         accs = []
         ok = codes.get("orchestrator") == 0 and not hung
         for i in range(self.peers):
-            s = read_json(self.dir / "peers" / f"peer-{i}" / "summary.json") or {}
-            if isinstance(s.get("accuracy"), float):
-                accs.append(s["accuracy"])
-            if i not in spare and not s.get("completed"):
+            s = read_peer_summary(self.dir / "peers" / f"peer-{i}")
+            if s is not None and s.accuracy_mean_peer is not None:
+                accs.append(s.accuracy_mean_peer)
+            if i not in spare and (s is None or not s.completed):
                 ok = False
                 d.setdefault("not_completed", []).append(i)
         d["accuracy_mean_peer"] = sum(accs) / len(accs) if accs else None
