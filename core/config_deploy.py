@@ -6,11 +6,13 @@ them. Torch-free, like the whole config.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from concord.core.config_sections import Section
+from concord.core.emulation import Emulation, parse_emulation, problems_text
+from concord.errors import ConfigError
 
 
 def _port(address: str) -> int | None:
@@ -170,6 +172,27 @@ class NetworkConfig(Section):
         default=None,
         description="slow one peer's computation down by a factor, e.g. {peer = 3, factor = 2.0}",
     )
+    emulation: dict[str, Any] | None = Field(
+        default=None,
+        description="emulated links for `concord sim --engine processes` (every process in a "
+        "network namespace of its own): a named profile and/or per-link delay_ms, jitter_ms, "
+        "loss, loss_burst, rate_mbit, up/down and per-peer tables, e.g. {profile = 'edge'}; "
+        "`concord sim --net` sets it (docs/network-emulation.md)",
+    )
+
+    @field_validator("emulation")
+    @classmethod
+    def _emulation(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            try:
+                parse_emulation(v)
+            except ConfigError as exc:
+                raise ValueError(problems_text(exc)) from None
+        return v
+
+    def link_emulation(self) -> Emulation | None:
+        """The `Emulation` ``emulation`` describes (None: the run's links are not emulated)."""
+        return None if self.emulation is None else parse_emulation(self.emulation)
 
     @field_validator("addresses")
     @classmethod

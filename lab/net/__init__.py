@@ -4,7 +4,7 @@ rate (docs/network-emulation.md).
 
 * `Net` / `Host` (`concord.lab.net.topology`): the namespaces, the routing switch, the link
   controls (`Net.cap`, `Net.emulate`, `Net.cut`, `stall`, …) and the teardown;
-* `concord.lab.net.profiles`: `LinkSpec`, `HostLink`, `Emulation`, the named `PROFILES` and
+* `concord.core.emulation`: `LinkSpec`, `HostLink`, `Emulation`, the named `PROFILES` and
   `parse_emulation` of a ``[network.emulation]`` table;
 * `concord.lab.net.emulator`: the userspace link emulator (a TUN device in the switch) and
   `concord.lab.net.linkmodel` its queueing and loss logic;
@@ -18,8 +18,7 @@ rate (docs/network-emulation.md).
         net["b"].call([sys.executable, "client.py", net["a"].ip], timeout=60)
 """
 
-from concord.lab.net.procs import kill, resume, stall
-from concord.lab.net.profiles import (
+from concord.core.emulation import (
     PROFILES,
     Emulation,
     HostLink,
@@ -29,6 +28,7 @@ from concord.lab.net.profiles import (
     profile,
     resolve,
 )
+from concord.lab.net.procs import kill, resume, stall
 from concord.lab.net.services import mosquitto
 from concord.lab.net.shell import PREFIX, NetError, available, cleanup, namespaces
 from concord.lab.net.topology import Direction, Host, Net

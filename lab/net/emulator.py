@@ -36,9 +36,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from concord.core.emulation import HostLink, LinkSpec
 from concord.errors import ConfigError
 from concord.lab.net.linkmodel import DelayLine
-from concord.lab.net.profiles import HostLink, LinkSpec
 
 _TUNSETIFF = 0x400454CA
 _IFF_TUN, _IFF_NO_PI = 0x0001, 0x1000

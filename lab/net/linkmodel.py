@@ -2,7 +2,7 @@
 which order they leave.
 
 A packet from host A to host B crosses A's ``up`` direction and B's ``down`` direction
-(`concord.lab.net.profiles.HostLink`); each direction may drop it (`LossModel`) and adds a delay
+(`concord.core.emulation.HostLink`); each direction may drop it (`LossModel`) and adds a delay
 (`DelaySampler`). Unless ``reorder`` is asked for, a packet never leaves before an earlier
 packet of its flow (same protocol, addresses and ports): its release time is at least theirs,
 as on a real path where jitter comes from queues. `DelayLine` keeps the held packets in a heap
@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import random
 
-from concord.lab.net.profiles import HostLink, LinkSpec
+from concord.core.emulation import HostLink, LinkSpec
 
 _PORTS_PROTOCOLS = frozenset({6, 17, 33, 132})  # TCP, UDP, DCCP, SCTP: ports after the header
 _FLOWS_KEPT = 4096  # above this many remembered flows, forget those with nothing in flight

@@ -33,8 +33,8 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
+from concord.core.emulation import Emulation, HostLink, LinkSpec
 from concord.lab.net.procs import kill, resume, send_signal, stall
-from concord.lab.net.profiles import Emulation, HostLink, LinkSpec
 from concord.lab.net.shell import (
     PREFIX,
     NetError,

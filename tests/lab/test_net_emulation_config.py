@@ -1,4 +1,4 @@
-"""Named link profiles and the ``[network.emulation]`` table (`concord.lab.net.profiles`):
+"""Named link profiles and the ``[network.emulation]`` table (`concord.core.emulation`):
 the profiles say what their docs say peer to peer, overrides land where the table puts them, and
 every bad value is reported under its dotted key with the allowed range."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from concord.errors import ConfigError
-from concord.lab.net.profiles import (
+from concord.core.config import build_config, load_config, to_toml
+from concord.core.emulation import (
     PROFILES,
     Emulation,
     HostLink,
@@ -19,7 +19,9 @@ from concord.lab.net.profiles import (
     parse_emulation,
     profile,
     resolve,
+    spec_table,
 )
+from concord.errors import ConfigError
 
 
 def rtt_ms(a: HostLink, b: HostLink) -> float:
@@ -180,3 +182,34 @@ def test_a_toml_file_holds_the_table(tmp_path: Path) -> None:
         resolve(str(tmp_path / "missing.toml"))
     with pytest.raises(ConfigError, match="unknown profile"):
         resolve("satellite")
+
+
+def test_the_run_config_records_the_table_and_reads_it_back(tmp_path: Path) -> None:
+    """``[network.emulation]`` of a run config: validated with the rest, written to the run's
+    config.toml by `to_toml` and read back into the same links."""
+    table = {"profile": "edge", "up": {"rate_mbit": 5.0}, "peers": {"1": {"delay_ms": 40.0}}}
+    cfg = build_config({"network": {"emulation": table}})
+    path = tmp_path / "config.toml"
+    path.write_text(to_toml(cfg), encoding="utf-8")
+    again = load_config(path)
+    assert again.network.emulation == table
+    emulation = again.network.link_emulation()
+    assert emulation == parse_emulation(table)
+    assert emulation is not None
+    assert emulation.for_peer(1, 2).down.delay_ms == 40.0
+    assert emulation.link.up.rate_mbit == 5.0
+    assert emulation.link.down.rate_mbit == 20.0
+    assert build_config({}).network.link_emulation() is None
+    assert spec_table("edge") == {"profile": "edge"}
+
+
+def test_bad_run_config_tables_name_the_key_and_the_allowed_range() -> None:
+    with pytest.raises(ConfigError) as info:
+        build_config({"network": {"emulation": {"loss": 0.9, "peers": {"2": {"rate_mbit": -1}}}}})
+    (key, why), *_ = info.value.problems
+    assert key == "network.emulation"
+    assert "loss: 0.9 is out of range: allowed 0 ≤ loss ≤ 0.5" in why
+    assert "peers.2.rate_mbit" in why
+    assert "rate_mbit = 0 (no cap)" in why
+    with pytest.raises(ConfigError, match=r"network\.emulation.*unknown profile 'edg'.*'edge'"):
+        build_config({}, {"network.emulation": {"profile": "edg"}})

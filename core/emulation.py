@@ -28,8 +28,9 @@ dotted key with the allowed range)::
 A key given in the table replaces the profile's value for both directions (also the profile's
 ``up`` / ``down`` value of that key); a peer's keys replace the resolved values for that peer.
 
-This module is pure (it reads a file only in `load_emulation`) and imports nothing above
-``concord.core``, so the run config can validate the same table.
+This module is pure (it reads a file only in `emulation_table`) and torch-free: the run config
+(`concord.core.config_deploy.NetworkConfig.emulation`) validates the same table, and
+`concord.lab.net` builds the emulated network from it.
 """
 
 from __future__ import annotations
@@ -339,26 +340,48 @@ def profile(name: str) -> Emulation:
     return parse_emulation({"profile": name})
 
 
-def load_emulation(path: str | Path) -> Emulation:
-    """The ``[network.emulation]`` table of the TOML file ``path``."""
+def emulation_table(path: str | Path) -> dict[str, Any]:
+    """The raw ``[network.emulation]`` table of the TOML file ``path`` (unchecked);
+    `ConfigError` when the file cannot be read or has no such table."""
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError([("network.emulation", f"cannot read {path}: {e}")], str(path)) from e
-    table = (
-        doc.get("network", {}).get("emulation") if isinstance(doc.get("network"), dict) else None
-    )
+    network = doc.get("network")
+    table = network.get("emulation") if isinstance(network, dict) else None
     if table is None:
         raise ConfigError([("network.emulation", "missing: the file has no such table")], str(path))
-    return parse_emulation(table, source=str(path))
+    if not isinstance(table, dict):
+        raise ConfigError([("network.emulation", "must be a table")], str(path))
+    return table
 
 
-def resolve(spec: str) -> Emulation:
-    """``spec`` as a profile name, else as the path of a TOML file with a ``[network.emulation]``
-    table (what ``--net PROFILE|FILE`` accepts)."""
+def load_emulation(path: str | Path) -> Emulation:
+    """The `Emulation` of the ``[network.emulation]`` table of the TOML file ``path``."""
+    return parse_emulation(emulation_table(path), source=str(path))
+
+
+def spec_table(spec: str) -> dict[str, Any]:
+    """The ``[network.emulation]`` table ``spec`` stands for (what ``--net PROFILE|FILE``
+    accepts): ``{"profile": spec}`` for a profile name, else the table of the TOML file
+    ``spec``. Unchecked: `parse_emulation` checks it (`ConfigError` for an unknown profile)."""
     if spec in PROFILES or not Path(spec).exists():
         if spec not in PROFILES and ("/" in spec or spec.endswith(".toml")):
             raise ConfigError([("network.emulation", f"no such file: {spec}")], spec)
-        return profile(spec)
-    return load_emulation(spec)
+        return {"profile": spec}
+    return emulation_table(spec)
+
+
+def resolve(spec: str) -> Emulation:
+    """The `Emulation` ``spec`` (a profile name or a TOML file, `spec_table`) describes."""
+    source = None if spec in PROFILES or not Path(spec).exists() else spec
+    return parse_emulation(spec_table(spec), source=source)
+
+
+def problems_text(exc: ConfigError, where: str = "network.emulation") -> str:
+    """``exc``'s problems in one line, each key relative to ``where`` (for a config validator
+    whose error already names ``where``)."""
+    return "; ".join(
+        f"{key.removeprefix(where).removeprefix('.') or where}: {why}" for key, why in exc.problems
+    )
