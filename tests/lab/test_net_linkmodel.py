@@ -14,9 +14,9 @@ import struct
 
 import pytest
 
+from concord.core.emulation import HostLink
 from concord.lab.net.emulator import handle
 from concord.lab.net.linkmodel import DelayLine, DelaySampler, LossModel, flow_key
-from concord.lab.net.profiles import HostLink
 
 A, B, C = "10.0.0.1", "10.0.0.2", "10.0.0.3"
 
