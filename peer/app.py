@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ import torch
 from concord.core.config import RunConfig
 from concord.core.graphs.topology import exponential_name, max_exponential_k
 from concord.core.loop import ControlHook, StepRunner
+from concord.core.records import JSON, PeerSummary
 from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError as PeerConfigError
 from concord.peer.certs import CertError
@@ -79,7 +81,7 @@ from concord.peer.training import Serve, StageSteps, StepClock, stage_summary
 from concord.peer.transport import Transport, TransportOptions
 from concord.peer.validate import STEP_WINDOW
 from concord.protos.exposure import check_exposure, exposure_of
-from concord.runtime.driver import StepHooks, drive
+from concord.runtime.driver import RunHooks, drive
 from concord.runtime.lifecycle import dump_tasks, task_stacks
 from concord.runtime.rundir import RunWriter
 from concord.runtime.telemetry import metrics_server
@@ -198,6 +200,7 @@ class PeerProcess:
         self.left_tasks = False  # the transport's stop left a task behind: exit hard
         self._signalled = asyncio.Event()  # a SIGTERM/SIGINT arrived
         self._teardown: asyncio.Task[None] | None = None  # `_arm_teardown`'s deadline
+        self._summary = PeerSummary(completed=False)  # what a stuck teardown writes
         self.step = 0
         self.origin, self.checkpoint = self._origin(resume_step)
         after = None if self.checkpoint is None else self.checkpoint.run.next_step - 1
@@ -325,7 +328,7 @@ class PeerProcess:
             transport.mailbox.advance(run.step_base + run.next_step)
         advertise = self.advertise or f"{self.listen.rpartition(':')[0]}:{port}"
         self.log.info("peer.listening", address=self.listen, port=port, advertise=advertise)
-        summary: dict[str, Any] = {}
+        summary = PeerSummary(completed=False)
         code = 0
         joined = False
         started = time.perf_counter()
@@ -345,7 +348,7 @@ class PeerProcess:
                     except TorchPlaneError as exc:  # a fixed world lost a peer: the run ends
                         self.log.error("peer.torch_plane_failed", error=str(exc))
                         plane_error, code = str(exc), 1
-                        summary = {"completed": False, "error": plane_error}
+                        summary = PeerSummary(completed=False, error=plane_error)
                         if self.plane is not None:  # the neighbours' operations fail now
                             self.plane.close()
                         self.life.to(State.LEAVING, error=plane_error)
@@ -361,26 +364,20 @@ class PeerProcess:
         if error is not None:
             record = {"role": "peer", "peer": self.peer_id, "completed": False, "error": error}
             self.writer.write_json("error.json", {**record, "ts": time.time()})
-            summary.update(completed=False, error=error)
+            summary = replace(summary, completed=False, error=error)
         if not joined:  # no broker or no schedule: nothing ran, no summary
             self._end(1, error=error)
             self.writer.close()
             return 1
-        summary.update(
+        summary = replace(
+            summary,
             wall_seconds=time.perf_counter() - started,
-            frames_rejected=dict(transport.counters.rejected),
-            tensors_received=transport.counters.received,
-            tensors_late=transport.counters.late,
-            send_failures=transport.counters.send_failures,
-            missed_deadlines=transport.counters.missed_deadlines,
-            neighbours_skipped=transport.counters.skipped,
-            neighbours_back=transport.counters.back,
-            rounds_not_waited=transport.counters.not_waited,
-            **coord.counters(),
+            extra={**summary.extra, **transport_counters(transport), **coord.counters()},
         )
         if self._teardown is not None:
             self._teardown.cancel()  # in time: the summary below is the one
-        self.log.info("peer.finish", **{k: v for k, v in summary.items() if k != "run_dir"})
+        finished = {k: v for k, v in summary.to_json().items() if k != "run_dir"}
+        self.log.info("peer.finish", **finished)
         self._end(code)
         self.writer.finish(summary, plots=False)
         self.left_tasks = transport.stop_timed_out
@@ -388,7 +385,7 @@ class PeerProcess:
 
     async def _stages(
         self, coord: Coordination, transport: Transport, task: ClassificationTask
-    ) -> tuple[dict[str, Any], int]:
+    ) -> tuple[PeerSummary, int]:
         """From ``waiting``: run the coordination's stages until the final one is done or a stop
         comes; ends ``leaving``."""
         cfg, i = self.cfg, self.peer_id
@@ -440,16 +437,17 @@ class PeerProcess:
                 join_at=late,
                 fetch_from=coord.neighbours(),
             )
+            self._summary = result
             over = stage.final or self.stop.is_set()
             if over:  # training is over: the exit has a deadline
                 self.life.to(State.LEAVING, stage=stage.name)
-                self._arm_teardown(result, coord.exit_code)
-            result.update(await coord.stage_done(stage))
+                self._arm_teardown(coord.exit_code)
+            result = self._summary = await coord.stage_done(stage, result)
             if over:
                 return result, coord.exit_code  # 0 unless the coordination gave up
             self.life.to(State.WAITING, stage_done=stage.name)
         self.life.to(State.LEAVING, stage=None)
-        return {"completed": False}, coord.exit_code
+        return PeerSummary(completed=False), coord.exit_code
 
     async def _connect_plane(self, coord: Coordination) -> None:
         """Join the torch.distributed process group (``network.transport = "torch"``) once,
@@ -472,11 +470,12 @@ class PeerProcess:
         self.stop.set()
         self._signalled.set()
 
-    def _arm_teardown(self, summary: dict[str, Any], code: int) -> None:
+    def _arm_teardown(self, code: int) -> None:
         """Training is over: whatever the teardown waits for, this process ends within
         `TEARDOWN_LIMIT` seconds (`_TEARDOWN_AFTER_SIGNAL` after a SIGTERM) — a finished peer
         once hung there until the launcher killed it, its summary unwritten. Past the limit it
-        logs where every task waits, writes its summary (``teardown_stuck``) and exits."""
+        logs where every task waits, writes its summary as it stands (``teardown_stuck`` in its
+        ``extra``) and exits."""
 
         async def deadline() -> None:
             with contextlib.suppress(TimeoutError):
@@ -486,7 +485,9 @@ class PeerProcess:
             try:
                 self.log.error("peer.teardown_stuck", tasks=task_stacks())
                 self._end(code, teardown_stuck=True)
-                self.writer.finish({**summary, "teardown_stuck": True}, plots=False)
+                summary = self._summary
+                stuck = replace(summary, extra={**summary.extra, "teardown_stuck": True})
+                self.writer.finish(stuck, plots=False)
             finally:  # whatever failed above, the process ends
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -501,11 +502,11 @@ class PeerProcess:
         task: ClassificationTask,
         *,
         steps: int | None = None,
-        hooks: Sequence[StepHooks] = (),
+        hooks: Sequence[RunHooks] = (),
         evaluate: bool = True,
         join_at: int | None = None,
         fetch_from: Sequence[int] = (),
-    ) -> dict[str, Any]:
+    ) -> PeerSummary:
         """One stage, in this thread, from ``waiting`` to ``training`` (through ``resuming``
         and ``rejoining`` when this peer starts behind, `_catch_up`), ``steps`` steps (default:
         the whole plan); ``hooks`` see every step (an orchestrated stage applies schedules
@@ -546,19 +547,17 @@ class PeerProcess:
             )
         finally:
             serve.close()  # Fetches are refused from now on
-        return {
-            **stage_summary(
-                i,
-                runner,
-                task,
-                result,
-                start=start,
-                rejoined=rejoined,
-                jumps=jumps,
-                seconds=time.perf_counter() - t0,
-            ),
-            "run_dir": str(self.out),
-        }
+        return stage_summary(
+            i,
+            runner,
+            task,
+            result,
+            start=start,
+            rejoined=rejoined,
+            jumps=jumps,
+            seconds=time.perf_counter() - t0,
+            run_dir=self.out,
+        )
 
     def _catch_up(
         self,
@@ -607,6 +606,24 @@ class PeerProcess:
 
     def _at_step(self, step: int) -> None:
         self.step = step
+
+
+def transport_counters(transport: Transport) -> dict[str, JSON]:
+    """The data plane's counters for the peer's summary (its ``extra``): frames refused by
+    reason, tensors received and late, failed sends, missed deadlines, neighbours skipped and
+    taken back, rounds not waited for."""
+    c = transport.counters
+    rejected: dict[str, JSON] = dict(c.rejected)
+    return {
+        "frames_rejected": rejected,
+        "tensors_received": c.received,
+        "tensors_late": c.late,
+        "send_failures": c.send_failures,
+        "missed_deadlines": c.missed_deadlines,
+        "neighbours_skipped": c.skipped,
+        "neighbours_back": c.back,
+        "rounds_not_waited": c.not_waited,
+    }
 
 
 def run_peer(

@@ -6,7 +6,6 @@ gossip-round counter, the byte counters, the config's identity)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,11 +14,12 @@ import structlog
 
 from concord.core.config import RunConfig, run_identity
 from concord.core.loop import StepRunner
-from concord.core.records import CheckpointRunState
+from concord.core.records import CheckpointRunState, EvalRecord
 from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError
 from concord.peer.comm import RoundComm
-from concord.runtime.driver import StepHooks
+from concord.runtime.driver import RunHooks
+from concord.runtime.records import read_peer_summary
 from concord.runtime.rundir import (
     RunWriter,
     checkpoint_steps,
@@ -53,8 +53,8 @@ def resumable(
     path = out / "checkpoint.pt" if step is None else checkpoint_steps(out).get(step)
     if path is None or not path.is_file():
         return None
-    summary = out / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("completed"):
+    summary = read_peer_summary(out)
+    if summary is not None and summary.completed:
         return None
     state = load_checkpoint(path)
     run = run_state_of(state, path)
@@ -98,7 +98,7 @@ def restore(checkpoint: Checkpoint, runner: StepRunner, task: ClassificationTask
     return run.next_step
 
 
-class Checkpoints(StepHooks):
+class Checkpoints(RunHooks):
     """``checkpoint.pt`` after every evaluation, and of the last complete step on a stop."""
 
     def __init__(
@@ -118,7 +118,7 @@ class Checkpoints(StepHooks):
             self.task, self.runner.algorithm, step, run_state=state, keep_previous=True
         )
 
-    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+    def evaluated(self, step: int, record: EvalRecord) -> None:
         self._save(step)
 
     def stopping(self, step: int) -> None:

@@ -72,6 +72,7 @@ import torch
 
 from concord.core.algorithms import RoundControl, StepReport
 from concord.core.control.plan import Phase
+from concord.core.records import EvalRecord, MetricsRecord, StepRecord
 from concord.protos.control_plane import (
     MAX_ROUNDS,
     Decision,
@@ -619,18 +620,20 @@ class OrchestratedControl:
             log.warning("graph.schedule_timeout", step=self.step, waited=self.wait_s, why=why)
         return ok
 
-    def publish_metrics(self, step: int, event: str, values: dict[str, Any]) -> None:
-        """Publish a step or evaluation record; a lagged step's record carries its statistics."""
-        clean = {
-            k: float(v)
-            for k, v in values.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
+    def publish_metrics(self, record: MetricsRecord) -> None:
+        """Publish a step or evaluation record (`metrics_values`); a lagged step's record carries
+        its statistics."""
+        step = record.step
+        event = "step" if isinstance(record, StepRecord) else "eval"
         held: list[Stats] = []
         if event == "step" and self._held and self._held[0].step == step:
             held, self._held = self._held, []
         message = Metrics(
-            peer=self.client.peer_id, step=step, values=clean, event=event, stats=held
+            peer=self.client.peer_id,
+            step=step,
+            values=metrics_values(record),
+            event=event,
+            stats=held,
         )
         self.loop.call_soon_threadsafe(self.client.send, "metrics", message)
 
@@ -644,6 +647,19 @@ class OrchestratedControl:
     def close(self) -> None:
         """After the last step: send what is still held."""
         self._flush_held()
+
+
+def metrics_values(record: StepRecord | EvalRecord) -> dict[str, float]:
+    """A record's numbers as a `Metrics` message's ``values`` (an open mapping of the control
+    plane): every number of its JSON document under the record's own names (docs/records.md;
+    an evaluation's ``accuracy_mean_peer`` and ``loss_mean_peer``, which the orchestrator, ``concord
+    status`` and the launcher read with `concord.core.records.peer_accuracy` and ``peer_loss``),
+    the ``extra`` of a step included; flags, text, lists and absent values are left out."""
+    return {
+        k: float(v)
+        for k, v in record.to_json().items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 class GraphStats:

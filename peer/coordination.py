@@ -46,7 +46,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -55,7 +55,7 @@ import structlog
 from concord.core.config import RunConfig
 from concord.core.graphs.adagraph import feedback_config, initial_topologies
 from concord.core.loop import ControlHook, FixedRounds, StepRunner
-from concord.core.records import EvalRecord
+from concord.core.records import JSON, EvalRecord, PeerSummary, StepRecord
 from concord.core.task import ClassificationTask
 from concord.peer.comm import RoundComm
 from concord.peer.control import ControlClient, GraphStats, OrchestratedControl
@@ -65,7 +65,7 @@ from concord.peer.transport import Transport
 from concord.protos.control_plane import Schedule
 from concord.protos.mqtt import BrokerAuth
 from concord.protos.signing import signing_for
-from concord.runtime.driver import StepHooks
+from concord.runtime.driver import RunHooks
 
 __all__ = [
     "Coordination",
@@ -134,7 +134,7 @@ class Coordination(Protocol):
     async def training(self, stage: Stage, transport: Transport) -> None:
         """Training is about to begin: who may Fetch, and (orchestrated) the status."""
 
-    def step_hooks(self, stage: Stage) -> list[StepHooks]:
+    def step_hooks(self, stage: Stage) -> list[RunHooks]:
         """Hooks around each step of ``stage``."""
 
     def rejoin_at(self, stage: Stage) -> int | None:
@@ -146,14 +146,14 @@ class Coordination(Protocol):
     def is_neighbour(self, sender: int, step: int, round: int, tensor_id: int) -> bool:
         """Whether a frame's ``sender`` is this peer's neighbour at wire ``step``, ``round``."""
 
-    async def stage_done(self, stage: Stage) -> dict[str, Any]:
-        """``stage`` is done; what to add to its summary."""
+    async def stage_done(self, stage: Stage, summary: PeerSummary) -> PeerSummary:
+        """``stage`` is done: its ``summary`` with what the coordination adds to it."""
 
-    async def leave(self, summary: dict[str, Any]) -> None:
+    async def leave(self, summary: PeerSummary) -> None:
         """Training is over: leave the run (orchestrated: wait for its "stop")."""
 
-    def counters(self) -> dict[str, Any]:
-        """Counters of the coordination for the summary."""
+    def counters(self) -> dict[str, JSON]:
+        """Counters of the coordination for the summary (its ``extra``)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ class StaticCoordination:
         )
         self.runner = self.may_fetch.runner = runner
 
-    def step_hooks(self, stage: Stage) -> list[StepHooks]:
+    def step_hooks(self, stage: Stage) -> list[RunHooks]:
         return []
 
     def rejoin_at(self, stage: Stage) -> int | None:
@@ -302,13 +302,13 @@ class StaticCoordination:
     async def training(self, stage: Stage, transport: Transport) -> None:
         transport.may_fetch = self.may_fetch
 
-    async def stage_done(self, stage: Stage) -> dict[str, Any]:
-        return {}
+    async def stage_done(self, stage: Stage, summary: PeerSummary) -> PeerSummary:
+        return summary
 
-    async def leave(self, summary: dict[str, Any]) -> None:
+    async def leave(self, summary: PeerSummary) -> None:
         return None
 
-    def counters(self) -> dict[str, Any]:
+    def counters(self) -> dict[str, JSON]:
         return {}
 
     def is_neighbour(self, sender: int, step: int, round: int, tensor_id: int) -> bool:
@@ -328,7 +328,7 @@ class StaticCoordination:
 # Peers that follow the orchestrator
 
 
-class OrchestratorHooks(StepHooks):
+class OrchestratorHooks(RunHooks):
     """Around each step of an orchestrated stage: schedules in force before it, how its rounds
     were decided and its metrics (to the orchestrator) after it. ``addresses`` is told every
     newer schedule as soon as it is seen, before the schedules are applied (a re-admitted peer's
@@ -372,21 +372,24 @@ class OrchestratorHooks(StepHooks):
                 topologies=[ph["topology"] for ph in s.phases],
             )
 
-    def after(self, step: int, record: dict[str, Any]) -> None:
+    def after(self, step: int, record: StepRecord) -> StepRecord:
+        """The record with how its rounds were decided (``extra``: ``stage``, ``control``,
+        ``control_wait_ms``, ``graph_fallback``), published to the orchestrator (train stage)."""
+        extra: dict[str, JSON] = {
+            "stage": self.control.stage,
+            "control": self.control.how or None,
+            "control_wait_ms": 1000.0 * self.control.wait_s,
+        }
         if self.graph_fallback:
-            record["graph_fallback"] = True
-        record["stage"] = self.control.stage
-        record["control"] = self.control.how or None
-        record["control_wait_ms"] = 1000.0 * self.control.wait_s
+            extra["graph_fallback"] = True
+        record = replace(record, extra={**record.extra, **extra})
         self.control.how, self.control.wait_s = "", 0.0
         if self.train:
-            self.control.publish_metrics(step, "step", record)
+            self.control.publish_metrics(record)
+        return record
 
-    def evaluated(self, step: int, record: dict[str, Any]) -> None:
-        # the control plane's eval values keep the names its readers know ("accuracy", "loss":
-        # `EvalRecord.PEER_LEGACY`) until they read a peer's record names (`peer_accuracy`)
-        wire = {new: old for old, new in EvalRecord.PEER_LEGACY.items()}
-        self.control.publish_metrics(step, "eval", {wire.get(k, k): v for k, v in record.items()})
+    def evaluated(self, step: int, record: EvalRecord) -> None:
+        self.control.publish_metrics(record)
 
 
 class OrchestratedCoordination:
@@ -600,7 +603,7 @@ class OrchestratedCoordination:
         if self.client.schedule is not None:  # a stage starts everyone at once: the newest one
             self.membership.apply(self.client.schedule)
 
-    def step_hooks(self, stage: Stage) -> list[StepHooks]:
+    def step_hooks(self, stage: Stage) -> list[RunHooks]:
         assert self._control is not None, "round_hooks() comes first"
         return [
             OrchestratorHooks(
@@ -623,22 +626,24 @@ class OrchestratedCoordination:
             out.append((s.peers, phase_topologies(s)))
         return out
 
-    async def stage_done(self, stage: Stage) -> dict[str, Any]:
+    async def stage_done(self, stage: Stage, summary: PeerSummary) -> PeerSummary:
+        """The summary with the stage's control fallbacks and clamped round counts."""
         control = self._control
         fallbacks = clamped = 0
         if control is not None:
             control.close()  # statistics still held (a stop between a step and its record)
             fallbacks, clamped = control.fallbacks, control.clamped
         await self.client.status("done", stage=stage.name)
-        return {"control_fallbacks": fallbacks, "control_rounds_clamped": clamped}
+        extra: dict[str, JSON] = {**summary.extra, "control_rounds_clamped": clamped}
+        return replace(summary, control_fallbacks=fallbacks, extra=extra)
 
-    async def leave(self, summary: dict[str, Any]) -> None:
+    async def leave(self, summary: PeerSummary) -> None:
         """Wait for the run's "stop" (nobody says it when the orchestrator is gone). A peer that
         finished while the broker was away (a restart; steps run fast on fallback) first waits,
         within the same bound, for the broker and for the orchestrator to come back: its retained
         "done" reaches the orchestrator only then (`ControlClient.gone_for`)."""
         ctl = self.client
-        if summary.get("completed"):
+        if summary.completed:
             await self._stop_watching()  # trained to the end: the wait below has its own bound
         if not self.stop.is_set():
             await ctl.wait_for(
@@ -649,10 +654,10 @@ class OrchestratedCoordination:
                 ),
                 STOP_WAIT,
             )
-        if not summary.get("completed"):
+        if not summary.completed:
             await ctl.status("failed", reason="stopped before the end of training")
 
-    def counters(self) -> dict[str, Any]:
+    def counters(self) -> dict[str, JSON]:
         return {
             "broker_connects": self.client.bus.connects,
             "control_payloads_rejected": self.client.bus.rejected,

@@ -1,8 +1,8 @@
 """The pace of a peer's steps: when each step ended, and an emulated slow peer.
 
-* `StepTime` stamps every step record with ``time``, the Unix time (seconds) at which the step's
-  parameters existed: benchmarks line the evaluations of several processes up on one wall clock
-  with it (``bench/time_to_accuracy.py``).
+* `StepTime` stamps every step record with ``time`` (in its ``extra``), the Unix time (seconds)
+  at which the step's parameters existed: benchmarks line the evaluations of several processes up
+  on one wall clock with it (``bench/time_to_accuracy.py``).
 * `Straggler` (``network.straggler = {peer = P, factor = F}``, `concord.core.config`) makes peer P
   a machine F times slower: before each step it sleeps (F − 1) × the CPU time its training thread
   spent on the previous step — the forward/backward pass, the optimizer and the codec work, all
@@ -19,22 +19,23 @@ carry the same straggler.
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import replace
 
 from concord.core.config import RunConfig
-from concord.runtime.driver import StepHooks
+from concord.core.records import StepRecord
+from concord.runtime.driver import RunHooks
 
 __all__ = ["StepTime", "Straggler", "pace_hooks"]
 
 
-class StepTime(StepHooks):
+class StepTime(RunHooks):
     """Adds ``time`` (Unix seconds at the step's end) to every step record."""
 
-    def after(self, step: int, record: dict[str, Any]) -> None:
-        record["time"] = time.time()
+    def after(self, step: int, record: StepRecord) -> StepRecord:
+        return replace(record, extra={**record.extra, "time": time.time()})
 
 
-class Straggler(StepHooks):
+class Straggler(RunHooks):
     """Stretches this peer's computation by ``factor`` (module docstring)."""
 
     def __init__(self, factor: float) -> None:
@@ -53,15 +54,15 @@ class Straggler(StepHooks):
             self._slept = time.perf_counter() - t0
         self._cpu0 = time.thread_time()
 
-    def after(self, step: int, record: dict[str, Any]) -> None:
+    def after(self, step: int, record: StepRecord) -> StepRecord:
         cpu = time.thread_time() - self._cpu0
         self._owed = (self.factor - 1.0) * cpu
-        record["straggler_sleep_ms"] = self._slept * 1e3
+        return replace(record, extra={**record.extra, "straggler_sleep_ms": self._slept * 1e3})
 
 
-def pace_hooks(cfg: RunConfig, peer_id: int) -> list[StepHooks]:
+def pace_hooks(cfg: RunConfig, peer_id: int) -> list[RunHooks]:
     """The hooks of peer ``peer_id``: `StepTime`, and `Straggler` when it is the slow one."""
-    hooks: list[StepHooks] = [StepTime()]
+    hooks: list[RunHooks] = [StepTime()]
     s = cfg.network.straggler
     if s is not None and s.peer == peer_id and s.factor > 1.0:
         hooks.append(Straggler(s.factor))

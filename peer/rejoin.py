@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 import torch
 
 from concord.core.loop import StepRunner
+from concord.core.records import JSON
 from concord.core.task import ClassificationTask
 from concord.peer.comm import PeerComm
 from concord.peer.transport import Fetched
@@ -169,5 +169,6 @@ class Jumps:
         """The step jumped from, when ``step`` is where the last jump landed."""
         return self.taken[-1][0] if self.taken and self.taken[-1][1] == step else None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, JSON]:
+        """The summary's ``jumps`` (how many) and ``steps_jumped`` (steps run nowhere)."""
         return {"jumps": len(self.taken), "steps_jumped": sum(to - at for at, to in self.taken)}

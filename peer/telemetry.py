@@ -5,12 +5,11 @@ docs/deployment.md#metrics), and a progress line in its log at every evaluation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import structlog
 
-from concord.core.records import peer_accuracy
-from concord.runtime.driver import StepHooks
+from concord.core.records import JSON, EvalRecord, StepRecord
+from concord.runtime.driver import RunHooks
 from concord.runtime.telemetry import Registry
 
 __all__ = ["PeerMetrics", "peer_registry", "watch_refusals"]
@@ -66,58 +65,76 @@ def watch_refusals(registry: Registry, refused: Mapping[str, int]) -> None:
     registry.collector(collect)
 
 
-class PeerMetrics(StepHooks):
-    """Feeds ``registry`` from the training loop's records (called in the training thread)."""
+class PeerMetrics(RunHooks):
+    """Feeds ``registry`` from the training loop's records (called in the training thread): the
+    step record's fields, the peer's timings and round outcomes in its ``extra`` (``step_ms``,
+    ``wait_ms``, ``control_wait_ms``, ``missing``, ``rejected``), and the evaluation record's
+    accuracy and loss of this peer's replica."""
 
     def __init__(self, registry: Registry, total_steps: int | None = None) -> None:
         self.registry = registry
         self.total = total_steps
-        self.last: dict[str, Any] = {}  # the latest step record: the progress line's
+        self.last: StepRecord | None = None  # the latest step record: the progress line's
 
-    def after(self, step: int, record: dict[str, Any]) -> None:
+    def after(self, step: int, record: StepRecord) -> StepRecord:
         r = self.registry
         self.last = record
         r.set("step", step)
         r.inc("steps_total")
-        for key in ("phase", "epoch", "lr", "loss", "rounds", "theta", "grad_norm"):
-            value = record.get(key)
-            if isinstance(value, int | float):
-                r.set(key, value)
-        if isinstance(record.get("target"), int | float):
-            r.set("target", record["target"])
-        if isinstance(record.get("rounds_total"), int):
-            r.set("gossip_rounds_total", record["rounds_total"])
-        if isinstance(record.get("bytes_sent"), int):  # cumulative in the step record
-            r.set("bytes_sent_total", record["bytes_sent"])
-        ms = float(record.get("step_ms", 0.0))
-        r.set("last_step_seconds", ms / 1e3)
-        r.inc("step_seconds_total", ms / 1e3)
-        r.inc("wait_seconds_total", float(record.get("wait_ms", 0.0)) / 1e3)
-        r.inc("control_wait_seconds_total", float(record.get("control_wait_ms", 0.0)) / 1e3)
-        r.inc("neighbours_missing_total", len(record.get("missing", ())))
-        r.inc("frames_rejected_total", len(record.get("rejected", ())))
+        gauges = {
+            "phase": record.phase,
+            "epoch": record.epoch,
+            "lr": record.lr,
+            "loss": record.loss,
+            "rounds": record.rounds,
+            "theta": record.theta,
+            "grad_norm": record.grad_norm,
+            "target": record.target,
+            "gossip_rounds_total": record.rounds_total,
+            "bytes_sent_total": record.bytes_sent,  # cumulative in the step record
+        }
+        for name, value in gauges.items():
+            if value is not None:
+                r.set(name, value)
+        extra = record.extra
+        seconds = _number(extra.get("step_ms")) / 1e3
+        r.set("last_step_seconds", seconds)
+        r.inc("step_seconds_total", seconds)
+        r.inc("wait_seconds_total", _number(extra.get("wait_ms")) / 1e3)
+        r.inc("control_wait_seconds_total", _number(extra.get("control_wait_ms")) / 1e3)
+        r.inc("neighbours_missing_total", _count(extra.get("missing")))
+        r.inc("frames_rejected_total", _count(extra.get("rejected")))
+        return record
 
-    def evaluated(self, step: int, record: dict[str, Any]) -> None:
-        # a peer's `EvalRecord` (its replica's accuracy and loss), or its version-0 names
-        accuracy = peer_accuracy(record)
-        loss = record.get("loss_mean_peer", record.get("loss"))
+    def evaluated(self, step: int, record: EvalRecord) -> None:
+        accuracy, loss = record.accuracy_mean_peer, record.loss_mean_peer
         if accuracy is not None:
             self.registry.set("eval_accuracy", accuracy)
-        if isinstance(loss, int | float):
+        if loss is not None:
             self.registry.set("eval_loss", loss)
         last = self.last
         log.info(
             "peer.progress",
             step=step,
             of=self.total,
-            epoch=round(float(record.get("epoch", 0.0)), 3),
+            epoch=_rounded(record.epoch, 3),
             accuracy=_rounded(accuracy, 4),
             test_loss=_rounded(loss, 4),
-            train_loss=_rounded(last.get("loss"), 4),
-            rounds_total=last.get("rounds_total"),
-            step_ms=_rounded(last.get("step_ms"), 1),
+            train_loss=None if last is None else _rounded(last.loss, 4),
+            rounds_total=None if last is None else last.rounds_total,
+            step_ms=None if last is None else _rounded(last.extra.get("step_ms"), 1),
         )
 
 
-def _rounded(value: Any, digits: int) -> float | None:
+def _number(value: JSON) -> float:
+    """A number of a record's ``extra`` (0 where there is none)."""
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _count(value: JSON) -> int:
+    """How many items a list of a record's ``extra`` holds (0 where there is none)."""
+    return len(value) if isinstance(value, list) else 0
+
+
+def _rounded(value: JSON, digits: int) -> float | None:
     return round(float(value), digits) if isinstance(value, int | float) else None

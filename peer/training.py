@@ -9,24 +9,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from pathlib import Path
 
 import structlog
 
 from concord.core.data import partition_digest
 from concord.core.loop import StepRunner
-from concord.core.records import JSON, EvalRecord
+from concord.core.records import JSON, EvalRecord, PeerSummary, StepRecord
 from concord.core.task import ClassificationTask
 from concord.peer.comm import PeerComm, RoundComm
 from concord.peer.rejoin import Jumps
-from concord.runtime.driver import DriveResult, StepHooks
+from concord.runtime.driver import DriveResult, RunHooks
 
 __all__ = ["Serve", "StageSteps", "StepClock", "stage_summary"]
 
 log = structlog.get_logger(__name__)
 
 
-class StepClock(StepHooks):
+class StepClock(RunHooks):
     """Binds the step to this thread's log lines, tells ``on_step`` and starts the step's clock,
     first of all hooks (a step's ``step_ms`` includes the waits of the hooks before it)."""
 
@@ -40,7 +40,7 @@ class StepClock(StepHooks):
         self.started = time.perf_counter()
 
 
-class Serve(StepHooks):
+class Serve(RunHooks):
     """Fetch answers (`concord.peer.transport.Transport.snapshot`): at each step boundary, a copy
     of the parameters for the neighbours waiting — never a torn read of a step in progress."""
 
@@ -83,9 +83,9 @@ class StageSteps:
         self.peer, self.runner, self.task, self.clock, self.jumps = peer, runner, task, clock, jumps
         self.comm = runner.comm if isinstance(runner.comm, PeerComm) else None
 
-    def step(self, step: int) -> dict[str, Any]:
-        """Run ``step``; its `StepRecord` (with this peer's keys in ``extra``) as its JSON
-        document, which the hooks after it may add to (`concord.runtime.driver.drive`)."""
+    def step(self, step: int) -> StepRecord:
+        """Run ``step``; its `StepRecord`, with this peer's keys in ``extra`` (the hooks after
+        it add theirs: `concord.runtime.driver.StepHooks.after`)."""
         runner = self.runner
         record, report = runner.run_step(step)
         extra: dict[str, JSON] = {
@@ -104,51 +104,51 @@ class StageSteps:
             extra["skipped"] = list(self.comm.transport.suspected)
         if missing:
             log.warning("round.missing", step=step, round=record.rounds_total, neighbours=missing)
-        return replace(record, peer=self.peer, extra={**record.extra, **extra}).to_json()
+        return replace(record, peer=self.peer, extra={**record.extra, **extra})
 
-    def evaluate(self, step: int, record: dict[str, Any], final: bool) -> dict[str, Any]:
-        """The peer's evaluation record (`EvalRecord`: its replica's test accuracy and loss)
-        as its JSON document."""
-        ev = self.task.eval_record(step, record["epoch"], peers=True)
+    def evaluate(self, step: int, record: StepRecord, final: bool) -> EvalRecord:
+        """The peer's evaluation record: its replica's test accuracy and loss."""
+        ev = self.task.eval_record(step, record.epoch, peers=True)
         return EvalRecord(
             step=step,
             epoch=ev.epoch,
             peer=self.peer,
             accuracy_mean_peer=ev.accuracy_mean_peer,
             loss_mean_peer=ev.loss_mean_peer,
-        ).to_json()
+        )
 
 
 def stage_summary(
     peer: int,
     runner: StepRunner,
     task: ClassificationTask,
-    result: DriveResult,
+    result: DriveResult[EvalRecord],
     *,
     start: int,
     rejoined: dict[str, int],
     jumps: Jumps | None,
     seconds: float,
-) -> dict[str, Any]:
+    run_dir: Path,
+) -> PeerSummary:
     """What a stage leaves for the peer's summary; ``start``: the step it began at (> 0: resumed
-    or rejoined), ``seconds``: the training loop's time (evaluations included)."""
-    resumed: dict[str, Any] = {"resumed_from_step": start} if start else {}
-    if rejoined:
-        resumed["rejoined"] = dict(rejoined)
+    or rejoined), ``seconds``: the training loop's time (evaluations included). ``extra``: the
+    rejoin (``rejoined``), the jumps, ``train_seconds`` and this process's ``cpu_seconds``."""
+    extra: dict[str, JSON] = {"rejoined": dict(rejoined)} if rejoined else {}
+    extra.update(jumps.summary() if jumps is not None else {"jumps": 0, "steps_jumped": 0})
+    extra.update(train_seconds=seconds, cpu_seconds=time.process_time())  # every thread so far
     counters = runner.comm.counters
-    return {
-        **resumed,
-        "engine": "processes",
-        "peer": peer,
-        "steps": result.steps,
-        "completed": result.steps == runner.total_steps,
-        "accuracy": result.last_eval.get("accuracy_mean_peer"),
-        "gossip_rounds_total": runner.rounds_total,
-        **(jumps.summary() if jumps is not None else {"jumps": 0, "steps_jumped": 0}),
-        "bytes_sent_total": counters.bytes_wire,
-        "bytes_raw_total": counters.bytes_raw,
-        "bytes_per_edge": counters.edge_table(),
-        "partition_sha256": partition_digest(task.parts),
-        "train_seconds": seconds,
-        "cpu_seconds": time.process_time(),  # this process so far, every thread
-    }
+    last = result.last_eval
+    return PeerSummary(
+        completed=result.steps == runner.total_steps,
+        peer=peer,
+        steps=result.steps,
+        accuracy_mean_peer=None if last is None else last.accuracy_mean_peer,
+        gossip_rounds_total=runner.rounds_total,
+        bytes_sent_total=counters.bytes_wire,
+        bytes_raw_total=counters.bytes_raw,
+        bytes_per_edge=counters.edge_table(),
+        partition_sha256=partition_digest(task.parts),
+        resumed_from_step=start if start else None,
+        run_dir=str(run_dir),
+        extra=extra,
+    )

@@ -5,47 +5,68 @@ interval and at the last step, and stops early when asked. What differs between 
 engine and a peer process comes in as functions (``train``, ``evaluate``) and as `StepHooks`:
 the progress bar, the orchestrator's schedule changes before a step, metrics published after it,
 a checkpoint after each evaluation or when a stop is requested.
+
+The loop is generic over its step record type ``S`` and evaluation record type ``E``; both
+engines and the peer drive `concord.core.records.StepRecord` and
+`concord.core.records.EvalRecord` (`RunHooks`). Records are immutable: a hook that adds to a
+step's record (a peer's timings) returns a copy (`dataclasses.replace`) from `StepHooks.after`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeAlias, TypeVar
 
-__all__ = ["DriveResult", "MetricsSink", "StepHooks", "drive"]
+from concord.core.records import EvalRecord, StepRecord
 
-Record = dict[str, Any]
+__all__ = ["DriveResult", "MetricsSink", "RunHooks", "StepHooks", "drive"]
+
+S = TypeVar("S")
+E = TypeVar("E")
+R_contra = TypeVar("R_contra", contravariant=True)
 
 
-class StepHooks:
-    """What a training loop does around each step besides training (no-ops by default)."""
+class StepHooks(Generic[S, E]):
+    """What a training loop does around each step besides training (no-ops by default), for
+    step records of type ``S`` and evaluation records of type ``E``."""
 
     def before(self, step: int) -> None:
         """Called before ``step`` runs."""
 
-    def after(self, step: int, record: Record) -> None:
-        """Called with the step's metrics record, before it is written."""
+    def after(self, step: int, record: S) -> S:
+        """Called with the step's record before it is written; returns the record to write and
+        to pass on: ``record`` itself, or a copy with more in it."""
+        return record
 
-    def evaluated(self, step: int, record: Record) -> None:
+    def evaluated(self, step: int, record: E) -> None:
         """Called with an evaluation record, after it is written."""
 
-    def stepped(self, step: int, record: Record) -> None:
+    def stepped(self, step: int, record: S) -> None:
         """Called when ``step`` is done (its record and any evaluation written)."""
 
     def stopping(self, step: int) -> None:
         """A stop was requested before ``step`` (steps ``0 … step − 1`` are complete)."""
 
 
-class MetricsSink(Protocol):
-    def metric(self, record: Record) -> None: ...
+RunHooks: TypeAlias = StepHooks[StepRecord, EvalRecord]
+"""The hooks of the engines and the peer, whose records are `StepRecord` and `EvalRecord`."""
+
+
+class MetricsSink(Protocol[R_contra]):
+    """Where the records go (`concord.runtime.rundir.RunWriter`: ``metrics.jsonl``)."""
+
+    def metric(self, record: R_contra) -> None: ...
 
 
 @dataclass
-class DriveResult:
-    steps: int  # steps completed
-    stopped: bool  # a stop request ended the loop early
-    last_eval: Record = field(default_factory=dict)  # the latest evaluation record
+class DriveResult(Generic[E]):
+    """How a `drive` ended: ``steps`` completed, whether a stop request ``stopped`` the loop
+    early, and the latest evaluation record (None: no evaluation ran)."""
+
+    steps: int
+    stopped: bool
+    last_eval: E | None = None
 
 
 def drive(
@@ -53,21 +74,22 @@ def drive(
     steps: int,
     interval: int,
     last_step: int,
-    train: Callable[[int], Record],
-    evaluate: Callable[[int, Record, bool], Record] | None,
-    sink: MetricsSink,
-    hooks: Sequence[StepHooks] = (),
+    train: Callable[[int], S],
+    evaluate: Callable[[int, S, bool], E] | None,
+    sink: MetricsSink[S | E],
+    hooks: Sequence[StepHooks[S, E]] = (),
     stop: Callable[[], bool] | None = None,
     start: int = 0,
     skip: Callable[[int], int] | None = None,
-) -> DriveResult:
+) -> DriveResult[E]:
     """Run steps ``start … steps − 1`` (``start`` > 0: a resumed run, steps ``0 … start − 1``
     were done before and count as completed).
 
-    ``train(step)`` returns the step's record; ``evaluate(step, record, final)`` the evaluation
-    record, called after every ``interval``-th step and after ``last_step`` (the run's final step,
-    ``final`` = True; a stage that ends earlier, such as the calibration pass, does not evaluate
-    there). ``evaluate`` None: no evaluations. ``stop()`` is asked before each step.
+    ``train(step)`` returns the step's record, which every hook's ``after`` may replace in
+    turn before it is written; ``evaluate(step, record, final)`` the evaluation record, called
+    after every ``interval``-th step and after ``last_step`` (the run's final step, ``final`` =
+    True; a stage that ends earlier, such as the calibration pass, does not evaluate there).
+    ``evaluate`` None: no evaluations. ``stop()`` is asked before each step.
 
     ``skip(step)``, asked before each step (after ``stop``), returns the step to run instead
     (≥ ``step``, < ``steps``): a peer that fell behind its neighbours jumps to their step, and
@@ -75,7 +97,7 @@ def drive(
     """
     if start < 0:
         raise ValueError(f"start = {start!r}; must be ≥ 0")
-    result = DriveResult(steps=min(start, steps), stopped=False)
+    result: DriveResult[E] = DriveResult(steps=min(start, steps), stopped=False)
     step = start - 1
     while step + 1 < steps:
         step += 1
@@ -93,7 +115,7 @@ def drive(
             hook.before(step)
         record = train(step)
         for hook in hooks:
-            hook.after(step, record)
+            record = hook.after(step, record)
         sink.metric(record)
         final = step == last_step
         if evaluate is not None and ((step + 1) % interval == 0 or final):

@@ -23,7 +23,8 @@ from rich.progress import (
 from rich.table import Column
 from rich.text import Text
 
-from concord.runtime.driver import StepHooks
+from concord.core.records import EvalRecord, StepRecord
+from concord.runtime.driver import RunHooks
 
 __all__ = ["ProgressBar", "step_progress"]
 
@@ -70,7 +71,7 @@ def step_progress(*, enabled: bool = True, console: Console | None = None) -> Pr
     )
 
 
-class ProgressBar(StepHooks):
+class ProgressBar(RunHooks):
     """A rich progress bar with the numbers a user watches: accuracy, Θ vs target, rounds."""
 
     def __init__(self, total: int, *, enabled: bool, console: Console | None = None) -> None:
@@ -79,12 +80,12 @@ class ProgressBar(StepHooks):
         self.console = console
         self._progress: Progress | None = None
         self._task: Any = None
-        self._last_eval: dict[str, Any] = {}
+        self._last_eval: EvalRecord | None = None
 
-    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+    def evaluated(self, step: int, record: EvalRecord) -> None:
         self._last_eval = record
 
-    def stepped(self, step: int, record: dict[str, Any]) -> None:
+    def stepped(self, step: int, record: StepRecord) -> None:
         self.update(record, self._last_eval)
 
     def __enter__(self) -> ProgressBar:
@@ -95,20 +96,26 @@ class ProgressBar(StepHooks):
             self._progress.__enter__()
         return self
 
-    def update(self, rec: dict[str, Any], last_eval: dict[str, float]) -> None:
+    def update(self, rec: StepRecord, last_eval: EvalRecord | None) -> None:
+        """Show step ``rec`` (the numbers every tenth step and at the last) with the averaged
+        model's accuracy of ``last_eval``, the latest evaluation."""
         if self._progress is None:
             return
-        step = rec["step"]
+        step = rec.step
         if step % 10 and step != self.total - 1:
             self._progress.update(self._task, completed=step + 1)
             return
-        parts = [f"ep {rec['epoch']:.1f}", f"loss {rec['loss']:.3f}"]
-        if last_eval.get("accuracy_avg_model") is not None:
-            parts.append(f"acc {100 * last_eval['accuracy_avg_model']:.1f}%")
-        if rec.get("theta") is not None:
-            t = rec.get("target")
-            parts.append(f"Θ {rec['theta']:.3g}" + (f"/{t:.3g}" if t is not None else ""))
-        parts.append(f"rounds {rec['rounds']}")
+        parts = []
+        if rec.epoch is not None:
+            parts.append(f"ep {rec.epoch:.1f}")
+        if rec.loss is not None:
+            parts.append(f"loss {rec.loss:.3f}")
+        if last_eval is not None and last_eval.accuracy_avg_model is not None:
+            parts.append(f"acc {100 * last_eval.accuracy_avg_model:.1f}%")
+        if rec.theta is not None:
+            t = rec.target
+            parts.append(f"Θ {rec.theta:.3g}" + (f"/{t:.3g}" if t is not None else ""))
+        parts.append(f"rounds {rec.rounds}")
         self._progress.update(self._task, completed=step + 1, info="  ".join(parts))
 
     def __exit__(

@@ -56,7 +56,7 @@ from concord.core.records import (
 )
 from concord.core.task import ClassificationTask
 from concord.peer.memory import M_MMAP_THRESHOLD, tune_malloc
-from concord.runtime.driver import StepHooks, drive
+from concord.runtime.driver import RunHooks, drive
 from concord.runtime.progress import ProgressBar
 from concord.runtime.records import read_evals, read_summary
 from concord.runtime.rundir import (
@@ -69,8 +69,8 @@ from concord.runtime.rundir import (
 )
 from concord.sim.vectorized import VectorizedComm
 
-ProgressFn = Callable[[dict[str, JSON]], None]
-"""Called with every step record's JSON document (`StepRecord.to_json`)."""
+ProgressFn = Callable[[StepRecord], None]
+"""Called with every step's record."""
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -134,13 +134,13 @@ class ConsensusMeter:
         return math.sqrt(float(work.sum()) / n)
 
 
-class _Progress(StepHooks):
-    """``on_progress(record)`` after every step (sweeps follow their runs with it)."""
+class _Progress(RunHooks):
+    """``on_progress(record)`` after every step (tests follow their runs with it)."""
 
     def __init__(self, fn: ProgressFn) -> None:
         self.fn = fn
 
-    def stepped(self, step: int, record: dict[str, Any]) -> None:
+    def stepped(self, step: int, record: StepRecord) -> None:
         self.fn(record)
 
 
@@ -301,7 +301,7 @@ class Trainer:
 # Run state in checkpoints (plain containers: loads with torch.load(weights_only=True))
 
 
-class _Checkpoints(StepHooks):
+class _Checkpoints(RunHooks):
     """``checkpoint.pt`` after every evaluation but the final one (`run` writes that)."""
 
     def __init__(self, writer: RunWriter, trainer: Trainer, elapsed: Callable[[], float]) -> None:
@@ -309,7 +309,7 @@ class _Checkpoints(StepHooks):
         self.trainer = trainer
         self.elapsed = elapsed
 
-    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+    def evaluated(self, step: int, record: EvalRecord) -> None:
         if step + 1 < self.trainer.total_steps:
             state = self.trainer.run_state(step, self.elapsed())
             self.writer.save_checkpoint(
@@ -460,20 +460,16 @@ def train(
     def elapsed() -> float:
         return before + time.perf_counter() - started
 
-    def train_step(step: int) -> dict[str, JSON]:
-        return trainer.train_step(step).to_json()
-
-    def evaluate(step: int, rec: dict[str, Any], final: bool) -> dict[str, JSON]:
-        ev = task.eval_record(
+    def evaluate(step: int, rec: StepRecord, final: bool) -> EvalRecord:
+        return task.eval_record(
             step,
-            rec["epoch"],
-            xi=rec["xi"],
+            rec.epoch,
+            xi=rec.xi,
             peers=cfg.eval.peers or final,
             peer_samples=None if final else cfg.eval.peer_samples,
         )
-        return ev.to_json()
 
-    hooks: list[StepHooks] = []
+    hooks: list[RunHooks] = []
     if on_progress is not None:
         hooks.append(_Progress(on_progress))
     with ProgressBar(trainer.total_steps, enabled=progress) as bar:
@@ -481,17 +477,14 @@ def train(
             steps=trainer.total_steps,
             interval=trainer.eval_interval(),
             last_step=trainer.total_steps - 1,
-            train=train_step,
+            train=trainer.train_step,
             evaluate=evaluate,
             sink=writer,
             hooks=[bar, _Checkpoints(writer, trainer, elapsed), *hooks],
             start=start,
         )
-    where = str(writer.dir / "metrics.jsonl")
-    last: EvalRecord | None = None
-    if result.last_eval:
-        last = EvalRecord.from_json(result.last_eval, where=where)
-    elif saved is not None:  # resumed after the last step: its eval is on disk
+    last = result.last_eval
+    if last is None and saved is not None:  # resumed after the last step: its eval is on disk
         evals = read_evals(writer.dir)
         last = evals[-1] if evals else None
     final_state = trainer.run_state(trainer.total_steps - 1, elapsed())

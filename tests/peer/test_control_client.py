@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from concord.core.records import EvalRecord
 from concord.peer.control import PRESENCE_SILENT, ControlClient
 from concord.protos.control_plane import Decision, Plan, Presence, RunControl, Schedule
 from concord.runtime.lifecycle import die_with_parent
+from tests.peer.records import step_record
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 5.0  # seconds: upper bound on any await that must not block (loaded 2-core machine)
@@ -413,20 +415,23 @@ def test_lagged_control_plans_from_step_minus_lag_and_its_stats_ride_on_the_metr
         assert hook.after_round(2, torch.zeros(1, 2), theta)
         assert not hook.after_round(3, torch.zeros(1, 2), theta)
         wait_sent(0)  # nothing of its own: the statistics wait for the step's record
-        hook.publish_metrics(5, "step", {"loss": 0.5, "stage": "train", "ok": True})
+        hook.publish_metrics(step_record(5, loss=0.5, extra={"stage": "train", "ok": True}))
         wait_sent(1)
         ((kind, (metrics,)),) = sent
         assert kind == "metrics"
         assert isinstance(metrics, Metrics)
-        assert metrics.values == {"loss": 0.5}  # numbers only
+        assert metrics.values["loss"] == 0.5
+        assert {"stage", "ok"}.isdisjoint(metrics.values)  # numbers only
+        assert "theta" not in metrics.values  # absent values are left out
         assert [(s.step, s.round, s.theta, s.grad_norm, s.bytes_sent) for s in metrics.stats] == [
             (5, r, 0.25, 0.5, 7) for r in (1, 2, 3)
         ]
-        hook.publish_metrics(5, "eval", {"accuracy": 0.9})
+        hook.publish_metrics(EvalRecord(step=5, epoch=0.1, peer=0, accuracy_mean_peer=0.9))
         wait_sent(2)
         eval_record = sent[1][1][0]
         assert isinstance(eval_record, Metrics)
         assert eval_record.stats == []
+        assert (eval_record.event, eval_record.values["accuracy_mean_peer"]) == ("eval", 0.9)
         # a step whose record is not published: its statistics go out when the next begins
         sent.clear()
 

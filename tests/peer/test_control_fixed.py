@@ -17,6 +17,7 @@ import torch
 from concord.core.control.plan import Phase
 from concord.peer.control import ControlClient, OrchestratedControl
 from concord.protos.control_plane import Message, Metrics, Stats
+from tests.peer.records import step_record
 
 T = 5.0  # seconds: upper bound on any wait that must not block (loaded 2-core machine)
 
@@ -56,7 +57,7 @@ def test_fixed_rounds_run_without_decisions_and_report_with_the_step(lagged: boo
                 ran += 1
             assert ran == 3
             assert (hook.how, hook.target, hook.end(step)) == ("fixed", None, None)
-            hook.publish_metrics(step, "step", {"loss": 1.0})
+            hook.publish_metrics(step_record(step))
         assert (hook.fallbacks, hook.clamped, hook.wait_s) == (0, 0, 0.0)
         deadline = time.monotonic() + T
         while len(sent) < 3 and time.monotonic() < deadline:

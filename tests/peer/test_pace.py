@@ -8,7 +8,9 @@ import time
 import pytest
 
 from concord.core.config import ConfigError, load_config
+from concord.core.records import StepRecord
 from concord.peer.pace import StepTime, Straggler, pace_hooks
+from tests.peer.records import step_record
 
 
 def _burn(seconds: float) -> None:
@@ -19,30 +21,33 @@ def _burn(seconds: float) -> None:
 
 def test_straggler_sleeps_factor_minus_one_times_the_cpu_of_the_step() -> None:
     hook = Straggler(3.0)
-    records: list[dict[str, float]] = []
+    records: list[StepRecord] = []
     for step in range(3):
         t0 = time.perf_counter()
         hook.before(step)
         slept = time.perf_counter() - t0
         _burn(0.05)
         time.sleep(0.05)  # blocked, not computing: not stretched
-        record: dict[str, float] = {}
-        hook.after(step, record)
-        records.append(record)
+        records.append(hook.after(step, step_record(step)))
         if step == 0:
             assert slept < 0.01  # nothing measured yet
         else:
             # 2 × the 50 ms burnt; the upper bound leaves room for a loaded machine
             assert 0.099 <= slept < 0.2, slept
-    assert records[0]["straggler_sleep_ms"] == 0.0
-    assert 99.0 <= records[2]["straggler_sleep_ms"] < 200.0
+    assert records[0].extra["straggler_sleep_ms"] == 0.0
+    sleep_ms = records[2].extra["straggler_sleep_ms"]
+    assert isinstance(sleep_ms, float)
+    assert 99.0 <= sleep_ms < 200.0
 
 
 def test_step_time_stamps_every_record() -> None:
-    record: dict[str, float] = {}
     before = time.time()
-    StepTime().after(0, record)
-    assert before <= record["time"] <= time.time()
+    record = StepTime().after(0, step_record(0, extra={"step_ms": 3.0}))
+    stamp = record.extra["time"]
+    assert isinstance(stamp, float)
+    assert before <= stamp <= time.time()
+    assert record.extra["step_ms"] == 3.0  # what the hooks before it added stays
+    assert record.to_json()["time"] == stamp  # written flat beside the fields
 
 
 def test_pace_hooks_slow_only_the_straggler() -> None:

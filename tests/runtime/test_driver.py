@@ -2,59 +2,84 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, replace
 
 from concord.runtime.driver import StepHooks, drive
 
 
+@dataclass(frozen=True)
+class Step:
+    step: int
+    seen: tuple[str, ...] = ()
+    kind: str = "step"
+
+
+@dataclass(frozen=True)
+class Eval:
+    step: int
+    final: bool
+    kind: str = "eval"
+
+
 class Sink:
     def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
+        self.records: list[Step | Eval] = []
 
-    def metric(self, record: dict[str, Any]) -> None:
+    def metric(self, record: Step | Eval) -> None:
         self.records.append(record)
 
 
-class Trace(StepHooks):
-    def __init__(self) -> None:
+class Trace(StepHooks[Step, Eval]):
+    """Records the calls; its ``after`` returns a copy of the record marked with ``name``."""
+
+    def __init__(self, name: str = "trace") -> None:
+        self.name = name
         self.calls: list[tuple[str, int]] = []
 
     def before(self, step: int) -> None:
         self.calls.append(("before", step))
 
-    def after(self, step: int, record: dict[str, Any]) -> None:
-        record["seen"] = True  # hooks may add to a record before it is written
+    def after(self, step: int, record: Step) -> Step:
         self.calls.append(("after", step))
+        return replace(record, seen=(*record.seen, self.name))
 
-    def evaluated(self, step: int, record: dict[str, Any]) -> None:
+    def evaluated(self, step: int, record: Eval) -> None:
         self.calls.append(("evaluated", step))
 
-    def stepped(self, step: int, record: dict[str, Any]) -> None:
+    def stepped(self, step: int, record: Step) -> None:
         self.calls.append(("stepped", step))
 
     def stopping(self, step: int) -> None:
         self.calls.append(("stopping", step))
 
 
-def train(step: int) -> dict[str, Any]:
-    return {"kind": "step", "step": step}
+def train(step: int) -> Step:
+    return Step(step)
 
 
-def evaluate(step: int, record: dict[str, Any], final: bool) -> dict[str, Any]:
-    return {"kind": "eval", "step": step, "final": final}
+def evaluate(step: int, record: Step, final: bool) -> Eval:
+    return Eval(step, final)
 
 
 def test_evaluates_at_the_interval_and_the_last_step() -> None:
-    sink, trace = Sink(), Trace()
+    sink, trace, second = Sink(), Trace(), Trace("second")
     result = drive(
-        steps=7, interval=3, last_step=6, train=train, evaluate=evaluate, sink=sink, hooks=[trace]
+        steps=7,
+        interval=3,
+        last_step=6,
+        train=train,
+        evaluate=evaluate,
+        sink=sink,
+        hooks=[trace, second],
     )
-    evals = [r for r in sink.records if r["kind"] == "eval"]
-    assert [(e["step"], e["final"]) for e in evals] == [(2, False), (5, False), (6, True)]
+    evals = [r for r in sink.records if isinstance(r, Eval)]
+    assert [(e.step, e.final) for e in evals] == [(2, False), (5, False), (6, True)]
     assert result.steps == 7
     assert not result.stopped
     assert result.last_eval == evals[-1]
-    assert all(r["seen"] for r in sink.records if r["kind"] == "step")
+    # each hook's `after` gets the record the hook before it returned; the last one is written
+    steps = [r for r in sink.records if isinstance(r, Step)]
+    assert [r.seen for r in steps] == [("trace", "second")] * 7
     assert trace.calls[:5] == [
         ("before", 0), ("after", 0), ("stepped", 0), ("before", 1), ("after", 1),
     ]  # fmt: skip
@@ -64,7 +89,9 @@ def test_evaluates_at_the_interval_and_the_last_step() -> None:
 def test_a_stage_that_ends_before_the_last_step_does_not_evaluate_there() -> None:
     sink = Sink()
     drive(steps=4, interval=10, last_step=9, train=train, evaluate=evaluate, sink=sink)
-    assert [r["kind"] for r in sink.records] == ["step"] * 4
+    assert [r.kind for r in sink.records] == ["step"] * 4
+    result = drive(steps=4, interval=10, last_step=9, train=train, evaluate=evaluate, sink=Sink())
+    assert result.last_eval is None
 
 
 def test_stop_request_ends_before_the_next_step() -> None:
@@ -82,7 +109,7 @@ def test_stop_request_ends_before_the_next_step() -> None:
     assert result.stopped
     assert result.steps == 3
     assert trace.calls[-1] == ("stopping", 3)
-    assert [r["step"] for r in sink.records] == [0, 1, 2]  # evaluate=None: steps only
+    assert [r.step for r in sink.records] == [0, 1, 2]  # evaluate=None: steps only
 
 
 def test_start_continues_a_resumed_run_from_that_step() -> None:
@@ -92,13 +119,13 @@ def test_start_continues_a_resumed_run_from_that_step() -> None:
         interval=2,
         last_step=5,
         train=train,
-        evaluate=lambda step, rec, final: {"kind": "eval", "step": step, "final": final},
+        evaluate=evaluate,
         sink=sink,
         hooks=[trace],
         start=3,
     )
     assert result.steps == 6
-    assert [(r["kind"], r["step"]) for r in sink.records] == [
+    assert [(r.kind, r.step) for r in sink.records] == [
         ("step", 3),
         ("eval", 3),
         ("step", 4),

@@ -8,10 +8,24 @@ import re
 
 from rich.console import Console
 
+from concord.core.records import EvalRecord, StepRecord
 from concord.runtime.progress import ProgressBar, step_progress
 
-LONG = {"step": 1230, "epoch": 12.3, "loss": 2.123, "theta": 0.0123, "target": 0.02,
-        "rounds": 12345}  # fmt: skip
+LONG = StepRecord(
+    step=1230,
+    epoch=12.3,
+    phase=0,
+    lr=0.1,
+    loss=2.123,
+    train_acc=0.5,
+    rounds=12345,
+    theta=0.0123,
+    target=0.02,
+    grad_norm=1.0,
+    bytes_sent=0,
+    rounds_total=12345,
+)
+HALF = EvalRecord(step=1229, epoch=12.3, accuracy_avg_model=0.5)
 PROCESSES_INFO = (
     "ep 0.3  loss 2.303  acc 10.0% (worst 9.0%)  Θ 0.0123/0.02  rounds 1234  peers 16 training"
 )
@@ -40,7 +54,7 @@ def test_the_first_frame_shows_the_total() -> None:
 def test_eighty_columns_keep_the_step_counter_bar_and_times() -> None:
     bar = ProgressBar(18750, enabled=True, console=_terminal())
     with bar:
-        bar.update(LONG, {"accuracy_avg_model": 0.5})
+        bar.update(LONG, HALF)
         assert bar._progress is not None
         console = _terminal()
         lines = _lines(console, bar._progress.make_tasks_table(bar._progress.tasks))
@@ -69,7 +83,7 @@ def test_the_processes_engine_bar_says_starting_until_it_knows_the_total() -> No
 def test_a_wide_terminal_shows_every_number() -> None:
     bar = ProgressBar(18750, enabled=True, console=_terminal())
     with bar:
-        bar.update(LONG, {"accuracy_avg_model": 0.5})
+        bar.update(LONG, HALF)
         assert bar._progress is not None
         console = Console(
             file=io.StringIO(), width=160, record=True, force_terminal=True, color_system=None

@@ -7,13 +7,16 @@ import asyncio
 import json
 import math
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from concord.core.records import JSON, EvalRecord
 from concord.peer.telemetry import PeerMetrics, peer_registry, watch_refusals
 from concord.runtime.telemetry import ENDPOINT_FILE, MetricsServer, Registry, metrics_server
+from tests.peer.records import step_record
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -52,13 +55,13 @@ def test_undeclared_and_misnamed_metrics_are_refused() -> None:
 def test_the_peer_hook_turns_records_into_metrics() -> None:
     registry = peer_registry("run-1", 2)
     hook = PeerMetrics(registry, total_steps=10)
-    record = {"step": 4, "phase": 1, "epoch": 0.5, "lr": 0.1, "loss": 1.5, "rounds": 3,
-              "rounds_total": 9, "theta": 0.01, "target": 0.02, "grad_norm": 0.3,
-              "bytes_sent": 4096, "step_ms": 20.0, "wait_ms": 5.0, "missing": [1],
-              "rejected": []}  # fmt: skip
-    hook.after(4, record)
-    hook.after(5, {**record, "step": 5, "missing": [1, 3]})
-    hook.evaluated(5, {"accuracy": 0.75, "loss": 0.9, "epoch": 0.6})
+    extra: dict[str, JSON] = {"step_ms": 20.0, "wait_ms": 5.0, "missing": [1], "rejected": []}
+    record = step_record(4, phase=1, epoch=0.5, loss=1.5, rounds=3, rounds_total=9, theta=0.01,
+                         target=0.02, grad_norm=0.3, bytes_sent=4096, extra=extra)  # fmt: skip
+    assert hook.after(4, record) is record  # it reads the record, adds nothing
+    hook.after(5, replace(record, step=5, extra={**extra, "missing": [1, 3]}))
+    hook.evaluated(5, EvalRecord(step=5, epoch=0.6, peer=2, accuracy_mean_peer=0.75,
+                                 loss_mean_peer=0.9))  # fmt: skip
     got = _samples(registry.render())
     labels = (("peer", "2"), ("run", "run-1"))
     assert got[("concord_peer_step", labels)] == 5
@@ -67,6 +70,9 @@ def test_the_peer_hook_turns_records_into_metrics() -> None:
     assert got[("concord_peer_neighbours_missing_total", labels)] == 3
     assert got[("concord_peer_step_seconds_total", labels)] == pytest.approx(0.04)
     assert got[("concord_peer_eval_accuracy", labels)] == 0.75
+    assert got[("concord_peer_eval_loss", labels)] == 0.9
+    assert got[("concord_peer_bytes_sent_total", labels)] == 4096
+    assert got[("concord_peer_wait_seconds_total", labels)] == pytest.approx(0.01)
 
 
 async def _get(port: int, request: bytes) -> bytes:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from click.testing import CliRunner
 
 from concord.core.config import load_config
+from concord.core.records import StepRecord
 from concord.lab.cli import main
 from concord.runtime.rundir import load_checkpoint
 from concord.sim.engine import resume_run, run
@@ -53,9 +54,9 @@ class _CrashError(Exception):
     """Stands for the process dying after a step."""
 
 
-def _crash_after(step: int) -> Any:
-    def on_progress(record: dict[str, Any]) -> None:
-        if record["step"] == step:
+def _crash_after(step: int) -> Callable[[StepRecord], None]:
+    def on_progress(record: StepRecord) -> None:
+        if record.step == step:
             raise _CrashError(step)
 
     return on_progress
