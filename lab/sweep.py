@@ -56,7 +56,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from rich.console import Console
 
@@ -292,8 +292,31 @@ def _worker_init(threads: int) -> None:
         os.environ[var] = str(threads)
 
 
-def _execute(run_fn: RunFn, cfg: Any, run_dir: str, calibration_cache: str) -> dict[str, Any]:
-    """Run one grid point; never raises for a failed run (the outcome says "error")."""
+@dataclass(frozen=True)
+class Outcome:
+    """How one run of a sweep ended: ``status`` "ok" with the run's ``summary``, or "error"
+    with what went wrong (``error``); ``wall``: the seconds the run took (None: not measured,
+    e.g. its worker died). Returned by the sweep's worker processes (pickled)."""
+
+    status: Literal["ok", "error"]
+    summary: RunSummary | None = None
+    error: str = ""
+    wall: float | None = None
+
+    @classmethod
+    def ok(cls, summary: RunSummary, wall: float | None = None) -> Outcome:
+        """A run that ended with ``summary``."""
+        return cls(status="ok", summary=summary, wall=wall)
+
+    @classmethod
+    def failed(cls, error: str, wall: float | None = None) -> Outcome:
+        """A run that failed with ``error`` (one line: the exception's type and message)."""
+        return cls(status="error", error=error, wall=wall)
+
+
+def _execute(run_fn: RunFn, cfg: Any, run_dir: str, calibration_cache: str) -> Outcome:
+    """Run one grid point; never raises for a failed run (the outcome says "error"), nor for
+    a summary that is not a valid `RunSummary` document."""
     torch = sys.modules.get("torch")  # imported when run_fn's module was unpickled
     if torch is not None:
         torch.set_num_threads(_threads)
@@ -301,12 +324,12 @@ def _execute(run_fn: RunFn, cfg: Any, run_dir: str, calibration_cache: str) -> d
     path.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        summary = dict(run_fn(cfg, path, progress=False, calibration_cache=Path(calibration_cache)))
+        doc = run_fn(cfg, path, progress=False, calibration_cache=Path(calibration_cache))
+        summary = RunSummary.from_json(doc, where=str(path / "summary.json"))
     except Exception as exc:
         (path / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
-        error = f"{type(exc).__name__}: {exc}"
-        return {"status": "error", "error": error, "wall": time.perf_counter() - start}
-    return {"status": "ok", "summary": summary, "wall": time.perf_counter() - start}
+        return Outcome.failed(f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
+    return Outcome.ok(summary, time.perf_counter() - start)
 
 
 def run_without_plots(
@@ -329,12 +352,9 @@ def _default_run_fn() -> RunFn:
 # Parent side.
 
 
-def csv_row(run: SweepRun, outcome: Mapping[str, Any] | None, run_dir: Path) -> dict[str, Any]:
-    """``run``'s table.csv row: its grid point and ``outcome`` (None: pending; else ``status``,
-    ``error`` or ``summary`` — the run's `RunSummary` document — and ``wall``)."""
-    doc = outcome.get("summary") if outcome else None
-    where = str(run_dir / "summary.json")
-    summary = None if doc is None else RunSummary.from_json(doc, where=where)
+def csv_row(run: SweepRun, outcome: Outcome | None, run_dir: Path) -> dict[str, Any]:
+    """``run``'s table.csv row: its grid point and ``outcome`` (None: pending)."""
+    summary = None if outcome is None else outcome.summary
     row: dict[str, Any] = {
         "name": run.name,
         "kind": run.kind,
@@ -344,8 +364,8 @@ def csv_row(run: SweepRun, outcome: Mapping[str, Any] | None, run_dir: Path) -> 
         "factor": run.factor,
         "control_mode": run.control_mode,
         "seed": run.seed,
-        "status": outcome["status"] if outcome else "pending",
-        "error": str(outcome.get("error", ""))[:500].replace("\n", " ") if outcome else "",
+        "status": outcome.status if outcome else "pending",
+        "error": outcome.error[:500].replace("\n", " ") if outcome else "",
         "run_dir": str(run_dir),
         "column": run.column,
         "lr": run.overrides.get("optim.lr"),
@@ -360,8 +380,8 @@ def csv_row(run: SweepRun, outcome: Mapping[str, Any] | None, run_dir: Path) -> 
             final_consensus_distance=summary.final_consensus_distance,
             wall_seconds=summary.wall_seconds,
         )
-    elif outcome and "wall" in outcome:
-        row["wall_seconds"] = outcome["wall"]
+    elif outcome is not None and outcome.wall is not None:
+        row["wall_seconds"] = outcome.wall
     return row
 
 
@@ -378,14 +398,14 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     tmp.replace(path)
 
 
-def _run_isolated(args: tuple[Any, ...], threads: int) -> dict[str, Any]:
+def _run_isolated(args: tuple[Any, ...], threads: int) -> Outcome:
     """One run in a fresh single-worker pool, so that a dying process only fails this run."""
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as p:
         try:
-            return dict(p.submit(_execute, *args).result())
+            return p.submit(_execute, *args).result()
         except BrokenProcessPool:
-            return {"status": "error", "error": "worker process died (killed or crashed)"}
+            return Outcome.failed("worker process died (killed or crashed)")
 
 
 def run_sweep(
@@ -417,7 +437,7 @@ def run_sweep(
     args: dict[str, tuple[Any, ...]] = {}
     finished = 0
 
-    def finish(run: SweepRun, outcome: Mapping[str, Any]) -> None:
+    def finish(run: SweepRun, outcome: Outcome) -> None:
         nonlocal finished
         finished += 1
         row = rows[run.name] = csv_row(run, outcome, out_dir / "runs" / run.name)
@@ -433,7 +453,7 @@ def run_sweep(
 
     ctx = multiprocessing.get_context("spawn")
     pool: ProcessPoolExecutor | None = None
-    inflight: dict[Future[dict[str, Any]], SweepRun] = {}
+    inflight: dict[Future[Outcome], SweepRun] = {}
     try:
         while ready or inflight:
             while ready:
@@ -441,7 +461,7 @@ def run_sweep(
                 try:
                     cfg = configure(run.overrides)
                 except Exception as exc:  # ConfigError and any other: this run fails, not all
-                    finish(run, {"status": "error", "error": f"config: {exc}"})
+                    finish(run, Outcome.failed(f"config: {exc}"))
                     continue
                 args[run.name] = (run_fn, cfg, str(out_dir / "runs" / run.name), str(cache))
                 if pool is None:
@@ -461,7 +481,7 @@ def run_sweep(
                 if isinstance(err, BrokenProcessPool):
                     suspects.append(run)
                 elif err is not None:  # e.g. the config or run_fn could not be pickled
-                    finish(run, {"status": "error", "error": f"{type(err).__name__}: {err}"})
+                    finish(run, Outcome.failed(f"{type(err).__name__}: {err}"))
                 else:
                     finish(run, fut.result())
             if suspects and pool is not None:

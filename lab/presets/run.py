@@ -48,7 +48,7 @@ from concord.lab.presets.spec import (
     command_line,
     select,
 )
-from concord.lab.sweep import RunFn, csv_row, run_sweep, run_without_plots, write_csv
+from concord.lab.sweep import Outcome, RunFn, csv_row, run_sweep, run_without_plots, write_csv
 from concord.runtime.records import read_summary
 
 
@@ -64,8 +64,7 @@ def _finished(grid: PresetGrid, out: Path) -> dict[str, dict[str, Any]]:
         run_dir = out / "runs" / run.name
         summary = read_summary(run_dir)
         if summary is not None:
-            outcome = {"status": "ok", "summary": summary.to_json()}
-            rows[run.name] = csv_row(run, outcome, run_dir)
+            rows[run.name] = csv_row(run, Outcome.ok(summary), run_dir)
     return rows
 
 

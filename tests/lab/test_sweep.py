@@ -94,6 +94,20 @@ def crashing_run(
     return summary(cfg, accuracy_avg_model=0.9, gossip_rounds_total=10)
 
 
+def malformed_run(
+    cfg: Mapping[str, Any],
+    out_dir: Path,
+    *,
+    progress: bool = True,
+    calibration_cache: Path | None = None,
+) -> dict[str, Any]:
+    """Returns a summary whose ``peers`` is not a number for seed 1."""
+    doc = summary(cfg, accuracy_avg_model=0.9)
+    if cfg["seed"] == 1:
+        doc["peers"] = "four"
+    return doc
+
+
 def _dict_config(overrides: Mapping[str, object]) -> dict[str, object]:
     return dict(overrides)
 
@@ -248,3 +262,17 @@ def test_bad_config_fails_one_run_not_the_sweep(tmp_path: Path) -> None:
     assert rows["no-such-graph"]["status"] == "error"
     assert "config:" in rows["no-such-graph"]["error"]
     assert "topology" in rows["no-such-graph"]["error"]
+
+
+def test_a_summary_that_is_no_run_summary_fails_its_run_naming_the_field(tmp_path: Path) -> None:
+    out = sweep_main(
+        None, [], ["dec-phase-1"], ["none"], ["ring"], [0, 1], [], 1, tmp_path, "avg",
+        malformed_run, configure=_dict_config, console=Console(file=io.StringIO()),
+    )  # fmt: skip
+    with open(out / "table.csv", newline="") as f:
+        rows = {r["seed"]: r for r in csv.DictReader(f)}
+    assert (rows["0"]["status"], rows["0"]["accuracy_avg_model"]) == ("ok", "0.9")
+    assert rows["1"]["status"] == "error"
+    assert "RecordError" in rows["1"]["error"]
+    assert "summary.json: field 'peers'" in rows["1"]["error"]
+    assert rows["1"]["wall_seconds"] != ""  # measured in the worker
