@@ -6,9 +6,9 @@ gossip-round counter, the byte counters, the config's identity)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -37,10 +37,10 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint a peer continues from: the tensors' state (`load_checkpoint`'s table) and
-    its run state."""
+    """A checkpoint a peer continues from: the tensors' state (`load_checkpoint`'s table, read
+    by `restore_checkpoint` only) and its run state."""
 
-    state: dict[str, Any]
+    state: Mapping[str, object]
     run: CheckpointRunState
 
 

@@ -25,10 +25,9 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -389,8 +388,9 @@ def run(
     return summary.to_json()
 
 
-def _saved_state(out_dir: Path) -> tuple[dict[str, Any], CheckpointRunState]:
-    """The checkpoint of the interrupted run in ``out_dir`` and its run state."""
+def _saved_state(out_dir: Path) -> tuple[Mapping[str, object], CheckpointRunState]:
+    """The checkpoint of the interrupted run in ``out_dir`` (its tensors' table, read by
+    `restore_checkpoint` only) and its run state."""
     path = out_dir / "checkpoint.pt"
     if not path.is_file():
         raise FileNotFoundError(f"{out_dir} has no checkpoint.pt to resume from")
@@ -418,7 +418,7 @@ def train(
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
     out_dir = Path(out_dir)
-    saved: tuple[dict[str, Any], CheckpointRunState] | None = None
+    saved: tuple[Mapping[str, object], CheckpointRunState] | None = None
     if resume:
         saved = _saved_state(out_dir)
         done = read_summary(out_dir) if saved[1].finished else None
