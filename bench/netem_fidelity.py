@@ -43,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from concord.lab.net import Host, HostLink, Net, available
-from concord.lab.net.measure import datagrams, rtt_ms, throughput_mbit
+from concord.lab.net.measure import datagrams, rtt_ms, throughput_mbit, wire_mbit
 
 RTTS_MS = (20.0, 80.0, 200.0)
 RATES_MBIT = (10.0, 50.0, 100.0)
@@ -55,8 +55,6 @@ TARGETS = {
     "loss_rel_err_max": 0.20,
     "jitter_rel_err_max": 0.25,
 }
-# Ethernet header, IPv4 header, TCP header with the timestamp option
-_FRAME_OVERHEAD, _PAYLOAD_OVERHEAD = 14, 20 + 32
 
 
 def _rel(measured: float, configured: float) -> float:
@@ -76,14 +74,12 @@ def measure_rtt(net: Net, a: Host, b: Host) -> list[dict[str, float]]:
 
 
 def measure_rate(net: Net, a: Host, b: Host) -> list[dict[str, Any]]:
-    payload = net.mtu - _PAYLOAD_OVERHEAD
-    frame_per_payload = (net.mtu + _FRAME_OVERHEAD) / payload
     out = []
     for rate in RATES_MBIT:
         net.emulate(b, HostLink.both(delay_ms=5.0, rate_mbit=rate))
         for way, src, dst in (("down", a, b), ("up", b, a)):
             goodput = throughput_mbit(src, dst, seconds=4.0, warmup=1.0)
-            wire = goodput * frame_per_payload
+            wire = wire_mbit(goodput, net.mtu)
             out.append({"configured_mbit": rate, "direction": way, "goodput_mbit": goodput,
                         "wire_mbit": wire, "rel_err": _rel(wire, rate)})  # fmt: skip
             print(f"rate {rate:g} Mbit/s {way}: goodput {goodput:.2f}, frames {wire:.2f}")

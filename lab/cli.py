@@ -15,6 +15,7 @@ import click
 
 from concord.lab.cli_certs import certs
 from concord.lab.cli_inspect import partition, status, topology
+from concord.lab.cli_net import net_group
 from concord.lab.cli_run import orchestrator, peer, sim
 from concord.lab.cli_sweep import report_group, sweep
 from concord.lab.config_cmd import config as config_group
@@ -64,6 +65,8 @@ COMMANDS: tuple[click.Command, ...] = (
     status,
     config_group,
     records,
+    # emulated networks
+    net_group,
     # deployment
     certs,
     compose_cmd,

@@ -107,6 +107,15 @@ def _label(cfg: RunConfig) -> str:
     help="continue the interrupted run in RUN_DIR from its last checkpoint (either engine)",
 )
 @insecure_option
+@click.option(
+    "--net",
+    default=None,
+    metavar="PROFILE|FILE",
+    help="processes engine: run the broker, the orchestrator and every peer in a network "
+    "namespace of its own behind emulated links — a named profile (lan, wan, edge, edge-mixed, "
+    "edge-4g, edge-satellite) or a TOML file with a [network.emulation] table; sets "
+    "network.emulation (root or CAP_NET_ADMIN; docs/network-emulation.md)",
+)
 def sim(
     config: Path | None,
     engine: str | None,
@@ -117,16 +126,24 @@ def sim(
     reference: str,
     force: bool,
     resume: Path | None,
+    net: str | None,
 ) -> None:
     """Run n peers on this host and print the final table (next to an all-reduce reference).
 
     The default engine, processes, runs the real system: an orchestrator (with an embedded MQTT
     broker unless --broker is given) and n peer processes exchanging tensors over gRPC on
-    loopback. The vectorized engine trains all n replicas batched in this process."""
+    loopback. The vectorized engine trains all n replicas batched in this process. With --net
+    (or a [network.emulation] table in the config) every process of the processes engine runs
+    behind emulated links (delay, jitter, loss, rate)."""
     from concord.core.config import load_config, reference_config
 
-    if resume is not None and (config is not None or overrides or out is not None or force):
-        fail("--resume continues RUN_DIR with its own config.toml: give no CONFIG, --set, --out")
+    if resume is not None and (
+        config is not None or overrides or out is not None or force or net is not None
+    ):
+        fail(
+            "--resume continues RUN_DIR with its own config.toml: give no CONFIG, --set, --out, "
+            "--net"
+        )
     if resume is not None:
         try:
             cfg = load_config(resume / "config.toml", [], environ={})
@@ -136,6 +153,10 @@ def sim(
         cfg = run_config(config, overrides, extra=[f"engine={engine}"] if engine else [])
     if resume is not None and engine is not None and engine != cfg.engine:
         fail(f"--resume continues RUN_DIR in its own engine ({cfg.engine}); drop --engine")
+    if net is not None:
+        cfg = _with_net(cfg, net)
+    if cfg.engine == "processes" and cfg.network.emulation is not None:
+        _check_emulated(broker)
     from rich.console import Console
 
     from concord.lab.report import compare_table, final_table
@@ -151,7 +172,17 @@ def sim(
                     return done
                 shutil.rmtree(d, ignore_errors=True)  # interrupted too: run it again
             resuming = resume is not None and d == resume
-            doc = run_processes(c, d, progress=not quiet, broker=broker, resume=resuming)
+            emulation = c.network.link_emulation()
+            if emulation is None:
+                doc = run_processes(c, d, progress=not quiet, broker=broker, resume=resuming)
+                return RunSummary.from_json(doc, where=where)
+            from concord.core.config import apply_overrides
+            from concord.lab.net.placement import NetPlacement
+
+            # the namespaces form a closed network: plaintext there exposes nothing
+            c = apply_overrides(c, {"network.insecure": True})
+            with NetPlacement(emulation, c.peers, d / "broker") as placement:
+                doc = run_processes(c, d, progress=not quiet, resume=resuming, placement=placement)
             return RunSummary.from_json(doc, where=where)
         from concord.sim.engine import run as run_vectorized
 
@@ -190,6 +221,31 @@ def sim(
             )
         )
     console.print(f"run directory: {summary.run_dir}")
+
+
+def _with_net(cfg: RunConfig, net: str) -> RunConfig:
+    """``cfg`` with ``network.emulation`` the table of ``--net PROFILE|FILE``."""
+    from concord.core.config import apply_overrides
+    from concord.core.emulation import spec_table
+
+    if cfg.engine != "processes":
+        fail("--net emulates the links between processes: use --engine processes")
+    try:
+        return apply_overrides(cfg, {"network.emulation": spec_table(net)})
+    except ConfigError as exc:
+        fail(f"--net {net}: {exc}")
+
+
+def _check_emulated(broker: str | None) -> None:
+    """Before anything is created: an emulated run needs network namespaces here, and runs its
+    own broker."""
+    from concord.lab.net import available
+
+    if broker is not None:
+        fail("--net runs its own broker in the emulated network: drop --broker")
+    ok, why = available()
+    if not ok:
+        fail(f"--net needs network namespaces (root or CAP_NET_ADMIN): {why}")
 
 
 @click.command()

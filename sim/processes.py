@@ -27,9 +27,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Protocol
 
 import structlog
 import torch
@@ -105,12 +106,49 @@ def make_run_id(cfg: RunConfig) -> str:
     return f"{base.strip('-_.') or 'sim'}-{uuid.uuid4().hex[:8]}"
 
 
-class Children:
-    """The orchestrator and peer processes of one run (owned: `stop` ends every one)."""
+class Placement(Protocol):
+    """Where the children of a run live and talk. By default (`Loopback`) this host's loopback;
+    ``concord sim --net`` passes one that starts each child in a network namespace of its own
+    behind an emulated link (`concord.lab.net.placement`)."""
 
-    def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
+    @property
+    def broker(self) -> str | None:
+        """The URL of the MQTT broker it runs for the run (None: the orchestrator embeds one)."""
+
+    def start(self, name: str, argv: Sequence[str], **popen_kw: Any) -> subprocess.Popen[bytes]:
+        """Start child ``name`` ("orchestrator", "peer-<i>") running ``argv``."""
+
+    def address(self, name: str) -> str:
+        """The IP address child ``name`` listens on and announces to the others."""
+
+    def monitor(self) -> AbstractContextManager[object]:
+        """While entered, the launcher's own MQTT client (the progress view) can reach the
+        broker."""
+
+
+class Loopback:
+    """Every child a plain process of this host, on 127.0.0.1 (the default `Placement`)."""
+
+    broker: str | None = None
+
+    def start(self, name: str, argv: Sequence[str], **popen_kw: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, **popen_kw)
+
+    def address(self, name: str) -> str:
+        return "127.0.0.1"
+
+    def monitor(self) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()
+
+
+class Children:
+    """The orchestrator and peer processes of one run (owned: `stop` ends every one), started
+    where ``placement`` puts them."""
+
+    def __init__(self, run_dir: Path, cfg: RunConfig, placement: Placement | None = None) -> None:
         self.run_dir = run_dir
         self.cfg = cfg
+        self.placement: Placement = placement or Loopback()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.abandoned: set[str] = set()  # stopped by us after their work was done
         self._logs: list[IO[bytes]] = []
@@ -126,7 +164,8 @@ class Children:
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.run_dir / "logs" / f"{name}.out", "wb")  # noqa: SIM115 - closed in stop()
         self._logs.append(log)
-        proc = subprocess.Popen(
+        proc = self.placement.start(
+            name,
             [sys.executable, "-m", "concord.lab.cli", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -336,12 +375,14 @@ def run_processes(
     progress: bool = True,
     broker: str | None = None,
     resume: bool = False,
+    placement: Placement | None = None,
 ) -> dict[str, JSON]:
     """Run orchestrator + n peers; returns the summary (`RunSummary` as its JSON document,
     written to ``run_dir/summary.json``) and writes the run directory. A run
     that fails leaves ``error.json`` in ``run_dir`` (what failed and why, each child's exit
     status and recorded error), so no run directory is left without a summary or a reason.
-    ``resume``: continue the interrupted run in ``run_dir`` (`resume_step`)."""
+    ``resume``: continue the interrupted run in ``run_dir`` (`resume_step`). ``placement``:
+    where the children run (default `Loopback`); its broker, if it runs one, is the run's."""
     after = resume_step(cfg, run_dir) if resume else None
     run_id = make_run_id(cfg)
     preflight(cfg, broker, run_id)  # before the run directory exists: nothing to clean up
@@ -349,7 +390,7 @@ def run_processes(
     (run_dir / "error.json").unlink(missing_ok=True)
     try:
         summary = _run_processes(
-            cfg, run_dir, run_id, progress=progress, broker=broker, after=after
+            cfg, run_dir, run_id, progress=progress, broker=broker, after=after, placement=placement
         )
         return summary.to_json()
     except ProcessesError as exc:
@@ -483,8 +524,11 @@ def _run_processes(
     progress: bool,
     broker: str | None,
     after: int | None,
+    placement: Placement | None = None,
 ) -> RunSummary:
     started = time.perf_counter()
+    placement = placement or Loopback()
+    broker = broker or placement.broker
     for stale in STALE_FILES:  # an earlier run's (`concord sim` refuses a reused --out first)
         (run_dir / stale).unlink(missing_ok=True)
     for i in range(cfg.peers):
@@ -495,7 +539,7 @@ def _run_processes(
     auth = monitor_auth(cfg, broker)
     config_path = run_dir / "config.toml"
     config_path.write_text(to_toml(cfg), encoding="utf-8")
-    children = Children(run_dir, cfg)
+    children = Children(run_dir, cfg, placement)
     stop: list[str] = []
     # the monitor's MQTT client logs to the run, not to the terminal
     sink = open_log(run_dir / "logs" / "launcher.jsonl", run=run_id, role="launcher")
@@ -506,7 +550,8 @@ def _run_processes(
             log.info("run.resume", after_step=after, records_rebuilt=added)
         url = _start(children, cfg, run_dir, run_id, config_path, broker, after)
         monitor = Monitor(cfg.peers)
-        asyncio.run(_follow(children, url, run_id, monitor, progress, stop, auth, signing))
+        with placement.monitor():
+            asyncio.run(_follow(children, url, run_id, monitor, progress, stop, auth, signing))
         if stop:
             raise ProcessesError(f"stopped by {stop[0]}; every child process was terminated")
         end = time.monotonic() + 120
@@ -544,7 +589,8 @@ def _start(
     url = str(json.loads(info.read_text())["broker"])
     for i in range(cfg.peers):
         args = ["peer", "--config", str(config_path), "--id", str(i), "--broker", url]
-        args += ["--run-id", run_id, "--listen", "127.0.0.1:0"]
+        listen = f"{children.placement.address(f'peer-{i}')}:0"
+        args += ["--run-id", run_id, "--listen", listen]
         args += ["--out", str(run_dir / "peers" / f"peer-{i}"), *resume]
         children.start(f"peer-{i}", args + metrics_listen(cfg, 1 + i))
     return url

@@ -17,6 +17,7 @@ from concord.lab.net.shell import NetError
 from concord.lab.net.topology import Host
 
 _PROBE = [sys.executable, "-m", "concord.lab.net.probe"]
+_FRAME_OVERHEAD, _PAYLOAD_OVERHEAD = 14, 20 + 32  # Ethernet header; IPv4 + TCP with timestamps
 
 
 @dataclass(frozen=True)
@@ -76,14 +77,17 @@ def _client(
     return out
 
 
-def rtt_ms(src: Host, dst: Host, *, count: int = 50, interval: float = 0.02) -> list[float]:
+def rtt_ms(
+    src: Host, dst: Host, *, count: int = 50, interval: float = 0.02, timeout: float = 2.0
+) -> list[float]:
     """Round-trip times (ms) of ``count`` UDP probes from ``src`` to an echo server on ``dst``,
-    one in flight at a time, ``interval`` s apart (lost probes are left out)."""
+    one in flight at a time, ``interval`` s apart (a probe unanswered after ``timeout`` s is
+    lost, and left out)."""
     server = _Server(dst, "echo")
     try:
-        options = ("--count", str(count), "--interval", str(interval))
+        options = ("--count", str(count), "--interval", str(interval), "--timeout", str(timeout))
         out = _client(
-            src, "rtt", dst.ip, server.port, *options, timeout=count * (interval + 2) + 30
+            src, "rtt", dst.ip, server.port, *options, timeout=count * (interval + timeout) + 30
         )
     finally:
         server.stop()
@@ -139,3 +143,9 @@ def throughput_mbit(src: Host, dst: Host, *, seconds: float = 3.0, warmup: float
             sink.stop()
     rate: float = got["steady_mbit"]
     return rate
+
+
+def wire_mbit(goodput_mbit: float, mtu: int) -> float:
+    """The link rate (whole Ethernet frames, what a tbf cap counts) that carries a TCP goodput
+    of ``goodput_mbit`` in full-sized segments at ``mtu``."""
+    return goodput_mbit * (mtu + _FRAME_OVERHEAD) / (mtu - _PAYLOAD_OVERHEAD)
