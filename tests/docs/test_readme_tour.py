@@ -8,7 +8,8 @@ samples; the README's defaults take minutes each) — the command itself, its en
 topology and control are the README's. What each command needs around it is made here as a
 user would: the edge-list file, an MQTT broker on 127.0.0.1:1883 (Mosquitto; a private port in
 its URL when 1883 is taken by something that is not a broker), an interrupted run to resume.
-Marked slow: about 5 minutes on 2 cores.
+The emulated-network commands are skipped where network namespaces are not permitted (no root or
+CAP_NET_ADMIN). Marked slow: about 7 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -212,6 +213,32 @@ def _status(tour: Tour, argv: list[str]) -> None:
             launcher.wait()
 
 
+def _need_namespaces() -> None:
+    from concord.lab.net import available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"emulated networks need network namespaces here: {why}")
+
+
+def _net_check(tour: Tour, argv: list[str]) -> None:
+    _need_namespaces()
+    lines = tour.run(argv).stdout.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == [
+        "rtt_p50", "rtt_p99", "rate_a_to_b", "rate_b_to_a", "loss"
+    ]  # fmt: skip
+    assert lines[1].split()[1:3] == ["60.00", "ms"]  # edge: 4 × 15 ms
+
+
+def _sim_net(tour: Tour, argv: list[str]) -> None:
+    _need_namespaces()
+    out = tour.run(argv + SHORT).stdout
+    assert "Final accuracy next to the reference" in out
+    run_dir = Path(out.rsplit("run directory:", 1)[1].split()[0])
+    config = (tour.cwd / run_dir / "config.toml").read_text()
+    assert '[network.emulation]\nprofile = "edge"' in config  # the links it ran on
+
+
 def _sweep(tour: Tour, argv: list[str]) -> None:
     out = tour.run(argv + PAPER_SHORT).stdout
     assert "dec-phase-1" in out
@@ -242,6 +269,8 @@ TOUR: dict[str, Callable[[Tour, list[str]], None]] = {
     "concord sim --resume": _sim_resume,
     "concord sim --out runs/watched": _sim_background,
     "concord status runs/watched --watch": _status,
+    "concord net check edge": _net_check,
+    "concord sim --net edge": _sim_net,
     "concord sweep examples/paper-mnist1d.toml": _sweep,
     "concord sweep --list-presets": _list_presets,
     "concord sweep --preset relaysgd-dirichlet": _preset,
