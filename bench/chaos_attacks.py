@@ -49,6 +49,7 @@ from bench.chaos_runs import (
     final_params,
     finished,
     max_abs_diff,
+    peer_extra,
     write_config,
 )
 
@@ -387,8 +388,7 @@ def case_fetch_flood(ctx: Ctx, d: dict[str, Any]) -> bool:
         run.stop()
     ok = finished(run, d, dropped=[])
     accepted = int(d["non_neighbour"].get("answered", 0))
-    summary = read_json(run.dir / "peers" / "peer-0" / "summary.json") or {}
-    d["peer0_frames_rejected"] = summary.get("frames_rejected")
+    d["peer0_frames_rejected"] = peer_extra(run.dir / "peers" / "peer-0", "frames_rejected")
     ctx.metrics["fetch_non_neighbour_accepted"] = accepted
     refused = int(d["non_neighbour"].get("PERMISSION_DENIED", 0))
     if not refused:

@@ -32,6 +32,7 @@ from bench.chaos_runs import (
     decisions_diverged,
     finished,
     over_max_rounds,
+    peer_extra,
     step_rows,
     write_config,
 )
@@ -135,15 +136,17 @@ def _forged_open(ctx: Ctx, d: dict[str, Any], name: str, who: str) -> bool:
     d["decisions_diverged"] = decisions_diverged(run.dir, peers)  # security off: for the record
     rows = [r for p in peers for r in step_rows(p)]
     d["mean_rounds_per_step"] = round(sum(int(r.get("rounds") or 0) for r in rows) / len(rows), 3)
-    d["handler_errors"] = sum(
-        int((read_json(p / "summary.json") or {}).get("control_handler_errors") or 0) for p in peers
-    )
-    d["schedules_refused"] = sum(
-        int((read_json(p / "summary.json") or {}).get("schedules_refused") or 0) for p in peers
-    )
+    d["handler_errors"] = sum(_count(p, "control_handler_errors") for p in peers)
+    d["schedules_refused"] = sum(_count(p, "schedules_refused") for p in peers)
     for key, value in (("forged_crashes", crashes), ("forged_max_rounds_exceeded", exceeded)):
         ctx.metrics[key] = (ctx.metrics.get(key) or 0) + value
     return ok and crashes == 0 and exceeded == 0 and bool(counts.get("published"))
+
+
+def _count(peer_dir: Path, name: str) -> int:
+    """A counter of the peer's summary (0 without one)."""
+    value = peer_extra(peer_dir, name)
+    return value if isinstance(value, int) else 0
 
 
 def case_forged_unauth(ctx: Ctx, d: dict[str, Any]) -> bool:

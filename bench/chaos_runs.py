@@ -29,7 +29,7 @@ from bench._procs import (
     wait_exit,
     wait_for,
 )
-from concord.core.records import RunSummary
+from concord.core.records import JSON, RunSummary
 from concord.runtime.records import read_orchestrator_summary, read_peer_summary, read_summary
 
 MIB = 1 << 20
@@ -347,6 +347,13 @@ class Deployment:
         if not ok:
             d["orchestrator_tail"] = tail(self.dir / "logs" / "orchestrator.out", 600)
         return ok
+
+
+def peer_extra(peer_dir: Path, name: str) -> JSON:
+    """``name`` of the ``extra`` of the peer's summary (its transport and coordination
+    counters: `concord.runtime.records.read_peer_summary`); None without a summary or one."""
+    summary = read_peer_summary(peer_dir)
+    return None if summary is None else summary.extra.get(name)
 
 
 def final_params(path: Path) -> Any:

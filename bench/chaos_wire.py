@@ -8,12 +8,12 @@ import signal
 from typing import Any
 
 from bench._procs import (
-    read_json,
     wait_for,
 )
 from bench.chaos_runs import (
     MIB,
     Ctx,
+    peer_extra,
 )
 
 # -- the data plane ------------------------------------------------------------------------------
@@ -71,8 +71,7 @@ def case_impersonation(ctx: Ctx, d: dict[str, Any]) -> bool:
         d["exit_code"] = peers.wait(timeout=60)[0]
     finally:
         peers.kill_all()
-    summary = read_json(run_dir / "peer-0" / "summary.json") or {}
-    d["frames_rejected"] = summary.get("frames_rejected")
+    d["frames_rejected"] = peer_extra(run_dir / "peer-0", "frames_rejected")
     d["accepted"] = accepted
     ctx.metrics["impersonation_accepted"] = accepted
     return accepted == 0 and d["exit_code"] == 0

@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 
+from concord.core.records import PeerSummary
 from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
+from concord.runtime.records import read_peer_summary
 from tests.integration.peers import Peers, write_config
 
 pytestmark = pytest.mark.slow  # ~35 s: the separate CI step (.ci/run)
@@ -54,6 +56,27 @@ def started() -> Iterator[list[Peers]]:
 def _records(path: Path, kind: str = "step") -> list[dict[str, Any]]:
     lines = path.read_text().splitlines() if path.is_file() else []
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def _summary(peer_dir: Path) -> PeerSummary:
+    """The peer's summary.json (`read_peer_summary`: typed, old names read too)."""
+    summary = read_peer_summary(peer_dir)
+    assert summary is not None, f"{peer_dir} has no summary.json"
+    return summary
+
+
+def _counter(summary: PeerSummary, name: str) -> int:
+    """A count in the summary's ``extra`` (transport and rejoin counters)."""
+    value = summary.extra.get(name)
+    assert isinstance(value, int), f"peer {summary.peer}'s summary has no count {name!r}: {value!r}"
+    return value
+
+
+def _accuracy(summary: PeerSummary) -> float:
+    """The peer's final test accuracy (``accuracy_mean_peer``)."""
+    value = summary.accuracy_mean_peer
+    assert value is not None, f"peer {summary.peer} finished without an evaluation"
+    return value
 
 
 def _wait_steps(path: Path, steps: int, timeout: float) -> None:
@@ -89,11 +112,11 @@ def test_a_stalled_peer_is_skipped_after_skip_after_deadlines_and_mixed_again_af
     resumed_at = time.time()
     assert peers.wait(timeout=600) == {0: 0, 1: 0, 2: 0, 3: 0}
     for i in (0, 2):  # peer 3's ring neighbours
-        summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
-        assert summary["completed"]
-        assert summary["neighbours_skipped"] >= 1
-        assert summary["neighbours_back"] >= 1
-        assert summary["rounds_not_waited"] >= 1
+        summary = _summary(tmp_path / f"peer-{i}")
+        assert summary.completed
+        assert _counter(summary, "neighbours_skipped") >= 1
+        assert _counter(summary, "neighbours_back") >= 1
+        assert _counter(summary, "rounds_not_waited") >= 1
         steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
         assert len(steps) == 1500
         without = [r for r in steps if 3 in r["missing"]]
@@ -115,10 +138,10 @@ def test_a_stalled_peer_is_skipped_after_skip_after_deadlines_and_mixed_again_af
             f"stopped {resumed_at - stopped_at:.1f} s"
         )
         assert skipping < 0.5 * DEADLINE * 1e3
-    summary3 = json.loads((tmp_path / "peer-3" / "summary.json").read_text())
-    assert summary3["completed"]
+    summary3 = _summary(tmp_path / "peer-3")
+    assert summary3.completed
     # far behind all its neighbours after SIGCONT, it jumped to their step
-    assert summary3["jumps"] >= 1
+    assert _counter(summary3, "jumps") >= 1
     jumped = [r for r in _records(tmp_path / "peer-3" / "metrics.jsonl") if "jumped_from" in r]
     assert jumped
     assert jumped[0]["step"] > jumped[0]["jumped_from"] + 2
@@ -164,9 +187,10 @@ def test_a_killed_static_peer_restarted_fetches_its_neighbours_parameters_and_re
         time.sleep(0.05)
     assert restart.wait(timeout=600) == {3: 0}
     assert {i: peers.procs[i].wait(timeout=600) for i in (0, 1, 2)} == {0: 0, 1: 0, 2: 0}
-    summary3 = json.loads((tmp_path / "peer-3" / "summary.json").read_text())
-    assert summary3["completed"]
-    rejoined = summary3["rejoined"]
+    summary3 = _summary(tmp_path / "peer-3")
+    assert summary3.completed
+    rejoined = summary3.extra["rejoined"]
+    assert isinstance(rejoined, dict), summary3.extra
     assert rejoined["at_step"] < 10 * EPOCHS - 500, rejoined  # back well before the end
     assert rejoined["from_peer"] in (0, 2)
     assert rejoined["at_step"] > rejoined["checkpoint_step"] + 10
@@ -179,9 +203,9 @@ def test_a_killed_static_peer_restarted_fetches_its_neighbours_parameters_and_re
     accuracy = {}
     detect = []
     for i in (0, 2):
-        summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
-        assert summary["completed"]
-        accuracy[i] = summary["accuracy"]
+        summary = _summary(tmp_path / f"peer-{i}")
+        assert summary.completed
+        accuracy[i] = _accuracy(summary)
         steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
         without = [r for r in steps if 3 in r["missing"]]
         assert without  # it was gone for a while
@@ -195,9 +219,9 @@ def test_a_killed_static_peer_restarted_fetches_its_neighbours_parameters_and_re
     print(
         f"detect {min(detect):.2f}-{max(detect):.2f} s after SIGKILL; first step mixing both "
         f"neighbours {mixed_at - restarted_at:.2f} s after the restart; accuracy peer 3 "
-        f"{summary3['accuracy']:.3f}, neighbours {accuracy}"
+        f"{_accuracy(summary3):.3f}, neighbours {accuracy}"
     )
-    assert all(abs(summary3["accuracy"] - a) <= 0.05 for a in accuracy.values())
+    assert all(abs(_accuracy(summary3) - a) <= 0.05 for a in accuracy.values())
 
 
 def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again(
@@ -281,13 +305,15 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
     assert [s["peers"] for s in schedules] == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2, 3]]
     readmitted = schedules[-1]
     assert "re-admitted" in readmitted["reason"]
-    summary3 = json.loads((tmp_path / "peer-3" / "summary.json").read_text())
-    assert summary3["completed"]
-    assert summary3["rejoined"]["from_peer"] in (0, 2)
-    assert summary3["rejoined"]["readmitted_at"] == readmitted["effective_step"]
+    summary3 = _summary(tmp_path / "peer-3")
+    assert summary3.completed
+    rejoined = summary3.extra["rejoined"]
+    assert isinstance(rejoined, dict), summary3.extra
+    assert rejoined["from_peer"] in (0, 2)
+    assert rejoined["readmitted_at"] == readmitted["effective_step"]
     (adopted,) = _log_events(tmp_path / "peer-3" / "log.jsonl", "peer.rejoin_state")
     assert (adopted["from_peer"], adopted["parts"]) == (
-        summary3["rejoined"]["from_peer"],
+        rejoined["from_peer"],
         ["momentum"],
     )
     steps3 = [r["step"] for r in _records(metrics3)]
@@ -298,9 +324,9 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
     assert after == sorted(set(after))
     accuracy = {}
     for i in (0, 2):
-        summary = json.loads((tmp_path / f"peer-{i}" / "summary.json").read_text())
-        assert summary["completed"]
-        accuracy[i] = summary["accuracy"]
+        summary = _summary(tmp_path / f"peer-{i}")
+        assert summary.completed
+        accuracy[i] = _accuracy(summary)
         steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
         # On an idle machine the Last-Will drop can reach the neighbours inside one deadline, so
         # they may never have waited for it (the schedules above show it was out): if they did,
@@ -311,7 +337,7 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
     print(
         f"orchestrated: drop {_ts(dropped) - killed_at:.2f} s after SIGKILL; first step mixing "
         f"both neighbours {mixed_at - restarted_at:.2f} s after the restart (re-admitted at "
-        f"step {readmitted['effective_step']}); accuracy peer 3 {summary3['accuracy']:.3f}, "
+        f"step {readmitted['effective_step']}); accuracy peer 3 {_accuracy(summary3):.3f}, "
         f"neighbours {accuracy}"
     )
-    assert all(abs(summary3["accuracy"] - a) <= 0.05 for a in accuracy.values())
+    assert all(abs(_accuracy(summary3) - a) <= 0.05 for a in accuracy.values())
