@@ -9,6 +9,9 @@ rate (docs/network-emulation.md).
 * `concord.lab.net.emulator`: the userspace link emulator (a TUN device in the switch) and
   `concord.lab.net.linkmodel` its queueing and loss logic;
 * `concord.lab.net.measure`: RTT, one-way delay, throughput and loss measured on a `Net`;
+* `concord.lab.net.check`: a profile's links measured beside their configured values
+  (``concord net check``); `concord.lab.net.placement`: the children of ``concord sim --net``,
+  each in its namespace (the launcher's `Placement`);
 * `available` says whether all this is permitted here (root or CAP_NET_ADMIN, iproute2, veth,
   tbf, TUN); `cleanup` removes the namespaces of runs whose owner is gone.
 
