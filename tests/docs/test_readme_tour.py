@@ -160,7 +160,8 @@ def _sim_resume(tour: Tour, argv: list[str]) -> None:
 
 def _free_base(host: str, port: int, count: int) -> int:
     """``port`` when ``port … port + count − 1`` are free on ``host``, else a base that is."""
-    for base in (port, *range(20000, 60000, 97)):
+    bases: list[int] = [port, *range(20000, 60000, 97)]
+    for base in bases:
         socks = []
         try:
             for p in range(base, base + count):
