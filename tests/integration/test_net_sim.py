@@ -1,12 +1,15 @@
 """``concord sim --engine processes --net`` and ``concord net``: a small run behind emulated
 links (every process in a namespace of its own) finishes and leaves no namespace; a launcher
 killed with SIGKILL leaves its namespaces, which ``concord net cleanup`` removes with every process
-inside; ``concord net check`` measures a profile within its fidelity targets. Real namespaces,
+inside; Ctrl-C tears everything down; without CAP_NET_ADMIN one line says so before anything is
+made; ``concord net check`` measures a profile within its fidelity targets. Real namespaces,
 links, broker and processes; skipped where namespaces are not permitted."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,3 +157,29 @@ def test_net_check_measures_a_profile_within_the_targets(tmp_path: Path) -> None
     assert rows["rate_a_to_b"][:2] == ["100.00", "Mbit/s"]
     assert rows["loss"][:2] == ["5.910", "%"]  # 1 - 0.97²
     assert not any("OUTSIDE" in line for line in lines)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_without_cap_net_admin_one_line_says_what_is_missing_and_nothing_is_made(
+    tmp_path: Path,
+) -> None:
+    """As user nobody (no CAP_NET_ADMIN): exit 2, one line naming root / CAP_NET_ADMIN and
+    the step refused, before the run directory or any namespace exists."""
+    out = tmp_path / "run"
+    before = set(namespaces())
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    done = subprocess.run(
+        [*nobody, *CONCORD, "sim", "--net", "edge", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: --net needs network namespaces (root or CAP_NET_ADMIN)")
+    assert "not permitted" in done.stderr
+    assert not out.exists()
+    assert set(namespaces()) <= before
