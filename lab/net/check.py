@@ -9,8 +9,8 @@ whole Ethernet frames; measured with the links' loss set to 0, so that what is c
 cap is the cap and not TCP's answer to loss), and the loss of stamped UDP datagrams a → b.
 Each is compared with its configured value against the fidelity targets: RTT (median) and
 rate within ±10 %, loss within ±20 %. The number of datagrams grows as the configured loss
-shrinks so that the binomial spread of the measured loss stays within a tenth of it (at most
-`MAX_DATAGRAMS`).
+shrinks (and its bursts lengthen) so that the spread of the measured loss stays within about a
+tenth of it (at most `MAX_DATAGRAMS`).
 """
 
 from __future__ import annotations
@@ -76,10 +76,11 @@ def _loss(send: LinkSpec, receive: LinkSpec) -> float:
     return 1.0 - (1.0 - send.loss) * (1.0 - receive.loss)
 
 
-def datagram_count(loss: float) -> int:
-    """Datagrams to send so that about 100 of them are lost (σ of the measured loss ≈ 10 % of
-    it), at least 5 000, at most `MAX_DATAGRAMS`."""
-    return min(MAX_DATAGRAMS, max(5_000, math.ceil(100 / loss))) if loss else 5_000
+def datagram_count(loss: float, burst: float = 1.0) -> int:
+    """Datagrams to send so that about 100 runs of losses occur (losses come in runs of mean
+    length ``burst``; σ of the measured loss ≈ 10 % of it), at least 5 000, at most
+    `MAX_DATAGRAMS`."""
+    return min(MAX_DATAGRAMS, max(5_000, math.ceil(100 * burst / loss))) if loss else 5_000
 
 
 def _both(net: Net, link: HostLink) -> None:
@@ -115,7 +116,8 @@ def _loss_row(net: Net, link: HostLink) -> Row:
     frames_per_s = (_rate(link.up, link.down) or 1e9) * 1e6 / 8 / 106  # 64 B datagram: 106 B
     rate = min(_DATAGRAM_RATE, 0.25 * frames_per_s)
     idle = 2.0 + _rtt(link, link) / 1000
-    got = datagrams(net["a"], net["b"], count=datagram_count(loss), rate=rate, idle=idle)
+    count = datagram_count(loss, max(link.up.loss_burst, link.down.loss_burst))
+    got = datagrams(net["a"], net["b"], count=count, rate=rate, idle=idle)
     return Row("loss", "", loss if loss else None, got.loss, TARGETS["loss"])
 
 
