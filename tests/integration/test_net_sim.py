@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not _ok, reason=f"emulated network unavailable: 
 
 CONCORD = [sys.executable, "-m", "concord.lab.cli"]
 SMALL = "[network.emulation]\ndelay_ms = 5\nrate_mbit = 100\n"  # 20 ms RTT between two peers
-TINY = ["peers=2", "epochs=1", "dataset.samples=2000"]
+TINY = ["peers=2", "epochs=1", "dataset.samples=1000"]
 
 
 def _sim(out: Path, net: Path, *sets: str) -> list[str]:
