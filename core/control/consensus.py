@@ -76,7 +76,7 @@ def consensus_distance(X: Tensor) -> float:
     return math.sqrt(float(dev.square().sum()) / Xd.shape[0])
 
 
-def local_theta(x_before: Tensor, x_after: Tensor, *, out: Tensor | None = None) -> Tensor:
+def local_theta(x_before: Tensor, x_after: Tensor) -> Tensor:
     """Per-replica statistic θ_i = ‖x_i(after round) − x_i(before round)‖².
 
     The difference is taken in the inputs' promoted dtype (float32 for float32 models) and its
@@ -85,8 +85,6 @@ def local_theta(x_before: Tensor, x_after: Tensor, *, out: Tensor | None = None)
     Args:
         x_before: [k, d] local replicas before one gossip round.
         x_after: [k, d] the same replicas after that round (same shape).
-        out: [k, d] buffer of the difference's dtype (float32 for float32 inputs) that the
-            caller reuses across rounds; None allocates one.
 
     Returns:
         [k] float64 tensor of θ_i ≥ 0, on the inputs' device.
@@ -98,7 +96,7 @@ def local_theta(x_before: Tensor, x_after: Tensor, *, out: Tensor | None = None)
             f"x_before and x_after must have the same shape, got {tuple(x_before.shape)} "
             f"and {tuple(x_after.shape)}"
         )
-    return squared_row_norms(torch.sub(after, before, out=out))
+    return squared_row_norms(after - before)
 
 
 def squared_row_norms(D: Tensor) -> Tensor:
