@@ -96,7 +96,7 @@ def git_commit() -> str | None:
 PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"
 TENSORBOARD_DIR = "tensorboard"
 # a record's bookkeeping keys: its x axis and labels, not values to plot
-_NOT_SCALARS = frozenset({"step", "kind", "peer", "epoch"})
+_NOT_SCALARS = frozenset({"step", "kind", "peer", "epoch", "version"})
 
 
 class TensorBoardUnavailableError(ConcordError, ImportError, RuntimeError):

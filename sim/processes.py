@@ -190,10 +190,10 @@ class Children:
         if since is None or now - since <= _TEARDOWN:
             return None
         try:
-            record = json.loads((self.run_dir / "orchestrator-summary.json").read_text())
-        except (OSError, ValueError):  # not written yet, or being written
+            record = read_orchestrator_summary(self.run_dir)
+        except (OSError, ValueError):  # being written
             return None
-        return isinstance(record, dict) and record.get("completed") is True
+        return None if record is None else record.completed is True
 
     def peers_stuck(self, since: float | None, now: float) -> dict[str, bool]:
         """Peers still running `_PEERS_AFTER` seconds after the orchestrator exited (``since``):
@@ -204,11 +204,11 @@ class Children:
         stuck = {}
         for name in self.running():
             if name.startswith("peer-"):
-                summary = self.run_dir / "peers" / name / "summary.json"
                 try:
-                    stuck[name] = json.loads(summary.read_text()).get("completed") is True
-                except (OSError, ValueError):
-                    stuck[name] = False
+                    summary = read_peer_summary(self.run_dir / "peers" / name)
+                except (OSError, ValueError):  # being written
+                    summary = None
+                stuck[name] = summary is not None and summary.completed
         return stuck
 
     def abandon(self, name: str, *, done: bool = True) -> None:

@@ -14,11 +14,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import msgpack
 import pytest
 
+from concord.core.records import OrchestratorSummary
 from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
 from concord.protos.control_plane import SCHEMA_VERSION, Topics
 from concord.protos.mqtt import client
@@ -223,6 +225,26 @@ def test_lagged_peers_keep_going_while_the_broker_is_away_and_control_resumes(
     assert sum(e["event"] == "mqtt.connected" for e in orch) >= 2
 
 
+def _orchestrator_summary(**fields: Any) -> str:
+    """An ``orchestrator-summary.json`` document as the orchestrator writes it."""
+    record = OrchestratorSummary(
+        run="r",
+        peers_done=[],
+        peers_dropped=[],
+        schedule_versions=1,
+        rejected_payloads=0,
+        stats_ignored=0,
+        stats_refused=0,
+        control_handler_errors=0,
+        graph_decisions=None,
+        graph_steps_partial=None,
+        wall_seconds=1.0,
+        cpu_seconds=1.0,
+        **fields,
+    )
+    return json.dumps(record.to_json())
+
+
 def test_an_orchestrator_stuck_after_its_work_is_stopped_and_not_counted_failed(
     tmp_path: Path,
 ) -> None:
@@ -244,7 +266,7 @@ def test_an_orchestrator_stuck_after_its_work_is_stopped_and_not_counted_failed(
     gone = now - processes._TEARDOWN - 1
     assert children.orchestrator_stuck(gone, now) is None  # no summary: it may still work
     summary = tmp_path / "orchestrator-summary.json"
-    summary.write_text('{"completed": true}')
+    summary.write_text(_orchestrator_summary(completed=True))
     assert children.orchestrator_stuck(now - 1, now) is None  # peers left only a moment ago
     assert children.orchestrator_stuck(gone, now) is True
     t0 = time.monotonic()
@@ -272,7 +294,7 @@ def test_an_orchestrator_stuck_after_an_error_summary_counts_as_failed(tmp_path:
     (tmp_path / "orchestrator-summary.json").write_text("{")  # half-written: not yet judged
     assert children.orchestrator_stuck(gone, now) is None
     (tmp_path / "orchestrator-summary.json").write_text(
-        '{"completed": false, "error": "broker lost for 120 s"}'
+        _orchestrator_summary(completed=False, error="broker lost for 120 s")
     )
     done = children.orchestrator_stuck(gone, now)
     assert done is False

@@ -61,8 +61,10 @@ def test_a_vectorized_run_writes_its_metrics_as_tensorboard_scalars(tmp_path: Pa
     assert len(evals) >= 2
     acc = _events(tmp_path / "run")
     tags = set(acc.Tags()["scalars"])
-    assert {"step/loss", "step/lr", "step/train_acc", "eval/acc_avg_model"} <= tags
-    assert not {t for t in tags if t.split("/", 1)[1] in ("step", "kind", "peer", "epoch")}
+    assert {"step/loss", "step/lr", "step/train_acc", "eval/accuracy_avg_model"} <= tags
+    assert not {
+        t for t in tags if t.split("/", 1)[1] in ("step", "kind", "peer", "epoch", "version")
+    }
 
     loss = acc.Scalars("step/loss")
     assert len(loss) == len(steps)
@@ -70,10 +72,10 @@ def test_a_vectorized_run_writes_its_metrics_as_tensorboard_scalars(tmp_path: Pa
     for event, record in zip(loss, steps, strict=True):
         assert _close(event.value, record["loss"]), (event, record["loss"])
 
-    accuracy = acc.Scalars("eval/acc_avg_model")
+    accuracy = acc.Scalars("eval/accuracy_avg_model")
     assert [e.step for e in accuracy] == [r["step"] for r in evals]
     for event, record in zip(accuracy, evals, strict=True):
-        assert _close(event.value, record["acc_avg_model"])
+        assert _close(event.value, record["accuracy_avg_model"])
 
 
 def test_without_tensorboard_no_directory_is_made(tmp_path: Path) -> None:
