@@ -16,6 +16,7 @@ kind                    type                      where
 ``control-checkpoint``  `ControlCheckpointState`  ``orchestrator-checkpoint.json``
 ``manifest``            `Manifest`                a run's ``manifest.json``
 ``orchestrator``        `OrchestratorSummary`     ``orchestrator-summary.json``
+``calibration``         `CalibrationRecord`       ``calibration.json`` (constant targets)
 ======================  ========================  =============================================
 
 Every record carries ``"version"`` (`Record.VERSION`). A document without one was written
@@ -50,6 +51,7 @@ from concord.errors import ConcordError
 __all__ = [
     "JSON",
     "RECORD_KINDS",
+    "CalibrationRecord",
     "CheckpointRunState",
     "ControlCheckpointState",
     "CounterState",
@@ -428,9 +430,9 @@ class ControlCheckpointState(Record):
     """``orchestrator-checkpoint.json``: the control plane's share of a run's state at the
     peers' checkpoint steps. ``config`` is the run's identity (`concord.core.config.run_identity`),
     ``step_base`` the train stage's first step (after a calibration pass of that many steps),
-    ``calibration`` the calibration pass's result (`concord.core.control.calibration.Calibration`
-    as JSON), ``controller`` the consensus controller's state after each checkpoint step, by
-    step (decimal)."""
+    ``calibration`` the calibration pass's result (its `CalibrationRecord` document),
+    ``controller`` the consensus controller's state after each checkpoint step, by step
+    (decimal)."""
 
     KIND: ClassVar[str] = "control-checkpoint"
 
@@ -522,6 +524,23 @@ class OrchestratorSummary(Record):
     stage: str | None = None
 
 
+# ---------------------------------------------------------------------------------------------
+# calibration.json
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationRecord(Record):
+    """``calibration.json``: the calibration pass of consensus control's constant targets — the
+    maximum of ``statistic`` (``"theta"`` or ``"xi"``) per phase of an uncontrolled run, by
+    1-based phase index (decimal). `concord.core.control.calibration.Calibration` reads and
+    writes it."""
+
+    KIND: ClassVar[str] = "calibration"
+
+    statistic: str
+    max_statistic: dict[str, float]
+
+
 RECORD_KINDS: dict[str, type[Record]] = {
     cls.KIND: cls
     for cls in (
@@ -533,6 +552,7 @@ RECORD_KINDS: dict[str, type[Record]] = {
         ControlCheckpointState,
         Manifest,
         OrchestratorSummary,
+        CalibrationRecord,
     )
 }
 """Every record kind by name (``concord records schema KIND``)."""

@@ -597,7 +597,7 @@ class Orchestrator:
             book = RoundBook("calibrate", plan, recorder=recorder, timeout=timeout)
             await self._run_stage("calibrate", steps, 0, book)
             calibration = book.calibration()
-            self.records.write_json("calibration.json", calibration.to_json())
+            self.records.write_json("calibration.json", calibration.record())
             step_base = steps
         controller = ConsensusController(control_config(cfg), plan, calibration)
         if resumed is not None:

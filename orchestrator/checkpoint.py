@@ -168,8 +168,10 @@ def load(out: Path, step: int, cfg: RunConfig) -> Resume:
         raise OrchestratorError(f"cannot resume after step {step}: {path} holds steps {held}")
     try:
         calibration = (
-            None if saved.calibration is None else Calibration.from_json(saved.calibration)
+            None
+            if saved.calibration is None
+            else Calibration.from_json(saved.calibration, where=f"{path} calibration")
         )
-    except (ValueError, TypeError, KeyError) as exc:
-        raise OrchestratorError(f"cannot resume: the calibration in {path}: {exc}") from None
+    except RecordError as exc:
+        raise OrchestratorError(f"cannot resume: {exc}") from None
     return Resume(saved, calibration, saved.controller[str(step)])

@@ -6,7 +6,6 @@ gossip-round counter, the byte counters, the config's identity)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from concord.peer.comm import RoundComm
 from concord.runtime.driver import RunHooks
 from concord.runtime.records import read_peer_summary
 from concord.runtime.rundir import (
+    CheckpointTable,
     RunWriter,
     checkpoint_steps,
     counters_state,
@@ -40,7 +40,7 @@ class Checkpoint:
     """A checkpoint a peer continues from: the tensors' state (`load_checkpoint`'s table, read
     by `restore_checkpoint` only) and its run state."""
 
-    state: Mapping[str, object]
+    state: CheckpointTable
     run: CheckpointRunState
 
 

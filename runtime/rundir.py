@@ -31,7 +31,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 import numpy as np
 import structlog
@@ -47,6 +47,7 @@ from concord.core.records import (
     MetricsRecord,
     PeerSummary,
     Record,
+    RecordError,
     RunSummary,
 )
 from concord.errors import ConcordError
@@ -60,6 +61,26 @@ if TYPE_CHECKING:
 
 _FLUSH_EVERY = 200  # metrics lines buffered between writes
 CHECKPOINT_VERSION = 2  # 2: with "rng" and "run" (the run's state beyond the tensors)
+
+
+class CheckpointTable(TypedDict):
+    """``checkpoint.pt``'s table (`RunWriter.save_checkpoint`, `load_checkpoint`): tensors and
+    plain containers only, loaded with ``torch.load(weights_only=True)``.
+
+    ``version`` (`CHECKPOINT_VERSION`), ``step`` (the last step done, a 0-d tensor), ``params``
+    (the replicas' flat parameters, one row each), ``algorithm`` (its `state_dict`), and where
+    present ``buffers`` (the replicas' flat buffers), ``rng`` (the task's random state,
+    ``ClassificationTask.rng_state``) and ``run`` (the engine's state beyond tensors: a
+    `CheckpointRunState` document, read with `run_state_of`). Version-1 checkpoints hold no
+    ``rng`` and no ``run``."""
+
+    version: int
+    step: torch.Tensor
+    params: torch.Tensor
+    algorithm: dict[str, torch.Tensor]
+    buffers: NotRequired[torch.Tensor]
+    rng: NotRequired[dict[str, object]]
+    run: NotRequired[dict[str, JSON]]
 
 
 def _json_table(table: Mapping[str, object]) -> dict[str, JSON]:
@@ -286,7 +307,7 @@ class RunWriter:
         (`checkpoint_steps`)."""
         self.flush()
         path = self.dir / "checkpoint.pt"
-        state: dict[str, Any] = {
+        state: CheckpointTable = {
             "version": CHECKPOINT_VERSION,
             "step": torch.tensor(step),
             "params": task.x.detach().cpu().clone(),
@@ -366,14 +387,21 @@ def checkpoint_steps(run_dir: Path) -> dict[int, Path]:
     return found
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Safe loading only: tensors and plain containers, never arbitrary pickled objects."""
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    return state
+def load_checkpoint(path: Path) -> CheckpointTable:
+    """``checkpoint.pt``'s table at ``path``. Safe loading only: tensors and plain containers,
+    never arbitrary pickled objects. Raises `RecordError` naming the file and the key when the
+    table lacks one of its required tensors."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise RecordError(str(path), "", f"expected a checkpoint table, got {type(state).__name__}")
+    for key in ("step", "params"):
+        if not isinstance(state.get(key), torch.Tensor):
+            raise RecordError(str(path), key, "missing or not a tensor (not a concord checkpoint)")
+    return cast(CheckpointTable, state)  # checked: the tensors every reader relies on
 
 
-def restore_checkpoint(state: Mapping[str, Any], task: Any, algorithm: Any) -> None:
-    """Load a `load_checkpoint` state into ``task`` (parameters, buffers, RNG state) and
+def restore_checkpoint(state: CheckpointTable, task: Any, algorithm: Any) -> None:
+    """Load a `load_checkpoint` table into ``task`` (parameters, buffers, RNG state) and
     ``algorithm`` (its `state_dict`); the run's state (``state["run"]``) is the engine's."""
     params = state["params"]
     if tuple(params.shape) != tuple(task.x.shape):
@@ -386,14 +414,14 @@ def restore_checkpoint(state: Mapping[str, Any], task: Any, algorithm: Any) -> N
         if "buffers" in state:
             task.flat.load_buffers_flat(state["buffers"].to(task.x.device))
     device = task.x.device
-    algorithm.load_state_dict({k: v.to(device) for k, v in state.get("algorithm", {}).items()})
+    algorithm.load_state_dict({k: v.to(device) for k, v in state["algorithm"].items()})
     if "rng" in state:
         task.load_rng_state(state["rng"])
 
 
-def run_state_of(state: Mapping[str, Any], path: Path) -> CheckpointRunState | None:
-    """The run state of a `load_checkpoint` state read from ``path`` (None: it holds none,
-    an older checkpoint). Raises `RecordError` naming the field that does not match."""
+def run_state_of(state: CheckpointTable, path: Path) -> CheckpointRunState | None:
+    """The run state of a `load_checkpoint` table read from ``path`` (None: it holds none,
+    a version-1 checkpoint). Raises `RecordError` naming the field that does not match."""
     run = state.get("run")
     return None if run is None else CheckpointRunState.from_json(run, where=f"{path} run state")
 

@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +33,7 @@ import torch
 
 from concord.core.algorithms import Algorithm, RoundControl, StepReport
 from concord.core.config import RunConfig, apply_overrides
+from concord.core.control.calibration import read_calibration
 from concord.core.control.consensus import consensus_distance, theta
 from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
 from concord.core.control.plan import Phase
@@ -59,6 +60,7 @@ from concord.runtime.driver import RunHooks, drive
 from concord.runtime.progress import ProgressBar
 from concord.runtime.records import read_evals, read_summary
 from concord.runtime.rundir import (
+    CheckpointTable,
     RunWriter,
     counters_state,
     load_checkpoint,
@@ -334,7 +336,7 @@ def calibrate(cfg: RunConfig, cache_dir: Path | None = None) -> Calibration:
     key = calibration_key(cfg)
     path = cache_dir / f"calibration-{key}.json" if cache_dir else None
     if path is not None and path.is_file():
-        return Calibration.from_json(json.loads(path.read_text()))
+        return read_calibration(path)
     uncontrolled = apply_overrides(cfg, {"control.mode": "none"})
     trainer = Trainer(uncontrolled)
     controlled = [p for p in make_plan(cfg, trainer.schedule).phases if p.controlled]
@@ -388,7 +390,7 @@ def run(
     return summary.to_json()
 
 
-def _saved_state(out_dir: Path) -> tuple[Mapping[str, object], CheckpointRunState]:
+def _saved_state(out_dir: Path) -> tuple[CheckpointTable, CheckpointRunState]:
     """The checkpoint of the interrupted run in ``out_dir`` (its tensors' table, read by
     `restore_checkpoint` only) and its run state."""
     path = out_dir / "checkpoint.pt"
@@ -418,7 +420,7 @@ def train(
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
     out_dir = Path(out_dir)
-    saved: tuple[Mapping[str, object], CheckpointRunState] | None = None
+    saved: tuple[CheckpointTable, CheckpointRunState] | None = None
     if resume:
         saved = _saved_state(out_dir)
         done = read_summary(out_dir) if saved[1].finished else None
@@ -429,13 +431,12 @@ def train(
     calibration = None
     if cfg.control.mode == "constant" and cfg.controlled_phases():
         if saved is not None and (writer.dir / "calibration.json").is_file():
-            text = (writer.dir / "calibration.json").read_text()
-            calibration = Calibration.from_json(json.loads(text))
+            calibration = read_calibration(writer.dir / "calibration.json")
         else:
             cache = calibration_cache or writer.dir / "calibration"
             writer.log.info("calibration.start", cache=str(cache))
             calibration = calibrate(cfg, cache)
-            writer.write_json("calibration.json", calibration.to_json())
+            writer.write_json("calibration.json", calibration.record())
     trainer = Trainer(cfg, calibration=calibration)
     task = trainer.task
     start = 0

@@ -2,21 +2,24 @@
 maximum of the statistic in an *uncontrolled* run (`CalibrationRecorder`) and its result
 (`Calibration`), which `concord.core.control.controller.ConsensusController` turns into targets
 (target = factor × max of the phase; Kong et al. 2021, Table 2). Calibrate on the same statistic
-the controller is fed (Θ or the exact Ξ).
+the controller is fed (Θ or the exact Ξ). A calibration is written and read as its record,
+`concord.core.records.CalibrationRecord` (``calibration.json``, `read_calibration`).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard, get_args
+from pathlib import Path
+from typing import Literal, TypeGuard, get_args
 
-__all__ = ["STATISTICS", "Calibration", "CalibrationRecorder", "Statistic"]
+from concord.core.records import JSON, CalibrationRecord, RecordError
+
+__all__ = ["STATISTICS", "Calibration", "CalibrationRecorder", "Statistic", "read_calibration"]
 
 Statistic = Literal["theta", "xi"]
 STATISTICS: tuple[str, ...] = get_args(Statistic)
-_VERSION = 1  # calibration files
 
 
 def is_int(v: object) -> TypeGuard[int]:
@@ -48,29 +51,45 @@ class Calibration:
                 raise ValueError(f"calibration phase index {k!r}; must be an integer ≥ 1")
             check_stat(f"calibration max_statistic[{k}]", v)
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able dict (phase keys become strings, as JSON requires)."""
-        return {
-            "version": _VERSION,
-            "statistic": self.statistic,
-            "max_statistic": {str(k): float(v) for k, v in sorted(self.max_statistic.items())},
-        }
+    def record(self) -> CalibrationRecord:
+        """This calibration as its record (phase keys become decimal strings, as JSON requires)."""
+        return CalibrationRecord(
+            statistic=self.statistic,
+            max_statistic={str(k): float(v) for k, v in sorted(self.max_statistic.items())},
+        )
+
+    def to_json(self) -> dict[str, JSON]:
+        """Its record's document (`record`)."""
+        return self.record().to_json()
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Calibration:
-        if not isinstance(d, Mapping) or d.get("version") != _VERSION:
-            raise ValueError(f"calibration must be a mapping with version {_VERSION}, got {d!r}")
-        raw = d.get("max_statistic")
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"calibration max_statistic must be a mapping, got {raw!r}")
+    def from_json(cls, obj: object, *, where: str) -> Calibration:
+        """A calibration record's document (``obj``, read from ``where``) as a `Calibration`.
+        Raises `RecordError` naming ``where`` and the field that does not match."""
+        record = CalibrationRecord.from_json(obj, where=where)
         out: dict[int, float] = {}
-        for k, v in raw.items():
-            try:
-                idx = int(k)
-            except (TypeError, ValueError):
-                raise ValueError(f"calibration phase key {k!r} is not an integer") from None
-            out[idx] = check_stat(f"calibration max_statistic[{k}]", v)
-        return cls(out, str(d.get("statistic")))
+        for key, value in record.max_statistic.items():
+            field = f"max_statistic.{key}"
+            if not key.isdecimal() or int(key) < 1:
+                raise RecordError(where, field, "a phase index must be an integer ≥ 1")
+            if not math.isfinite(value) or value < 0:
+                raise RecordError(where, field, f"{value!r}; must be a finite number ≥ 0")
+            out[int(key)] = value
+        try:
+            return cls(out, record.statistic)
+        except ValueError as exc:
+            raise RecordError(where, "statistic", str(exc)) from None
+
+
+def read_calibration(path: Path) -> Calibration:
+    """The calibration in ``path`` (a ``calibration.json``). Raises OSError when it cannot be
+    read, `RecordError` (a ValueError) naming the file and the field that does not match."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}:{exc.lineno}", "", f"not JSON ({exc.msg})") from None
+    return Calibration.from_json(body, where=str(path))
 
 
 class CalibrationRecorder:

@@ -66,7 +66,6 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from concord.core.control.calibration import (
     STATISTICS,
@@ -77,6 +76,7 @@ from concord.core.control.calibration import (
     is_int,
 )
 from concord.core.control.plan import CONTROL_MODES, ControlMode, PhasePlan
+from concord.core.records import JSON
 from concord.core.registry import Registry
 
 __all__ = [
@@ -202,10 +202,11 @@ class TargetPolicy(ABC):
     @abstractmethod
     def target(self, phase_index: int) -> float: ...
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, JSON]:
+        """The policy's state for checkpoints, as JSON (stateless by default: empty)."""
         return {}
 
-    def load_state_dict(self, d: Mapping[str, Any]) -> None:  # noqa: B027
+    def load_state_dict(self, d: Mapping[str, JSON]) -> None:  # noqa: B027
         """Restore the policy state (stateless by default)."""
 
 
@@ -246,16 +247,15 @@ class AdaptiveTarget(TargetPolicy):
             )
         return self.config.factor * self.value
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, JSON]:
         return {"value": self.value, "phase": self.phase}
 
-    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+    def load_state_dict(self, d: Mapping[str, JSON]) -> None:
         value, phase = d.get("value"), d.get("phase")
-        if value is not None:
-            value = check_stat("adaptive target state 'value'", value)
         if phase is not None and (not is_int(phase) or phase < 1):
             raise ValueError(f"adaptive target state 'phase' = {phase!r}; must be ≥ 1 or None")
-        self.value, self.phase = value, phase
+        self.value = None if value is None else check_stat("adaptive target state 'value'", value)
+        self.phase = phase
 
 
 class ConsensusController:
@@ -408,8 +408,8 @@ class ConsensusController:
             )
         self._step, self._stats, self._stopped = None, [], False
 
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-able state for checkpoints (config, plan and calibration are not included)."""
+    def state_dict(self) -> dict[str, JSON]:
+        """The state for checkpoints, as JSON (config, plan and calibration are not included)."""
         return {
             "version": _STATE_VERSION,
             "mode": self.config.mode,
@@ -423,7 +423,9 @@ class ConsensusController:
             "next": [[k, r, p] for k, (r, p) in sorted(self._next.items())],
         }
 
-    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+    def load_state_dict(self, d: Mapping[str, JSON]) -> None:
+        """Continue from a `state_dict` of a controller of the same mode, protocol and lag.
+        Raises ValueError naming the field that does not match."""
         if not isinstance(d, Mapping) or d.get("version") != _STATE_VERSION:
             raise ValueError(f"controller state must be a mapping with version {_STATE_VERSION}")
         c = self.config
@@ -437,26 +439,47 @@ class ConsensusController:
         if step is not None and (not is_int(step) or step < 0):
             raise ValueError(f"controller state 'step' = {step!r}; must be ≥ 0 or None")
         planned = self._rounds_field(d, "planned")
-        nxt: dict[int, tuple[int, int]] = {}
-        for entry in d.get("next", []):
-            ok = isinstance(entry, list | tuple) and len(entry) == 3 and all(map(is_int, entry))
-            if not ok or entry[0] < 0 or not 1 <= entry[1] <= c.max_rounds or entry[2] < 1:
-                raise ValueError(
-                    f"controller state 'next' entry {entry!r}; must be [step ≥ 0, rounds in "
-                    f"1 … {c.max_rounds}, phase ≥ 1]"
-                )
-            nxt[entry[0]] = (entry[1], entry[2])
-        stats = [check_stat("controller state 'stats'", v) for v in d.get("stats", [])]
+        nxt = dict(self._next_entry(entry) for entry in _json_list(d, "next"))
+        stats = [check_stat("controller state 'stats'", v) for v in _json_list(d, "stats")]
         if self._policy is not None:
-            self._policy.load_state_dict(d.get("policy", {}))
+            policy = d.get("policy", {})
+            if not isinstance(policy, dict):
+                raise ValueError(f"controller state 'policy' = {policy!r}; must be a table")
+            self._policy.load_state_dict(policy)
         self._step, self._planned, self._stats = step, planned, stats
         self._stopped = bool(d.get("stopped", False))
         self._next = nxt
 
-    def _rounds_field(self, d: Mapping[str, Any], name: str) -> int:
+    def _next_entry(self, entry: JSON) -> tuple[int, tuple[int, int]]:
+        """An entry [step, rounds, phase] of the state's ``next`` as step → (rounds, phase)."""
+        values = entry if isinstance(entry, list) else []
+        ints = [v for v in values if is_int(v)]
+        if (
+            len(values) != 3
+            or len(ints) != 3
+            or ints[0] < 0
+            or ints[2] < 1
+            or not (1 <= ints[1] <= self.config.max_rounds)
+        ):
+            raise ValueError(
+                f"controller state 'next' entry {entry!r}; must be [step ≥ 0, rounds in "
+                f"1 … {self.config.max_rounds}, phase ≥ 1]"
+            )
+        step, rounds, phase = ints
+        return step, (rounds, phase)
+
+    def _rounds_field(self, d: Mapping[str, JSON], name: str) -> int:
         v = d.get(name)
         if not is_int(v) or not 1 <= v <= self.config.max_rounds:
             raise ValueError(
                 f"controller state {name!r} = {v!r}; must be in 1 … {self.config.max_rounds}"
             )
         return int(v)
+
+
+def _json_list(d: Mapping[str, JSON], name: str) -> list[JSON]:
+    """The list ``d[name]`` of a controller state (empty when absent)."""
+    value = d.get(name, [])
+    if not isinstance(value, list):
+        raise ValueError(f"controller state {name!r} = {value!r}; must be a list")
+    return value

@@ -21,7 +21,9 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, Literal, TypeGuard, get_args
+from typing import Literal, TypeGuard, get_args
+
+from concord.core.records import JSON
 
 __all__ = [
     "CONTROL_MODES",
@@ -161,8 +163,8 @@ class LRSchedule:
         edges = (0, *self.milestones, self.total_steps)
         return list(pairwise(edges))
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able description (for run manifests)."""
+    def to_dict(self) -> dict[str, JSON]:
+        """JSON description (the control plane's plan message)."""
         return {
             "base_lr": self.base_lr,
             "total_steps": self.total_steps,
@@ -223,7 +225,8 @@ class Phase:
                 "control there is meaningless; control only gossip phases"
             )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JSON]:
+        """JSON form: {index, start, end, mode, topology, controlled}."""
         return {
             "index": self.index,
             "start": self.start,
@@ -281,13 +284,14 @@ class PhasePlan:
         starts = [ph.start for ph in self.phases]  # K is small (≤ a handful of phases)
         return self.phases[bisect_right(starts, step) - 1]
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form: {"version": 1, "phases": [{index, start, end, mode, topology,
-        controlled}, …]}."""
-        return {"version": _PLAN_VERSION, "phases": [ph.to_dict() for ph in self.phases]}
+    def to_dict(self) -> dict[str, JSON]:
+        """JSON form (a run manifest's ``plan``, the plan message's ``phases``):
+        {"version": 1, "phases": [{index, start, end, mode, topology, controlled}, …]}."""
+        phases: list[JSON] = [ph.to_dict() for ph in self.phases]
+        return {"version": _PLAN_VERSION, "phases": phases}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> PhasePlan:
+    def from_dict(cls, d: Mapping[str, object]) -> PhasePlan:
         """Inverse of `to_dict`; validates keys, types and contiguity with specific errors."""
         if not isinstance(d, Mapping):
             raise ValueError(f"phase plan must be a mapping, got {type(d).__name__}")

@@ -55,6 +55,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeGuard
 
+import pydantic
+
 from concord.core.algorithms.catalog import CATALOG, AdaptiveGraph, adaptive_graph_algorithms
 from concord.core.graphs.graph import TopologyError
 from concord.core.graphs.topology import (
@@ -64,6 +66,7 @@ from concord.core.graphs.topology import (
     max_exponential_k,
     topology_spec,
 )
+from concord.core.records import JSON
 from concord.core.specs import TOPOLOGY_SPECS
 
 __all__ = [
@@ -286,8 +289,35 @@ class FeedbackDecision:
     steps: int
     reason: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": "graph", **self.__dict__}
+    def to_json(self) -> dict[str, JSON]:
+        """A ``graph-decisions.jsonl`` line: ``"kind": "graph"`` and the fields."""
+        return {"kind": "graph", **self._fields()}
+
+    def _fields(self) -> dict[str, JSON]:
+        return {
+            "step": self.step,
+            "effective": self.effective,
+            "k_from": self.k_from,
+            "k_to": self.k_to,
+            "theta": self.theta,
+            "target": self.target,
+            "steps": self.steps,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class _FeedbackState:
+    """`GraphFeedback.state_dict`'s table, as validated on loading."""
+
+    k: int
+    k0: int
+    decisions: list[FeedbackDecision]
+    changes: list[tuple[int, int]]
+    window: list[float]
+    phi: float | None
+    phase: int | None
+    last: int | None
 
 
 def _mean(values: Sequence[float], what: str) -> float:
@@ -317,16 +347,13 @@ class GraphFeedback:
         self._phase: int | None = None
         self._last: int | None = None  # last observed step
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything `observe` and `k_at` depend on, as plain containers (a checkpoint loads
-        it with ``torch.load(weights_only=True)``): K, its decisions, changes, window, φ̂, the
-        phase and the last observed step."""
+    def state_dict(self) -> dict[str, JSON]:
+        """Everything `observe` and `k_at` depend on, as JSON (a checkpoint's ``feedback``): K,
+        its decisions, changes, window, φ̂, the phase and the last observed step."""
         return {
             "k": self.k,
             "k0": self.k0,
-            "decisions": [
-                {k: v for k, v in d.to_json().items() if k != "kind"} for d in self.decisions
-            ],
+            "decisions": [d._fields() for d in self.decisions],
             "changes": [[e, k] for e, k in self._changes],
             "window": list(self._window),
             "phi": self._phi,
@@ -334,13 +361,18 @@ class GraphFeedback:
             "last": self._last,
         }
 
-    def load_state_dict(self, d: Mapping[str, Any]) -> None:
-        """Continue from a `state_dict` (a resumed run decides exactly as the uninterrupted one)."""
-        self.k, self.k0 = int(d["k"]), int(d["k0"])
-        self.decisions = [FeedbackDecision(**e) for e in d["decisions"]]
-        self._changes = [(int(e), int(k)) for e, k in d["changes"]]
-        self._window = [float(v) for v in d["window"]]
-        self._phi, self._phase, self._last = d["phi"], d["phase"], d["last"]
+    def load_state_dict(self, d: Mapping[str, JSON]) -> None:
+        """Continue from a `state_dict` (a resumed run decides exactly as the uninterrupted one).
+        Raises ValueError naming the field that does not match."""
+        try:
+            state = pydantic.TypeAdapter(_FeedbackState).validate_python(dict(d))
+        except pydantic.ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ValueError(f"ada-feedback state field {where!r}: {err['msg']}") from None
+        self.k, self.k0, self.decisions = state.k, state.k0, list(state.decisions)
+        self._changes, self._window = list(state.changes), list(state.window)
+        self._phi, self._phase, self._last = state.phi, state.phase, state.last
 
     def topology(self, step: int) -> str:
         """``exponential:K`` with the K in force at ``step``."""

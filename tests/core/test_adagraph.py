@@ -168,6 +168,24 @@ def test_state_dict_round_trip_continues_exactly() -> None:
     assert resumed.target() == whole.target()
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"k": "two"}, "k"),
+        ({"changes": [[5]]}, "changes.0.1"),
+        ({"decisions": [{"step": 3}]}, "decisions.0.effective"),
+        ({"window": None}, "window"),
+    ],
+)
+def test_a_bad_state_names_its_field(change: dict[str, object], field: str) -> None:
+    first = controller(k0=2, every=3, ema=0.5)
+    for step, theta in enumerate([2.0, 0.0, 1.6, 0.7]):
+        feed(first, step, theta)
+    state = {**first.state_dict(), **change}
+    with pytest.raises(ValueError, match=f"ada-feedback state field '{field}'"):
+        controller(k0=2, every=3, ema=0.5).load_state_dict(state)  # type: ignore[arg-type]
+
+
 def test_decision_json() -> None:
     d = FeedbackDecision(3, 5, 2, 3, 0.5, 0.25, 2, "denser")
     assert d.to_json() == {

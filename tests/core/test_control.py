@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from concord.core.control.calibration import read_calibration
 from concord.core.control.consensus import consensus_distance, local_theta, theta
 from concord.core.control.controller import (
     CONTROL_MODES,
@@ -22,6 +24,7 @@ from concord.core.control.controller import (
     lagged_rounds,
 )
 from concord.core.control.plan import LRSchedule, PhasePlan, build_plan
+from concord.core.records import JSON, CalibrationRecord, RecordError
 
 torch.set_num_threads(1)
 
@@ -268,6 +271,25 @@ def test_state_dict_round_trip(lag: int) -> None:
         make().load_state_dict(bad)
 
 
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"policy": [1.0]}, "'policy' = \\[1.0\\]; must be a table"),
+        ({"stats": 2.0}, "'stats' = 2.0; must be a list"),
+        ({"next": [[1, 1]]}, "'next' entry \\[1, 1\\]"),
+        ({"next": [[1, True, 1]]}, "'next' entry \\[1, True, 1\\]"),
+        ({"policy": {"value": 1.0, "phase": 0}}, "'phase' = 0; must be ≥ 1"),
+    ],
+)
+def test_bad_controller_state_names_its_field(change: dict[str, JSON], problem: str) -> None:
+    a = ConsensusController(ControlConfig(mode="adaptive"), plan_3(mode="adaptive"))
+    a.begin_step(0, 1.0)
+    with pytest.raises(ValueError, match=problem):
+        ConsensusController(
+            ControlConfig(mode="adaptive"), plan_3(mode="adaptive")
+        ).load_state_dict({**a.state_dict(), **change})
+
+
 def test_calibration_recorder_and_json() -> None:
     rec = CalibrationRecorder("xi")
     for step, phase, s in [(0, 1, 0.5), (1, 1, 2.5), (2, 1, 1.0), (10, 2, 0.25)]:
@@ -275,11 +297,50 @@ def test_calibration_recorder_and_json() -> None:
     cal = rec.result()
     assert cal.max_statistic == {1: 2.5, 2: 0.25}
     assert cal.statistic == "xi"
-    assert Calibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+    assert Calibration.from_json(json.loads(json.dumps(cal.to_json())), where="t") == cal
     with pytest.raises(ValueError, match="statistic at step 3 = nan"):
         rec.observe(3, 1, float("nan"))
     with pytest.raises(ValueError, match="statistic = 'grad'"):
         CalibrationRecorder("grad")
+
+
+def test_calibration_file_reads_through_its_record(tmp_path: Path) -> None:
+    cal = Calibration({1: 2.5, 3: 0.25}, "theta")
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(cal.record().to_json(), indent=2))
+    assert json.loads(path.read_text())["version"] == CalibrationRecord.VERSION
+    assert read_calibration(path) == cal
+    # written before records were typed: no version, the same keys
+    path.write_text(json.dumps({"statistic": "theta", "max_statistic": {"1": 2.5, "3": 0.25}}))
+    assert read_calibration(path) == cal
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"version": 1, "statistic": "theta", "max_statistic": {"0": 1.0}}, "max_statistic.0"),
+        ({"version": 1, "statistic": "theta", "max_statistic": {"x": 1.0}}, "max_statistic.x"),
+        ({"version": 1, "statistic": "theta", "max_statistic": {"1": -1.0}}, "max_statistic.1"),
+        ({"version": 1, "statistic": "grad", "max_statistic": {"1": 1.0}}, "statistic"),
+        ({"version": 1, "statistic": "xi", "max_statistic": {"1": "1"}}, "max_statistic.1"),
+        ({"version": 2, "statistic": "xi", "max_statistic": {}}, "version"),
+    ],
+)
+def test_bad_calibration_names_file_and_field(
+    tmp_path: Path, body: dict[str, object], field: str
+) -> None:
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(body))
+    with pytest.raises(RecordError, match=f"calibration.json: field '{field}'") as info:
+        read_calibration(path)
+    assert info.value.field == field
+
+
+def test_calibration_file_that_is_not_json_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "calibration.json"
+    path.write_text('{\n  "statistic": "xi",\n  oops\n}')
+    with pytest.raises(RecordError, match=r"calibration\.json:3: not JSON"):
+        read_calibration(path)
 
 
 @pytest.mark.parametrize(

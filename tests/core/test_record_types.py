@@ -15,6 +15,7 @@ import pytest
 
 from concord.core.records import (
     RECORD_KINDS,
+    CalibrationRecord,
     CheckpointRunState,
     ControlCheckpointState,
     CounterState,
@@ -127,6 +128,7 @@ EXAMPLES: list[Record] = [
         wall_seconds=2.0,
         cpu_seconds=1.0,
     ),
+    CalibrationRecord(statistic="xi", max_statistic={"1": 2.5, "3": 0.25}),
 ]
 
 

@@ -96,6 +96,24 @@ def test_checkpoint_holds_run_state_and_rng_and_flushes_metrics(tmp_path: Path) 
     writer.close()
 
 
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ([torch.ones(2)], ""),
+        ({"version": 2, "params": torch.ones(1, 3), "algorithm": {}}, "step"),
+        ({"version": 2, "step": torch.tensor(3), "params": [1.0], "algorithm": {}}, "params"),
+    ],
+)
+def test_a_file_that_is_no_checkpoint_table_is_named(
+    tmp_path: Path, table: object, field: str
+) -> None:
+    path = tmp_path / "checkpoint.pt"
+    torch.save(table, path)
+    with pytest.raises(RecordError, match=r"checkpoint\.pt") as info:
+        load_checkpoint(path)
+    assert info.value.field == field
+
+
 def test_resumed_writer_drops_later_lines_and_appends(tmp_path: Path) -> None:
     cfg = load_config(None, [], environ={})
     writer = RunWriter(tmp_path / "run", cfg, flush_every=1)
