@@ -156,7 +156,7 @@ class Record:
         ``where`` (file and line) and the field, `RecordVersionError` for a newer version."""
         if not isinstance(obj, Mapping):
             raise RecordError(where, "", f"expected a JSON object, got {type(obj).__name__}")
-        body: dict[str, Any] = _plain(obj)
+        body: dict[str, JSON] = _plain(obj)
         version = body.pop("version", 0)
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise RecordError(where, "version", f"{version!r} is not a record version")
@@ -185,7 +185,7 @@ class Record:
         return record
 
     @classmethod
-    def _upgrade(cls, body: dict[str, Any]) -> dict[str, Any]:
+    def _upgrade(cls, body: dict[str, JSON]) -> dict[str, JSON]:
         """A version-0 document with the canonical key names (`LEGACY`)."""
         return {cls.LEGACY.get(k, k): v for k, v in body.items()}
 
@@ -276,7 +276,7 @@ class EvalRecord(Record):
     peers: int | None = None
 
     @classmethod
-    def _upgrade(cls, body: dict[str, Any]) -> dict[str, Any]:
+    def _upgrade(cls, body: dict[str, JSON]) -> dict[str, JSON]:
         body = super()._upgrade(body)
         if "peer" in body:  # a peer's own record: "accuracy" and "loss" of its replica
             body = {cls.PEER_LEGACY.get(k, k): v for k, v in body.items()}
@@ -486,7 +486,7 @@ class Manifest(Record):
     config: dict[str, JSON] | None = None
 
     @classmethod
-    def _upgrade(cls, body: dict[str, Any]) -> dict[str, Any]:
+    def _upgrade(cls, body: dict[str, JSON]) -> dict[str, JSON]:
         """Version 0: the vectorized engine wrote no ``engine``; the orchestrator wrote
         ``created`` as Unix seconds."""
         import datetime as dt

@@ -294,12 +294,12 @@ class RunWriter:
         algorithm: Any,
         step: int,
         *,
-        run_state: CheckpointRunState | Mapping[str, Any] | None = None,
+        run_state: CheckpointRunState | None = None,
         keep_previous: bool = False,
     ) -> Path:
         """``checkpoint.pt``: the replicas' parameters, buffers, the algorithm's state and the
         task's RNG state after ``step``, and ``run_state`` (the engine's state beyond tensors,
-        validated as a `CheckpointRunState` and stored as its JSON document), written
+        stored as its JSON document): a `CheckpointTable`, written
         atomically (a crash mid-write leaves the previous one). The metrics buffered so far are
         flushed first. ``keep_previous``: the one it replaces stays as ``checkpoint.prev.pt`` —
         peers of one run checkpoint the same steps but not at the same instant, so a run killed
@@ -320,8 +320,6 @@ class RunWriter:
         if rng_state is not None:
             state["rng"] = rng_state()
         if run_state is not None:
-            if not isinstance(run_state, CheckpointRunState):
-                run_state = CheckpointRunState.from_json(run_state, where=f"{path} run state")
             state["run"] = run_state.to_json()
         tmp = path.with_suffix(".pt.tmp")
         with open(tmp, "wb") as f:
@@ -437,16 +435,8 @@ def counters_state(c: CommCounters) -> CounterState:
     )
 
 
-def load_counters(c: CommCounters, d: CounterState | Mapping[str, Any]) -> None:
-    """Restore `counters_state` (also given as its JSON document)."""
-    if not isinstance(d, CounterState):
-        d = CounterState(
-            bytes_raw=int(d["bytes_raw"]),
-            bytes_wire=int(d["bytes_wire"]),
-            messages=int(d["messages"]),
-            rounds=int(d["rounds"]),
-            edges=[(int(s), int(t), int(r), int(w)) for s, t, r, w in d["edges"]],
-        )
+def load_counters(c: CommCounters, d: CounterState) -> None:
+    """Restore `counters_state`."""
     c.bytes_raw, c.bytes_wire = d.bytes_raw, d.bytes_wire
     c.messages, c.rounds = d.messages, d.rounds
     c.edges = {(s, t): [r, w] for s, t, r, w in d.edges}
