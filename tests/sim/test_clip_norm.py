@@ -38,7 +38,7 @@ TINY = [
 def _first_step(*extra: str) -> tuple[torch.Tensor, float]:
     trainer = Trainer(load_config(None, [*TINY, *extra], environ={}))
     x0 = trainer.task.x.clone()
-    record = trainer.train_step(0)
+    record = trainer.train_step(0).to_json()
     return trainer.task.x - x0, float(record["grad_norm"])
 
 

@@ -39,7 +39,7 @@ def test_a_step_allocates_no_parameter_sized_tensor_after_the_first(statistic: s
     rounds = []
     for step in range(1, 4):
         with profile(profile_memory=True) as prof:
-            rounds.append(trainer.train_step(step)["rounds"])
+            rounds.append(trainer.train_step(step).to_json()["rounds"])
         big = [
             (e.name, e.self_cpu_memory_usage)
             for e in prof.events()

@@ -48,7 +48,7 @@ def _ring4() -> np.ndarray:
 def test_dsgd_runs_exactly_three_rounds_per_step_of_the_controlled_phase() -> None:
     trainer = _trainer(*FIXED)
     assert trainer.controller.calibration is None
-    records = [trainer.train_step(step) for step in range(trainer.total_steps)]
+    records = [trainer.train_step(step).to_json() for step in range(trainer.total_steps)]
     phases = [r["phase"] for r in records]
     assert phases == [1] * 5 + [2] * 3 + [3] * 2
     assert [r["rounds"] for r in records] == [3] * 5 + [1] * 5  # phase 1 only (control.phases)
@@ -67,8 +67,8 @@ def test_one_step_is_the_plain_step_mixed_twice_more_with_the_same_w() -> None:
     plain, fixed = _trainer("control.mode=none"), _trainer(*FIXED)
     np.testing.assert_allclose(fixed.schedules.get(fixed.plan.phases[0]).matrix(0), W, atol=1e-15)
     torch.testing.assert_close(plain.task.x, fixed.task.x, rtol=0, atol=0)  # same x⁰
-    assert plain.train_step(0)["rounds"] == 1
-    assert fixed.train_step(0)["rounds"] == 3
+    assert plain.train_step(0).to_json()["rounds"] == 1
+    assert fixed.train_step(0).to_json()["rounds"] == 3
     once = plain.task.x.double().numpy()
     by_hand = torch.from_numpy(W @ W @ once)
     torch.testing.assert_close(fixed.task.x.double(), by_hand, rtol=0, atol=1e-6)
@@ -92,8 +92,8 @@ def test_sgp_pushes_twice_per_step_with_the_next_directed_matrix() -> None:
         np.testing.assert_array_equal(fixed.schedules.get(fixed.plan.phases[0]).matrix(k), Pk)
         P.append(Pk)
     assert not np.array_equal(P[0], P[0].T)  # directed (P¹ is symmetric for n = 4: i ± 2)
-    assert plain.train_step(0)["rounds"] == 1
-    record = fixed.train_step(0)
+    assert plain.train_step(0).to_json()["rounds"] == 1
+    record = fixed.train_step(0).to_json()
     assert (record["rounds"], fixed.rounds_total) == (2, 2)
     w_plain = plain.algorithm.weights  # type: ignore[attr-defined]
     numerators = plain.task.x.double().numpy() * w_plain[:, None]  # x = w z after round 0
@@ -103,7 +103,7 @@ def test_sgp_pushes_twice_per_step_with_the_next_directed_matrix() -> None:
     torch.testing.assert_close(fixed.task.x.double(), by_hand, rtol=0, atol=1e-6)
     assert float((fixed.task.x.double() - plain.task.x.double()).abs().max()) > 1e-4
     # the next step goes on with P⁰, P¹ again (round indices 2, 3 of the period-2 schedule)
-    assert fixed.train_step(1)["rounds"] == 2
+    assert fixed.train_step(1).to_json()["rounds"] == 2
     assert fixed.rounds_total == 4
 
 

@@ -52,7 +52,7 @@ def test_control_repeats_rounds_after_the_overlapped_one() -> None:
         environ={},
     )
     trainer = Trainer(cfg)
-    records = [trainer.train_step(step) for step in range(10)]
+    records = [trainer.train_step(step).to_json() for step in range(10)]
     assert all(r["rounds"] >= 1 for r in records)
     assert sum(r["rounds"] for r in records) > len(records)  # some steps repeated
     assert trainer.rounds_total == sum(r["rounds"] for r in records)

@@ -38,7 +38,7 @@ def _trajectory() -> list[dict[str, float | int | None]]:
     trainer = Trainer(load_config(None, OVERRIDES, environ={}))
     out = []
     for step in range(trainer.total_steps):
-        rec = trainer.train_step(step)
+        rec = trainer.train_step(step).to_json()
         out.append({k: rec[k] for k in KEYS})
     return out
 
