@@ -52,7 +52,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -90,6 +89,7 @@ from concord.core.graphs.schedules import (
     check_connected_over_period,
 )
 from concord.core.plugins import accepts, is_spec, resolve
+from concord.core.records import JSON
 from concord.core.registry import Registry
 from concord.core.specs import TOPOLOGY_SPECS, TopologySpec
 
@@ -440,7 +440,7 @@ def build_graph(name: str, n: int) -> Graph:
 
 def describe(
     name: str, n: int, *, weights: str | None = None, kappa: float = 1.0, seed: int = 0
-) -> dict[str, Any]:
+) -> dict[str, JSON]:
     """JSON-able summary of a topology (for ``concord topology NAME --peers N --json``).
 
     Keys: name, peers, weights, kappa, seed, time_varying, period, max_degree (max over the
