@@ -7,7 +7,7 @@ names. Every problem is reported at once. `concord.core.config` builds it from l
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field, field_validator, model_validator
 
@@ -283,12 +283,35 @@ class RunConfig(Section):
         modes = self.phase_modes()
         return [k for k in self.control.phases if 1 <= k <= len(modes) and modes[k - 1] == "gossip"]
 
-    def control_summary(self) -> dict[str, Any]:
-        """``control_mode`` and ``control_factor`` of a run's summary (factor None when no phase
-        is controlled, and for mode fixed, which has no target)."""
+    def summary_fields(self) -> SummaryFields:
+        """What a run's summary says of its configuration, for both engines: ``control_mode``
+        "none" and ``control_factor`` None when no phase is controlled, and factor None for
+        mode fixed, which has no target."""
         on = bool(self.controlled_phases())
         factor = self.control.factor if on and self.control.mode != "fixed" else None
-        return {"control_mode": self.control.mode if on else "none", "control_factor": factor}
+        return SummaryFields(
+            algorithm=self.algorithm,
+            topology=self.topology,
+            peers=self.peers,
+            epochs=self.epochs,
+            seed=self.seed,
+            plan=self.plan_label(),
+            control_mode=self.control.mode if on else "none",
+            control_factor=factor,
+        )
+
+
+class SummaryFields(TypedDict):
+    """The configuration's part of a run summary (`RunConfig.summary_fields`)."""
+
+    algorithm: str
+    topology: str
+    peers: int
+    epochs: float
+    seed: int
+    plan: str
+    control_mode: str
+    control_factor: float | None
 
 
 def _single_round_problem(algorithm: str, rounds: int) -> str:

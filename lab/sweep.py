@@ -385,17 +385,25 @@ def csv_row(run: SweepRun, outcome: Outcome | None, run_dir: Path) -> dict[str, 
     return row
 
 
-def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+def write_table(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
+    """``rows`` as a CSV file of ``columns`` (a missing or None cell is empty), replaced
+    atomically."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        cells = {k: row.get(k) for k in CSV_COLUMNS}
-        cells["factor"] = "none" if row.get("factor") is None else row["factor"]
-        writer.writerow({k: "" if v is None else v for k, v in cells.items()})
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
     tmp = path.with_suffix(".csv.tmp")
     tmp.write_text(buffer.getvalue(), encoding="utf-8")
     tmp.replace(path)
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """A sweep's ``table.csv`` (`CSV_COLUMNS`; an unset factor reads "none")."""
+    cells = [
+        {**row, "factor": "none" if row.get("factor") is None else row["factor"]} for row in rows
+    ]
+    write_table(path, CSV_COLUMNS, cells)
 
 
 def _run_isolated(args: tuple[Any, ...], threads: int) -> Outcome:

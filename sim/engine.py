@@ -494,18 +494,10 @@ def train(
     if trainer.feedback is not None:  # ada-feedback: every decision point, like the orchestrator
         lines = [json.dumps(d.to_json()) + "\n" for d in trainer.feedback.decisions]
         (writer.dir / "graphs.jsonl").write_text("".join(lines), encoding="utf-8")
-    control = cfg.control_summary()
     summary = RunSummary(
         engine="vectorized",
-        algorithm=cfg.algorithm,
-        topology=cfg.topology,
-        peers=cfg.peers,
+        **cfg.summary_fields(),
         steps=trainer.total_steps,
-        epochs=cfg.epochs,
-        seed=cfg.seed,
-        plan=cfg.plan_label(),
-        control_mode=control["control_mode"],
-        control_factor=control["control_factor"],
         accuracy_avg_model=None if last is None else last.accuracy_avg_model,
         accuracy_worst_peer=None if last is None else last.accuracy_worst_peer,
         accuracy_mean_peer=None if last is None else last.accuracy_mean_peer,

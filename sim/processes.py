@@ -695,19 +695,11 @@ def finish(cfg: RunConfig, run_dir: Path, started: float, failed: dict[str, int]
     edges = [e for s in summaries.values() for e in s.bytes_per_edge]
     (run_dir / "edges.json").write_text(json.dumps(edges, indent=2) + "\n")
     orch = read_orchestrator_summary(run_dir)
-    control = cfg.control_summary()
     resumed = sorted({s.resumed_from_step for s in summaries.values() if s.resumed_from_step})
     summary = RunSummary(
         engine="processes",
-        algorithm=cfg.algorithm,
-        topology=cfg.topology,
-        peers=cfg.peers,
+        **cfg.summary_fields(),
         steps=manifest.steps,
-        epochs=cfg.epochs,
-        seed=cfg.seed,
-        plan=cfg.plan_label(),
-        control_mode=control["control_mode"],
-        control_factor=control["control_factor"],
         control_lagged=cfg.control.lagged,
         accuracy_avg_model=final.accuracy_avg_model,
         accuracy_worst_peer=final.accuracy_worst_peer,

@@ -20,7 +20,6 @@ paired difference to all-reduce, rounds against the uncontrolled run, the issue'
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import statistics
@@ -37,7 +36,7 @@ from concord.lab.presets.recipes import BASELINE_FIX, MNIST1D_RECIPE
 from concord.lab.presets.report import environment, reproducibility_section, run_manifest
 from concord.lab.presets.spec import PresetRequest, RunList, Study, command_line
 from concord.lab.report import CellStats, markdown_grid
-from concord.lab.sweep import SweepRun, run_sweep, run_without_plots
+from concord.lab.sweep import SweepRun, run_sweep, run_without_plots, write_table
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -187,12 +186,8 @@ def _row(run: SweepRun, out: Path) -> dict[str, Any]:
 
 
 def write_runs_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=RUNS_CSV, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: "" if r.get(k) is None else r[k] for k in RUNS_CSV})
-    path.write_text(buf.getvalue(), encoding="utf-8")
+    """The preset's ``runs.csv`` (`RUNS_CSV`)."""
+    write_table(path, RUNS_CSV, rows)
 
 
 OLD_COLUMNS = {"accuracy": "accuracy_avg_model", "worst_peer": "accuracy_worst_peer"}
