@@ -2,8 +2,8 @@
 
 * ``concord records schema [KIND] [--out FILE]`` — the JSON Schema of one record kind
   (`concord.core.records.RECORD_KINDS`: step, eval, summary, peer-summary, checkpoint, manifest,
-  orchestrator, control-checkpoint, calibration), or of every kind (``{"kind": schema, …}``) without KIND. Generated from the
-  declared record types; docs/records.md describes the fields.
+  orchestrator, control-checkpoint, calibration), or of every kind (``{"kind": schema, …}``)
+  without KIND. Generated from the declared record types; docs/records.md describes the fields.
 
 Torch-free, like the records themselves.
 """
