@@ -216,12 +216,6 @@ class StepRunner:
     def eval_interval(self) -> int:
         return max(1, round(self.cfg.eval.every * self.task.steps_per_epoch))
 
-    def step(self, step: int) -> tuple[dict[str, Any], StepReport]:
-        """`run_step` with the record as its JSON document, for ``concord.peer.app`` (which
-        adds its own keys to it) until it builds on `run_step`."""
-        record, report = self.run_step(step)
-        return record.to_json(), report
-
     def run_step(self, step: int) -> tuple[StepRecord, StepReport]:
         """One training step of every local replica; returns its metrics record and report.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -86,6 +86,13 @@ def make_partition(cfg: RunConfig, data: Dataset) -> list[np.ndarray]:
     )
 
 
+class RngState(TypedDict, total=False):
+    """A task's random state in a checkpoint (`ClassificationTask.rng_state`)."""
+
+    sampler: dict[str, int | list[int]]  # `Sampler.state_dict`: the key of its streams
+    torch_cpu: torch.Tensor  # torch's global CPU generator
+
+
 class ClassificationTask:
     """Supervised classification for the replicas ``ranks`` of an n-replica run."""
 
@@ -140,14 +147,14 @@ class ClassificationTask:
     def steps_per_epoch(self) -> int:
         return self.sampler.steps_per_epoch
 
-    def rng_state(self) -> dict[str, Any]:
+    def rng_state(self) -> RngState:
         """Random state for checkpoints (tensors and plain values only). Batches and
         augmentations are drawn from generators seeded per (seed, rank, epoch) and per (seed,
         rank, step), so nothing runs on between steps: the sampler's key (checked on load) and
         torch's global CPU generator (which no training code draws from) are all there is."""
         return {"sampler": self.sampler.state_dict(), "torch_cpu": torch.get_rng_state()}
 
-    def load_rng_state(self, state: dict[str, Any]) -> None:
+    def load_rng_state(self, state: RngState) -> None:
         """Restore `rng_state` (raises ValueError if the sampler's streams differ)."""
         if "sampler" in state:
             self.sampler.load_state_dict(state["sampler"])
@@ -225,14 +232,3 @@ class ClassificationTask:
             accuracy_best_peer=float(acc.max()),
             loss_mean_peer=float(loss.mean()),
         )
-
-    def evaluate(self, *, peers: bool = True, peer_samples: int | None = None) -> dict[str, float]:
-        """`eval_record`'s values under their version-0 names (``acc_mean_peer`` …), for
-        ``concord.peer.app`` until it builds its records with `eval_record`."""
-        record = self.eval_record(0, None, peers=peers, peer_samples=peer_samples).to_json()
-        names = {new: old for old, new in EvalRecord.LEGACY.items()}
-        return {
-            names.get(k, k): float(v)
-            for k, v in record.items()
-            if isinstance(v, float) and k != "epoch"
-        }

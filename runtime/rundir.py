@@ -59,6 +59,8 @@ from concord.version import concord_version
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
+    from concord.core.task import RngState
+
 _FLUSH_EVERY = 200  # metrics lines buffered between writes
 CHECKPOINT_VERSION = 2  # 2: with "rng" and "run" (the run's state beyond the tensors)
 
@@ -79,7 +81,7 @@ class CheckpointTable(TypedDict):
     params: torch.Tensor
     algorithm: dict[str, torch.Tensor]
     buffers: NotRequired[torch.Tensor]
-    rng: NotRequired[dict[str, object]]
+    rng: NotRequired[RngState]
     run: NotRequired[dict[str, JSON]]
 
 

@@ -16,8 +16,7 @@ batch] tensor; `ReplicaSampler.batch_indices` is a single slice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -77,7 +76,7 @@ class ReplicaSampler:
             "steps_per_epoch": self.steps_per_epoch,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Check that ``state`` (from `state_dict`) describes these very streams."""
         mine = self.state_dict()
         diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
