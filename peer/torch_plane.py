@@ -20,20 +20,28 @@ Rendezvous (`TorchPlane.connect`, ``network.torch.init``):
 
 Rank = peer id, world size = ``peers``.
 
-One round, between a sender and each neighbour, is two messages posted in one batch
+One round, between a sender and each neighbour, is one message each way, posted in one batch
 (`torch.distributed.batch_isend_irecv`, which NCCL needs to run sends and receives together),
-after which the round returns and travels while the training thread computes (overlap):
+after which the round returns and travels while the training thread computes (overlap). The
+message is a uint8 tensor: a fixed 64-byte header region, then the payload.
 
-* a header, int64 ``[MAGIC, step, round, tensor_id, byte_length, push-sum weight bits]``,
-  checked when the round ends: both sides in the same round of the same step, the same length,
-  else `TorchPlaneError` naming both (the peers diverged);
-* the payload, uint8: the codec's parts back to back (`concord.peer.serde.layout`), or the
-  float32 vector itself without a copy, into a buffer of the length the receiver computes from
-  its own codec and d. Every peer runs the same rounds with the same codec (below; the Hello
-  handshake checks model and codec), so lengths agree; a peer that diverged anyway would send
-  another length, which gloo answers by aborting the process. (Exchanging the headers first
-  would rule that out but costs overlap: 50.1 ms per step in `bench/step_overhead.py` against
-  43–47 ms without, separate runs on the reference machine.)
+* The header, int64 ``[MAGIC, step, round, tensor_id, byte_length, push-sum weight bits, 0, 0]``,
+  is checked when the round ends: both sides in the same round of the same step, the same
+  length, else `TorchPlaneError` naming both (the peers diverged).
+* The payload: the codec's parts back to back (`concord.peer.serde.layout`), or the float32
+  vector, at byte 64 (parts keep their alignment). The receiver posts a buffer of the length it
+  computes from its own codec and d. Every peer runs the same rounds with the same codec
+  (below; the Hello handshake checks model and codec), so lengths agree; a peer that diverged
+  anyway would send another length, which gloo answers by aborting the process. (Exchanging
+  the headers first would rule that out but costs overlap: 50.1 ms per step in
+  `bench/step_overhead.py` against 43–47 ms without, separate runs on the reference machine.)
+
+One message rather than a header message and a payload message halves the point-to-point
+operations a round posts on the training thread (2 per neighbour instead of 4, as many as a
+hand-written gossip posts), at the cost of copying the float32 vector behind the header (a
+codec's parts are packed into a buffer in any case). Send and receive buffers of finished
+rounds are kept for later rounds (`TorchComm._release`): a fresh multi-MB buffer costs its page
+faults on every round.
 
 Per-edge messages (`TorchComm.exchange`), whose lengths the receiver cannot know, do send their
 headers first, then payloads of the announced lengths.
@@ -83,9 +91,11 @@ if TYPE_CHECKING:
 log = structlog.get_logger("concord.peer.torch_plane")
 
 MAGIC = 0x434F4E43  # "CONC"
-HEADER = 6  # int64 fields of a header
-_TAG_HEADER, _TAG_PAYLOAD = 1, 2
-_POOL = 8  # receive buffers kept per size (a peer receives one per in-neighbour and round)
+HEADER = 8  # int64 fields of a header: six used, two zero (the payload starts 64-byte aligned)
+HEADER_BYTES = 8 * HEADER
+_TAG_HEADER, _TAG_PAYLOAD, _TAG_ROUND = 1, 2, 3  # per-edge headers and payloads; round messages
+_POOL = 8  # buffers kept per payload size (a peer receives one per in-neighbour and round)
+_Pool = dict[tuple[torch.dtype, int], list[torch.Tensor]]  # (uint8, payload bytes) → messages
 
 
 def _f64_bits(value: float | None) -> int:
@@ -249,7 +259,7 @@ class _Message:
     codec: str
     push_weight: float | None
     parts: tuple[PartSpec, ...]
-    payload: torch.Tensor  # uint8, on the plane's device
+    payload: torch.Tensor  # uint8, on the plane's device (the message past its header)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Views of the named parts (parts are aligned: `concord.core.compress`)."""
@@ -263,11 +273,10 @@ class _TorchRound(_Round):
     """A round in flight: its works and the receive buffers."""
 
     works: list[dist.Work] | None = None
-    headers: dict[int, torch.Tensor] = field(default_factory=dict)  # sender → its header
-    payloads: dict[int, torch.Tensor] = field(default_factory=dict)  # sender → payload buffer
+    payloads: dict[int, torch.Tensor] = field(default_factory=dict)  # sender → its message
     codec: str = "none"
     parts: tuple[PartSpec, ...] = ()
-    keep: tuple[torch.Tensor, ...] = ()  # what is being sent: alive until the works end
+    sent: torch.Tensor | None = None  # the message being sent: unchanged until released
 
 
 class TorchComm(RoundComm):
@@ -281,30 +290,38 @@ class TorchComm(RoundComm):
         self.device = plane.device
         cfg = plane.cfg
         self.max_abs_value = cfg.network.max_abs_value
-        # receive buffers of finished rounds, by (dtype, length), for the next rounds: a fresh
+        # buffers of finished rounds, by (uint8, payload bytes), for the next rounds: a fresh
         # multi-MB buffer per round costs its page faults on every round
-        self._free: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
+        self._free: _Pool = {}  # receiving
+        self._outbox: _Pool = {}  # sending
 
-    def _buffer(self, dtype: torch.dtype, length: int) -> torch.Tensor:
-        """A receive buffer (contents undefined): a released one of this size, or a new one."""
-        free = self._free.get((dtype, length))
+    def _message(self, nbytes: int, pool: _Pool) -> torch.Tensor:
+        """A message buffer for a payload of ``nbytes`` (contents undefined): a released one of
+        this size from ``pool``, or a new one."""
+        free = pool.get((torch.uint8, nbytes))
         if free:
             return free.pop()
-        return torch.empty(length, dtype=dtype, device=self.device)
+        return torch.empty(HEADER_BYTES + nbytes, dtype=torch.uint8, device=self.device)
+
+    @staticmethod
+    def _keep(pool: _Pool, message: torch.Tensor) -> None:
+        free = pool.setdefault((torch.uint8, message.numel() - HEADER_BYTES), [])
+        if len(free) < _POOL:
+            free.append(message)
 
     def _release(self, r: _Round) -> None:
-        """Keep the round's receive buffers for later rounds (at most `_POOL` per size)."""
+        """Keep the round's messages for later rounds (at most `_POOL` per size and use)."""
         assert isinstance(r, _TorchRound)
-        for buf in (*r.headers.values(), *r.payloads.values()):
-            free = self._free.setdefault((buf.dtype, buf.numel()), [])
-            if len(free) < _POOL:
-                free.append(buf)
-        r.headers, r.payloads = {}, {}
+        for message in r.payloads.values():
+            self._keep(self._free, message)
+        if r.sent is not None:
+            self._keep(self._outbox, r.sent)
+        r.payloads, r.sent = {}, None
 
     def _header(
         self, step: int, round: int, tensor_id: int, nbytes: int, push: float | None
     ) -> torch.Tensor:
-        values = [MAGIC, step, round, tensor_id, nbytes, _f64_bits(push)]
+        values = [MAGIC, step, round, tensor_id, nbytes, _f64_bits(push), 0, 0]
         return torch.tensor(values, dtype=torch.int64, device=self.device)
 
     @staticmethod
@@ -316,17 +333,27 @@ class TorchComm(RoundComm):
         specs, total = layout(encoded.parts)
         return tuple(specs), total
 
-    def _payload(self, values: torch.Tensor, encoded: Encoded | None) -> torch.Tensor:
-        """The bytes to send: the float32 vector itself (no copy) or the codec's parts packed."""
+    def _pack(
+        self,
+        values: torch.Tensor,
+        encoded: Encoded | None,
+        header: torch.Tensor,
+        parts: tuple[PartSpec, ...],
+        nbytes: int,
+    ) -> torch.Tensor:
+        """The message to send: the header, then the float32 vector or the codec's ``parts``
+        (``nbytes`` in all)."""
+        message = self._message(nbytes, self._outbox)
+        message[:HEADER_BYTES].view(torch.int64).copy_(header)
+        payload = message[HEADER_BYTES:]
         if encoded is None:
-            flat = values.detach().to(device=self.device, dtype=torch.float32).contiguous()
-            return flat.view(-1).view(torch.uint8)
-        specs, total = layout(encoded.parts)
-        buf = torch.empty(total, dtype=torch.uint8, device=self.device)
-        for spec in specs:
+            flat = values.detach().to(device=self.device, dtype=torch.float32).reshape(-1)
+            payload.view(torch.float32).copy_(flat)
+            return message
+        for spec in parts:
             part = encoded.parts[spec.name].detach().contiguous().view(-1)
-            buf[spec.offset : spec.offset + spec.nbytes].copy_(part.view(torch.uint8))
-        return buf
+            payload[spec.offset : spec.offset + spec.nbytes].copy_(part.view(torch.uint8))
+        return message
 
     def _run(self, ops: list[dist.P2POp], what: str) -> list[dist.Work]:
         if not ops:
@@ -360,23 +387,20 @@ class TorchComm(RoundComm):
         encoded: Encoded | None = None,
         push_weight: float | None = None,
     ) -> _Round:
-        """Post the headers and the payloads in one batch and return (module docstring)."""
+        """Post one message to and from each neighbour in one batch and return (module
+        docstring)."""
         t0 = time.perf_counter()
         step += self.step_base
         d = encoded.d if encoded is not None else values.numel()
         codec = encoded.codec if encoded is not None else "none"
-        payload = self._payload(values, encoded) if send_to else torch.empty(0)
         parts, nbytes = self._layout(values, encoded)
-        header = self._header(step, round, tensor_id, nbytes, push_weight)
-        headers = {j: self._buffer(torch.int64, HEADER) for j in receive_from}
-        payloads = {j: self._buffer(torch.uint8, nbytes) for j in receive_from}
-        ops: list[dist.P2POp] = []
-        for j in send_to:
-            ops.append(dist.P2POp(dist.isend, header, j, tag=_TAG_HEADER))
-            ops.append(dist.P2POp(dist.isend, payload, j, tag=_TAG_PAYLOAD))
-        for j in receive_from:
-            ops.append(dist.P2POp(dist.irecv, headers[j], j, tag=_TAG_HEADER))
-            ops.append(dist.P2POp(dist.irecv, payloads[j], j, tag=_TAG_PAYLOAD))
+        sent, ops = None, []
+        if send_to:
+            header = self._header(step, round, tensor_id, nbytes, push_weight)
+            sent = self._pack(values, encoded, header, parts, nbytes)
+            ops = [dist.P2POp(dist.isend, sent, j, tag=_TAG_ROUND) for j in send_to]
+        received = {j: self._message(nbytes, self._free) for j in receive_from}
+        ops += [dist.P2POp(dist.irecv, received[j], j, tag=_TAG_ROUND) for j in receive_from]
         works = self._run(ops, f"round {round} of step {step}")
         started = time.perf_counter()
         self.breakdown.encode_ms += (started - t0) * 1e3
@@ -390,11 +414,10 @@ class TorchComm(RoundComm):
             raw=d * 4,
             wire=nbytes,
             works=works,
-            headers=headers,
-            payloads=payloads,
+            payloads=received,
             codec=codec,
             parts=parts,
-            keep=(header, payload),
+            sent=sent,
         )
 
     def _done(self, r: _Round) -> bool:
@@ -412,7 +435,7 @@ class TorchComm(RoundComm):
     ) -> tuple[float | None, int]:
         """The push-sum weight and the payload length in peer j's header, after checking that
         it is this round's (``nbytes`` None: any whole number of float32 values)."""
-        magic, s, r, tid, length, push = (int(v) for v in header.tolist())
+        magic, s, r, tid, length, push, *_ = (int(v) for v in header.tolist())
         want = length if nbytes is None and length % 4 == 0 else nbytes
         if (magic, s, r, tid, length) != (MAGIC, step, round, tensor_id, want):
             expected = "float32 values" if nbytes is None else f"{nbytes} bytes"
@@ -428,13 +451,15 @@ class TorchComm(RoundComm):
         t1 = time.perf_counter()
         peers = sorted({j for _, j in r.edges} | set(r.receive_from))
         self._wait(r.works or (), f"round {r.round} of step {r.step} with peers {peers}")
-        r.works, r.keep = None, ()
+        r.works = None
         outcome = MixOutcome(answered=[[]], missing=[[]], rejected=[[]])
         arrived: dict[int, Delivered] = {}
         nbytes = sum(p.nbytes for p in r.parts)
         for j in r.receive_from:
-            push, _ = self._check_header(r.step, r.round, r.tensor_id, j, r.headers[j], nbytes)
-            got = _Message(r.codec, push, r.parts, r.payloads[j])
+            message = r.payloads[j]
+            header = message[:HEADER_BYTES].view(torch.int64)
+            push, _ = self._check_header(r.step, r.round, r.tensor_id, j, header, nbytes)
+            got = _Message(r.codec, push, r.parts, message[HEADER_BYTES:])
             try:
                 if push is not None and not (math.isfinite(push) and push > 0):
                     raise RejectedError("invalid", f"push-sum weight {push!r} is not finite > 0")

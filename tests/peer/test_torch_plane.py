@@ -106,3 +106,62 @@ def test_nccl_every_comm_call_matches_the_in_memory_engine(tmp_path: Path) -> No
     got = _run(tmp_path, "cuda")
     assert all(bool(g["backend"][0]) for g in got)  # NCCL
     _check(got)
+
+
+DIVERGED = """
+import sys
+import numpy as np
+import torch
+from concord.core.config import build_config
+from concord.peer.torch_plane import HEADER_BYTES, TorchComm, TorchPlane, TorchPlaneError
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(1)
+cfg = build_config({"peers": 2, "network": {"transport": "torch",
+                    "torch": {"init": f"tcp://127.0.0.1:{port}"}}})
+plane = TorchPlane(cfg, rank, torch.device("cpu"), "test")
+plane.connect(None)
+comm = TorchComm(plane)
+W = np.full((2, 2), 0.5)
+x = torch.full((1, 10), float(rank))
+handle = comm.start_mix(x, W, step=3, round=1)
+# one message each way: the header region, then the payload
+print("sizes", handle.round.sent.numel(), handle.round.payloads[1 - rank].numel(), HEADER_BYTES)
+print("agreed", handle.wait().x[0, 0].item())
+try:
+    comm.mix(x, W, step=4 + rank, round=2)  # rank 1 is one step ahead
+except TorchPlaneError as exc:
+    print("error", exc)
+plane.close()
+"""
+
+
+def test_a_round_is_one_message_whose_header_catches_diverged_peers(tmp_path: Path) -> None:
+    """Two ranks mix once in agreement (a message: 64-byte header, then the 40 payload bytes),
+    then post the same tensor for different steps: each rank's check of the header that came
+    with the payload fails with `TorchPlaneError` naming its own round and the neighbour's."""
+    script = tmp_path / "diverged.py"
+    script.write_text(DIVERGED)
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} failed:\n{outputs[r]}"
+    for r, out in enumerate(outputs):
+        lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines()}
+        assert lines["sizes"] == "104 104 64", out
+        assert float(lines["agreed"]) == 0.5  # (0 + 1) / 2, exact in float32
+        mine, theirs = 4 + r, 5 - r
+        assert lines["error"].startswith(f"peer {r} expected tensor"), out
+        assert f"of step {mine} round 2" in lines["error"]
+        assert f"from peer {1 - r} and got tensor" in lines["error"]
+        assert f"of step {theirs} round 2" in lines["error"]
+        assert "diverged" in lines["error"]
