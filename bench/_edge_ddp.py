@@ -1,0 +1,165 @@
+"""One rank of the gloo DDP contenders of ``bench/edge.py``: ``bench/_ddp.py``'s baseline (the
+same data partition, batches, initial parameters, LR schedule and SGD settings as a Concord peer
+of the same config, one torch thread, rank 0 evaluating the one model) for an MLP of any width
+(``model.hidden``; ReLU, as the config's default), and with several slow ranks.
+
+``--hook fp16``: PyTorch's ``fp16_compress_hook``. ``--slow-ranks 3,6 --slow-factor F``: each
+of those ranks sleeps, before each step, (F − 1) × the CPU time its main thread spent on the
+previous step (`concord.peer.pace.Straggler`'s emulation of a processor F times slower).
+
+Rank 0 writes JSON lines to ``--out``: ``{"kind": "start", "time"}`` after the first barrier,
+``{"kind": "eval", "step", "time", "accuracy"}`` every ``eval.every`` epochs and after the last
+step, and ``{"kind": "summary", ...}`` at the end.
+
+    python bench/_edge_ddp.py --config run.toml --rank R --world N --master IP:PORT --out F
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def model_from_task(task: Any) -> Any:
+    """A plain ReLU MLP holding the task's initial replica-0 parameters."""
+    import torch
+    from torch import nn
+    from torch.nn import functional
+
+    if task.cfg.model.name != "mlp" or task.model.activation is not functional.relu:
+        raise ValueError("the DDP contender is a ReLU MLP (model.name = 'mlp')")
+    reps = list(task.model.layers)
+    dims = [reps[0].weight.shape[2], *(r.weight.shape[1] for r in reps)]
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(dims):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for lin, rep in zip(linears, reps, strict=True):
+            lin.weight.copy_(rep.weight[0])
+            lin.bias.copy_(rep.bias[0])
+    return model
+
+
+def _optimizer(model: Any, cfg: Any) -> Any:
+    import torch
+
+    o = cfg.optim
+    params = list(model.parameters())
+    return torch.optim.SGD(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=o.lr,
+        momentum=o.momentum,
+        nesterov=o.nesterov and o.momentum > 0,
+    )
+
+
+class _Log:
+    """Rank 0's JSON lines (other ranks write nothing)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        if path is not None:
+            path.write_text("", encoding="utf-8")
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from concord.core.config import load_config
+    from concord.core.control.runplan import make_lr_schedule
+    from concord.core.task import ClassificationTask
+
+    torch.set_num_threads(1)
+    cfg = load_config(args.config, environ={})
+    rank, world = args.rank, args.world
+    task = ClassificationTask(cfg, [rank], device=torch.device("cpu"))
+    host, _, port = args.master.rpartition(":")
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = nn.parallel.DistributedDataParallel(model_from_task(task))
+    if args.hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = _optimizer(model, cfg)
+    schedule = make_lr_schedule(cfg, task.steps_per_epoch)
+    total = schedule.total_steps
+    interval = max(1, round(cfg.eval.every * task.steps_per_epoch))
+    loss_fn = nn.CrossEntropyLoss()
+    slow_ranks = {int(r) for r in args.slow_ranks.split(",") if r}
+    slow = args.slow_factor if rank in slow_ranks else 1.0
+    owed = slept = 0.0
+    write = _Log(Path(args.out) if rank == 0 else None)
+    dist.barrier()
+    t_start = time.time()
+    write({"kind": "start", "time": t_start})
+    accuracy = None
+    for step in range(total):
+        if owed > 0:
+            t0 = time.perf_counter()
+            time.sleep(owed)
+            slept += time.perf_counter() - t0
+        cpu0 = time.thread_time()
+        for group in opt.param_groups:
+            group["lr"] = schedule.lr(step)
+        idx = task.sampler.batch_indices(step)[0]
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(task.x_train[idx]), task.y_train[idx]).backward()
+        opt.step()
+        owed = (slow - 1.0) * (time.thread_time() - cpu0)
+        if rank == 0 and ((step + 1) % interval == 0 or step == total - 1):
+            now = time.time()
+            with torch.no_grad():
+                pred = model.module(task.x_test).argmax(dim=1)
+            accuracy = float((pred == task.y_test).float().mean())
+            write({"kind": "eval", "step": step, "time": now, "accuracy": accuracy})
+    dist.barrier()
+    summary = {
+        "kind": "summary",
+        "rank": rank,
+        "steps": total,
+        "accuracy": accuracy,
+        "train_seconds": time.time() - t_start,
+        "slow_sleep_s": slept,
+    }
+    write(summary)
+    dist.destroy_process_group()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--master", required=True, help="IP:PORT of rank 0's store")
+    p.add_argument("--out", required=True)
+    p.add_argument("--hook", choices=("none", "fp16"), default="none")
+    p.add_argument("--slow-ranks", default="", help="comma-separated ranks computing slower")
+    p.add_argument("--slow-factor", type=float, default=1.0)
+    print(json.dumps(train(p.parse_args(argv))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Time to accuracy at the edge: Concord's synchronous gossip against gloo DDP (fp32 and with
+``fp16_compress_hook``), 8 peers / ranks, every process behind emulated WAN links
+(`concord.lab.net`: the userspace delay/loss emulator and tbf rates; docs/network-emulation.md).
+
+Profiles (`concord.core.emulation.PROFILES`, per access link; peer to peer is two links):
+
+* ``edge``: 20 Mbit/s each way, 15 ms one-way per link (60 ms RTT peer to peer), 0.05 % loss per
+  link direction (≈ 0.1 % per peer-to-peer path);
+* ``edge-mixed``: ``edge`` with link delays spread from 5 to 37.5 ms over the peers (pairwise
+  RTT 20–150 ms), and peers `SLOW_PEERS` computing `SLOW_FACTOR` × slower — emulated by a sleep
+  of (factor − 1) × the CPU time of the step's computation before the next step
+  (`concord.peer.pace.Straggler`; ``bench/_edge_ddp.py`` does the same in a DDP rank). A sleep,
+  not fewer torch threads: every process already runs one thread on a 2-core machine.
+
+Same for every contender: MNIST-1D (5,000 samples: 4,000 train, 1,000 test), the MLP
+40 → 128 → 128 → 10 (22,922 parameters), local batch 16, the config's LR schedule (lr 0.1, 5 %
+warm-up, ×0.1 at 50 % and 75 %), `EPOCHS` epochs (31 steps each), seed 0: the same data, batches,
+initial parameters and schedule; one torch thread per process; evaluations every 0.25 epoch.
+
+**Budget (searched first, in the vectorized engine: ``python bench/edge_budget.py``).** D-SGD on
+the one-peer exponential graph with one gossip round per step and no consensus control, next to
+``concord sim``'s all-reduce reference of the same budget, seeds 0–2; target = all-reduce's final
+accuracy − 0.5 pp; in how many seeds gossip's *worst* peer reaches it (all-reduce's steps /
+gossip's steps to it where it does):
+
+=========  ====================================  ====================================
+ epochs     hidden 128×128                        hidden 256×256
+=========  ====================================  ====================================
+ 4 (2 s.)   1 of 2 (104/80)                       0 of 2
+ 6          1 of 3 (128/176)                      2 of 3 (112/160, 120/168)
+ 8 (2 s.)   1 of 2 (176/216)                      1 of 2 (144/208)
+ 10         2 of 3 (240/256, 216/224)             1 of 3 (216/272)
+ 12 (2 s.)  1 of 2 (216/264)                      1 of 2 (256/368)
+ 16         3 of 3 (328/272, 280/352, 280/376)    3 of 3 (272/272, 376/344, 288/320)
+=========  ====================================  ====================================
+
+The 2-epoch budget of ``bench/time_to_accuracy.py`` (and anything under 16 epochs) leaves the
+worst gossip peer short of all-reduce in some seeds; at 16 epochs (496 steps) it reaches the
+target in every seed, needing 0.83–1.34× all-reduce's steps (128×128). So `EPOCHS` = 16.
+
+**Model size.** 128×128: 22,922 parameters = 92 KB in fp32, 46 KB in fp16/bf16, i.e. 37 / 18 ms
+of transmission at 20 Mbit/s — below the 60 ms round trip, so a step's communication is
+latency-bound: the regime of the edge, where a ring all-reduce pays 2 (n − 1) = 14 sequential
+one-way latencies per step and a one-peer gossip round one exchange. Its compute (a few ms a step)
+keeps 8 processes within 2 cores; DDP takes ~0.95 s per step on ``edge`` and ~2.1 s on
+``edge-mixed`` (measured with ``--quick``), so its 496 steps take ~8 and ~17 minutes. (The
+1.09M-parameter MLP of ``bench/time_to_accuracy.py`` would be 4.4 MB per exchange, 1.7 s at
+20 Mbit/s: bandwidth-bound, and a DDP run of 496 steps would take over an hour.)
+
+Contenders (`contenders`): ``ddp_fp32``, ``ddp_fp16`` (``bench/_edge_ddp.py``); Concord D-SGD with
+consensus control off (one gossip round per step: adaptive or fixed-round control costs extra
+control-plane round trips through the broker, each ≥ 2 RTTs here), searched over the graph (one-
+peer exponential, ring), the wire (bf16, fp32), the data plane (gRPC, torch/gloo) and overlap
+(combine-then-adapt, when the config has the switch): ``dsgd_<graph>_none_<wire>[_overlap|_torch]``;
+CHOCO-SGD top-1 % on the ring (``choco_topk``). `DEFAULT` names the default matrix's contenders
+per profile (≤ 40 minutes: DDP fp32 only on ``edge``, where it sets the target); ``--contenders``
+any of them, on every profile.
+
+Measured per run (`bench.edge_runs`): time to accuracy (wall time from the first training step to
+the first evaluation whose accuracy — Concord's worst peer — reaches the target: DDP fp32's
+final accuracy − 0.5 pp (the first profile's DDP fp32 run: DDP's arithmetic does not depend on the
+links; DDP fp16's when no fp32 run was made)), final accuracy, bytes per peer (its
+link's eth0 frames sent), Concord's payload bytes, link utilisation (bits sent ÷ (upload rate ×
+training time), mean over peers), per-step time.
+
+Last stdout line, JSON: ``tta_ratio_vs_ddp_fp16_edge`` and ``tta_ratio_vs_ddp_fp16_mixed`` (the
+best Concord contender's TTA ÷ DDP fp16's on that profile; targets ≤ 0.5 and ≤ 0.4),
+``tta_ratio_vs_ddp_fp32_*``, ``best_edge`` / ``best_mixed``, ``target_acc`` and
+``contenders`` (a row per run). Also written to ``--out``: ``edge.csv`` (every evaluation of
+every run), the run directories. ``--quick``: 1 epoch of 1,000 samples (6 steps), DDP fp16 and
+D-SGD exponential bf16 on both profiles (under 2 minutes).
+
+    python bench/edge.py [--quick] [--profiles edge,edge-mixed] [--contenders a,b]
+        [--epochs 16] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import concord.lab.net as netns
+from bench._procs import reap, set_tag, tagged
+from bench.edge_budget import base_sets
+from bench.edge_runs import Case, run_concord, run_ddp
+from bench.time_to_accuracy import TORCH_PLANE, Contender, Run, _dsgd, overlap_key
+
+TARGET_MARGIN_PP = 0.5
+HIDDEN = [128, 128]
+EPOCHS = 16.0
+SLOW_PEERS = (3, 6)
+SLOW_FACTOR = 3.0
+CASES = {"edge": Case("edge"), "edge-mixed": Case("edge-mixed", SLOW_PEERS, SLOW_FACTOR)}
+JSON_KEY = {"edge": "edge", "edge-mixed": "mixed"}
+GOSSIP = ("dsgd_exp_none_bf16", "dsgd_ring_none_bf16")
+DEFAULT = {"edge": ("ddp_fp32", "ddp_fp16", *GOSSIP), "edge-mixed": ("ddp_fp16", *GOSSIP)}
+QUICK = ("ddp_fp16", "dsgd_exp_none_bf16")
+
+
+def contenders() -> list[Contender]:
+    """Every contender (module docstring); `DEFAULT` / `QUICK` name those run by default."""
+    exp = ("exp", "exponential-one-peer", "none")
+    out = [Contender("ddp_fp32", "ddp"), Contender("ddp_fp16", "ddp", hook="fp16")]
+    out += [_dsgd(*exp, wire) for wire in ("bf16", "fp32")]
+    out.append(_dsgd("ring", "ring", "none", "bf16"))
+    torch_plane = _dsgd(*exp, "bf16")
+    out.append(Contender(f"{torch_plane.name}_torch", "concord", (*torch_plane.sets, *TORCH_PLANE)))
+    key = overlap_key()
+    if key is not None:
+        out.append(_dsgd(*exp, "bf16", f"{key}=true"))
+    out.append(
+        Contender(
+            "choco_topk",
+            "concord",
+            (
+                "algorithm=choco",
+                "topology=ring",
+                "compression.codec=topk",
+                "compression.ratio=0.01",
+                "compression.gamma=0.1",
+                "control.mode=none",
+            ),
+        )
+    )
+    return out
+
+
+@dataclass
+class Settings:
+    out: Path
+    peers: int = 8
+    hidden: list[int] = field(default_factory=lambda: list(HIDDEN))
+    epochs: float = EPOCHS
+    samples: int = 5000
+    seed: int = 0
+
+    def sets(self) -> list[str]:
+        shared = base_sets(self.hidden, self.epochs, self.seed, self.samples)[1:]
+        return [f"peers={self.peers}", *shared, "network.deadline=60",
+                "network.startup_timeout=180"]  # fmt: skip
+
+
+def run_all(
+    s: Settings,
+    matrix: Mapping[str, Sequence[Contender]],
+    log: Callable[[str], None] | None = None,
+) -> dict[str, list[Run]]:
+    """On each profile of ``matrix`` its contenders (DDP fp32 first, then fp16: they set the
+    target)."""
+    out: dict[str, list[Run]] = {}
+    for profile, chosen in matrix.items():
+        case = CASES[profile]
+        for c in sorted(chosen, key=lambda c: (c.kind != "ddp", c.name != "ddp_fp32")):
+            t0 = time.monotonic()
+            run = (run_ddp if c.kind == "ddp" else run_concord)(s.out, s.sets(), c, case)
+            out.setdefault(profile, []).append(run)
+            if log is not None:
+                acc = f"{run.final_acc:.4f}" if run.final_acc is not None else "-"
+                took = time.monotonic() - t0
+                log(f"  {profile:10s} {c.name:28s} ok={int(run.ok)}  final {acc}  "
+                    f"train {run.train_s or 0:7.1f} s  run {took:6.1f} s")  # fmt: skip
+    return out
+
+
+def target(by_profile: Mapping[str, Sequence[Run]]) -> float | None:
+    """DDP fp32's final accuracy − `TARGET_MARGIN_PP` (its first run; DDP fp16's without one)."""
+    runs = [r for rs in by_profile.values() for r in rs if r.final_acc is not None]
+    for name in ("ddp_fp32", "ddp_fp16"):
+        acc = next((r.final_acc for r in runs if r.name == name), None)
+        if acc is not None:
+            return acc - TARGET_MARGIN_PP / 100
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def _row(profile: str, r: Run, target: float | None, steps: int) -> dict[str, Any]:
+    tta = r.tta(target) if target is not None else None
+    return {
+        "profile": profile,
+        "name": r.name,
+        "ok": r.ok,
+        "tta_s": round(tta, 2) if tta is not None else None,
+        "final_acc": round(r.final_acc, 4) if r.final_acc is not None else None,
+        "train_s": round(r.train_s, 2) if r.train_s is not None else None,
+        "step_s": round(r.train_s / steps, 4) if r.train_s else None,
+        "bytes_per_peer": round(r.bytes_per_peer) if r.bytes_per_peer else None,
+        "payload_bytes": round(r.payload_bytes) if r.payload_bytes else None,
+        "link_util": r.detail.get("link_util"),
+        "evals": len(r.curve),
+        **({"detail": {k: v for k, v in r.detail.items() if k != "link_util"}}
+           if set(r.detail) - {"link_util"} else {}),
+    }  # fmt: skip
+
+
+def summarize(by_profile: dict[str, list[Run]], steps: int) -> dict[str, Any]:
+    """The final JSON object (module docstring); ``steps``: training steps of a run."""
+    goal = target(by_profile)
+    result: dict[str, Any] = {
+        "benchmark": "edge",
+        "target_acc": round(goal, 4) if goal is not None else None,
+        "contenders": [],
+    }
+    for profile in CASES:
+        runs = by_profile.get(profile, [])
+        key = JSON_KEY[profile]
+        result["contenders"] += [_row(profile, r, goal, steps) for r in runs]
+        tta = {r.name: r.tta(goal) if goal is not None else None for r in runs}
+        gossip = sorted((t, n) for n, t in tta.items() if t is not None and not n.startswith("ddp"))
+        best_t, best = gossip[0] if gossip else (None, None)
+        result[f"best_{key}"] = best
+        result[f"tta_ratio_vs_ddp_fp16_{key}"] = _ratio(best_t, tta.get("ddp_fp16"))
+        result[f"tta_ratio_vs_ddp_fp32_{key}"] = _ratio(best_t, tta.get("ddp_fp32"))
+    return result
+
+
+def write_csv(path: Path, by_profile: dict[str, list[Run]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["profile", "contender", "step", "seconds", "accuracy"])
+        for profile, runs in by_profile.items():
+            for r in runs:
+                for step, t, acc in r.curve:
+                    w.writerow([profile, r.name, step, f"{t:.3f}", f"{acc:.4f}"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--profiles", default="edge,edge-mixed")
+    p.add_argument("--contenders", help="comma-separated names (default: DEFAULT / QUICK)")
+    p.add_argument("--epochs", type=float)
+    p.add_argument("--samples", type=int)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    ok, why = netns.available()
+    if not ok:
+        print(f"network namespaces unavailable: {why}", file=sys.stderr)
+        return 2
+    every = {c.name: c for c in contenders()}
+    profiles = args.profiles.split(",")
+    names = {
+        p: args.contenders.split(",") if args.contenders else QUICK if args.quick else DEFAULT[p]
+        for p in profiles
+        if p in CASES
+    }
+    bad = sorted({n for ns in names.values() for n in ns} - set(every))
+    bad += sorted(set(profiles) - set(CASES))
+    if bad:
+        print(f"unknown contenders or profiles {bad}; valid: {sorted(every)}, {sorted(CASES)}")
+        return 2
+    s = Settings(
+        out=args.out or Path(tempfile.mkdtemp(prefix="concord-edge-")),
+        epochs=args.epochs or (1.0 if args.quick else EPOCHS),
+        samples=args.samples or (1000 if args.quick else 5000),
+    )
+    steps = round(s.epochs * s.samples * 0.8 / (s.peers * 16))
+    token = set_tag()
+    t0 = time.monotonic()
+    print(f"{s.peers} peers, profiles {profiles}, {s.epochs:g} epochs ({steps} steps), "
+          f"{s.samples} samples, MLP {s.hidden}, out: {s.out}", flush=True)  # fmt: skip
+    try:
+        matrix = {p: [every[n] for n in ns] for p, ns in names.items()}
+        by_profile = run_all(s, matrix, log=lambda m: print(m, flush=True))
+    finally:
+        reap(tagged(token))
+    result = summarize(by_profile, steps)
+    result.update(epochs=s.epochs, samples=s.samples, peers=s.peers, hidden=s.hidden,
+                  slow={"peers": list(SLOW_PEERS), "factor": SLOW_FACTOR},
+                  wall_s=round(time.monotonic() - t0, 1), out=str(s.out))  # fmt: skip
+    write_csv(s.out / "edge.csv", by_profile)
+    for key, bound in (("tta_ratio_vs_ddp_fp16_edge", 0.5), ("tta_ratio_vs_ddp_fp16_mixed", 0.4)):
+        v = result[key]
+        verdict = "n/a" if v is None else ("PASS" if v <= bound else "FAIL")
+        print(f"{verdict:4s} {key} = {v} (target ≤ {bound})")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
