@@ -20,10 +20,10 @@ import aiomqtt
 import msgpack
 import pytest
 
-from concord.core.records import OrchestratorSummary
 from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
 from concord.protos.control_plane import SCHEMA_VERSION, Topics
 from concord.protos.mqtt import client
+from tests.records import orchestrator_summary
 
 pytestmark = pytest.mark.slow  # ~30 s: the separate CI step (.ci/run)
 
@@ -227,22 +227,7 @@ def test_lagged_peers_keep_going_while_the_broker_is_away_and_control_resumes(
 
 def _orchestrator_summary(**fields: Any) -> str:
     """An ``orchestrator-summary.json`` document as the orchestrator writes it."""
-    record = OrchestratorSummary(
-        run="r",
-        peers_done=[],
-        peers_dropped=[],
-        schedule_versions=1,
-        rejected_payloads=0,
-        stats_ignored=0,
-        stats_refused=0,
-        control_handler_errors=0,
-        graph_decisions=None,
-        graph_steps_partial=None,
-        wall_seconds=1.0,
-        cpu_seconds=1.0,
-        **fields,
-    )
-    return json.dumps(record.to_json())
+    return json.dumps(orchestrator_summary(**fields).to_json())
 
 
 def test_an_orchestrator_stuck_after_its_work_is_stopped_and_not_counted_failed(

@@ -23,7 +23,7 @@ from concord.core.records import EvalRecord
 from concord.peer.control import PRESENCE_SILENT, ControlClient
 from concord.protos.control_plane import Decision, Plan, Presence, RunControl, Schedule
 from concord.runtime.lifecycle import die_with_parent
-from tests.peer.records import step_record
+from tests.records import step_record
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 5.0  # seconds: upper bound on any await that must not block (loaded 2-core machine)

@@ -17,7 +17,7 @@ import torch
 from concord.core.control.plan import Phase
 from concord.peer.control import ControlClient, OrchestratedControl
 from concord.protos.control_plane import Message, Metrics, Stats
-from tests.peer.records import step_record
+from tests.records import step_record
 
 T = 5.0  # seconds: upper bound on any wait that must not block (loaded 2-core machine)
 

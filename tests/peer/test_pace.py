@@ -10,7 +10,7 @@ import pytest
 from concord.core.config import ConfigError, load_config
 from concord.core.records import StepRecord
 from concord.peer.pace import StepTime, Straggler, pace_hooks
-from tests.peer.records import step_record
+from tests.records import step_record
 
 
 def _burn(seconds: float) -> None:

@@ -8,25 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from concord.core.records import OrchestratorSummary, RecordError
+from concord.core.records import RecordError
 from concord.runtime.records import read_orchestrator_summary, read_peer_summary
+from tests.records import orchestrator_summary
 
 
 def test_orchestrator_summary_round_trips_and_is_none_when_missing(tmp_path: Path) -> None:
     assert read_orchestrator_summary(tmp_path) is None
-    written = OrchestratorSummary(
-        run="r",
+    written = orchestrator_summary(
         peers_done=[0, 1],
         peers_dropped=[2],
         schedule_versions=3,
-        rejected_payloads=0,
-        stats_ignored=0,
-        stats_refused=0,
-        control_handler_errors=0,
-        graph_decisions=None,
-        graph_steps_partial=None,
-        wall_seconds=1.0,
-        cpu_seconds=0.5,
         completed=False,
         error="boom",
         stage="train",

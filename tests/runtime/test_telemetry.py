@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from concord.core.records import JSON, EvalRecord
 from concord.peer.telemetry import PeerMetrics, peer_registry, watch_refusals
 from concord.runtime.telemetry import ENDPOINT_FILE, MetricsServer, Registry, metrics_server
-from tests.peer.records import step_record
+from tests.records import step_record
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
