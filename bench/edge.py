@@ -48,13 +48,24 @@ keeps 8 processes within 2 cores; DDP takes ~0.95 s per step on ``edge`` and ~2.
 20 Mbit/s: bandwidth-bound, and a DDP run of 496 steps would take over an hour.)
 
 Contenders (`contenders`): ``ddp_fp32``, ``ddp_fp16`` (``bench/_edge_ddp.py``); Concord D-SGD with
-consensus control off (one gossip round per step: adaptive or fixed-round control costs extra
-control-plane round trips through the broker, each ≥ 2 RTTs here), searched over the graph (one-
-peer exponential, ring), the wire (bf16, fp32), the data plane (gRPC, torch/gloo) and overlap
-(combine-then-adapt, when the config has the switch): ``dsgd_<graph>_none_<wire>[_overlap|_torch]``;
-CHOCO-SGD top-1 % on the ring (``choco_topk``). `DEFAULT` names the default matrix's contenders
-per profile (≤ 40 minutes: DDP fp32 only on ``edge``, where it sets the target); ``--contenders``
-any of them, on every profile.
+consensus control off (one gossip round per step, the budget searched above; adaptive and fixed-
+round control, which add gossip rounds and control messages through the broker, were not searched
+here) over the graph (one-peer exponential, ring), the wire (bf16, fp32), the data plane (gRPC,
+torch/gloo) and overlap (combine-then-adapt): ``dsgd_<graph>_none_<wire>[_overlap|_torch]``; and
+CHOCO-SGD top-1 % on the ring (``choco_topk``). The search, on ``edge`` for 2 epochs (62 steps;
+``--profiles edge --epochs 2 --contenders ...``; load average 1.5–11 meanwhile), seconds per step:
+exponential bf16 gRPC 0.047, ring bf16 0.075, exponential bf16 torch plane 0.105, CHOCO 0.128,
+exponential bf16 overlap 0.144, exponential fp32 0.198 (its 92 KB message outgrows TCP's initial
+window of 10 segments at MTU 9000, so it pays extra round trips). So the best is
+``dsgd_exp_none_bf16``, with the ring as the runner-up. `DEFAULT` names the default matrix's
+contenders per profile (≤ 40 minutes: DDP fp32 only on ``edge``, where it sets the target);
+``--contenders`` any of them, on every profile.
+
+Measured (``--profiles edge --contenders ddp_fp16,dsgd_exp_none_bf16``, 16 epochs, load average
+1.5–10): DDP fp16 0.89 s per step (≈ 15 RTTs: about one round trip for each of the ring's 14 hops),
+target 0.625 (DDP fp16's final 0.630 − 0.5 pp) at 266 s, final 0.630, 45.3 MB sent per rank, link
+utilisation 4 %; D-SGD exponential bf16 0.052 s per step, target at 13.7 s, final (worst peer)
+0.645, 23.6 MB per peer, utilisation 36 %: ``tta_ratio_vs_ddp_fp16_edge`` = 0.052.
 
 Measured per run (`bench.edge_runs`): time to accuracy (wall time from the first training step to
 the first evaluation whose accuracy — Concord's worst peer — reaches the target: DDP fp32's
@@ -186,8 +197,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-def _row(profile: str, r: Run, target: float | None, steps: int) -> dict[str, Any]:
+def _row(profile: str, r: Run, target: float | None) -> dict[str, Any]:
     tta = r.tta(target) if target is not None else None
+    steps = r.curve[-1][0] + 1 if r.curve else None  # the last evaluation is at the last step
     return {
         "profile": profile,
         "name": r.name,
@@ -195,7 +207,7 @@ def _row(profile: str, r: Run, target: float | None, steps: int) -> dict[str, An
         "tta_s": round(tta, 2) if tta is not None else None,
         "final_acc": round(r.final_acc, 4) if r.final_acc is not None else None,
         "train_s": round(r.train_s, 2) if r.train_s is not None else None,
-        "step_s": round(r.train_s / steps, 4) if r.train_s else None,
+        "step_s": round(r.train_s / steps, 4) if r.train_s and steps else None,
         "bytes_per_peer": round(r.bytes_per_peer) if r.bytes_per_peer else None,
         "payload_bytes": round(r.payload_bytes) if r.payload_bytes else None,
         "link_util": r.detail.get("link_util"),
@@ -205,8 +217,8 @@ def _row(profile: str, r: Run, target: float | None, steps: int) -> dict[str, An
     }  # fmt: skip
 
 
-def summarize(by_profile: dict[str, list[Run]], steps: int) -> dict[str, Any]:
-    """The final JSON object (module docstring); ``steps``: training steps of a run."""
+def summarize(by_profile: dict[str, list[Run]]) -> dict[str, Any]:
+    """The final JSON object (module docstring)."""
     goal = target(by_profile)
     result: dict[str, Any] = {
         "benchmark": "edge",
@@ -216,7 +228,7 @@ def summarize(by_profile: dict[str, list[Run]], steps: int) -> dict[str, Any]:
     for profile in CASES:
         runs = by_profile.get(profile, [])
         key = JSON_KEY[profile]
-        result["contenders"] += [_row(profile, r, goal, steps) for r in runs]
+        result["contenders"] += [_row(profile, r, goal) for r in runs]
         tta = {r.name: r.tta(goal) if goal is not None else None for r in runs}
         gossip = sorted((t, n) for n, t in tta.items() if t is not None and not n.startswith("ddp"))
         best_t, best = gossip[0] if gossip else (None, None)
@@ -266,17 +278,16 @@ def main(argv: list[str] | None = None) -> int:
         epochs=args.epochs or (1.0 if args.quick else EPOCHS),
         samples=args.samples or (1000 if args.quick else 5000),
     )
-    steps = round(s.epochs * s.samples * 0.8 / (s.peers * 16))
     token = set_tag()
     t0 = time.monotonic()
-    print(f"{s.peers} peers, profiles {profiles}, {s.epochs:g} epochs ({steps} steps), "
+    print(f"{s.peers} peers, profiles {profiles}, {s.epochs:g} epochs, "
           f"{s.samples} samples, MLP {s.hidden}, out: {s.out}", flush=True)  # fmt: skip
     try:
         matrix = {p: [every[n] for n in ns] for p, ns in names.items()}
         by_profile = run_all(s, matrix, log=lambda m: print(m, flush=True))
     finally:
         reap(tagged(token))
-    result = summarize(by_profile, steps)
+    result = summarize(by_profile)
     result.update(epochs=s.epochs, samples=s.samples, peers=s.peers, hidden=s.hidden,
                   slow={"peers": list(SLOW_PEERS), "factor": SLOW_FACTOR},
                   wall_s=round(time.monotonic() - t0, 1), out=str(s.out))  # fmt: skip

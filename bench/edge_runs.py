@@ -32,7 +32,6 @@ from concord.runtime.records import read_peer_summary
 
 RUN_TIMEOUT = 1800.0  # seconds one run may take
 DDP_PORT = 29500
-STORE_PORT = 29501  # the orchestrator's TCPStore for the torch data plane
 
 
 @dataclass(frozen=True)
@@ -120,8 +119,7 @@ def run_concord(out: Path, sets: list[str], c: Contender, case: Case) -> Run:
     with _net(case, peers, ["broker", "orch"]) as net:
         _apply(net, case, peers, ["broker", "orch"])
         if "network.transport=torch" in sets:  # peers reach the store at the orchestrator's
-            sets += [f"network.torch.store_host={net['orch'].ip}",
-                     f"network.torch.store_port={STORE_PORT}"]  # fmt: skip
+            sets.append(f"network.torch.store_host={net['orch'].ip}")
         mosq = netns.mosquitto(net["broker"], d / "logs")
         run_id = f"edge-{c.name}-{os.getpid()}".replace("_", "-")
         common = ["--broker", f"mqtt://{net['broker'].ip}:1883", "--run-id", run_id, "--insecure"]

@@ -46,7 +46,7 @@ def test_summary_ratios_use_the_ddp_fp32_target_on_every_profile() -> None:
             _run("dsgd_exp_none_bf16", [(9, 2.0, 0.5), (19, 4.0, 0.58)]),  # never reaches it
         ],
     }
-    out = edge.summarize(by, steps=20)
+    out = edge.summarize(by)
     assert out["target_acc"] == pytest.approx(0.595, abs=1e-9)
     assert out["best_edge"] == "dsgd_exp_none_bf16"  # 2.0 s beats the ring's 3.0 s
     assert out["tta_ratio_vs_ddp_fp16_edge"] == pytest.approx(2.0 / 16.0, abs=1e-3)
@@ -54,7 +54,7 @@ def test_summary_ratios_use_the_ddp_fp32_target_on_every_profile() -> None:
     assert out["best_mixed"] is None
     assert out["tta_ratio_vs_ddp_fp16_mixed"] is None
     rows = {(r["profile"], r["name"]): r for r in out["contenders"]}
-    assert rows[("edge", "ddp_fp32")]["step_s"] == pytest.approx(1.0)
+    assert rows[("edge", "ddp_fp32")]["step_s"] == pytest.approx(1.0)  # 20 s, 20 steps
     assert rows[("edge-mixed", "dsgd_exp_none_bf16")]["tta_s"] is None
     assert all(set(r) == ROW_KEYS for r in out["contenders"])
 
@@ -88,8 +88,11 @@ def test_quick_edge_bench_reports_every_key_and_leaves_no_namespace(tmp_path: Pa
         assert row["ok"], row
         assert row["bytes_per_peer"] > 0
         assert 0.0 < row["link_util"] < 1.0, row
-    assert result["tta_ratio_vs_ddp_fp16_edge"] is not None
-    assert result["tta_ratio_vs_ddp_fp16_mixed"] is not None
+    # DDP fp16 sets the target in --quick (no fp32 run) and reaches it at the latest at its end;
+    # 6 steps leave accuracy near chance, so whether gossip's worst peer reaches it varies
+    assert all(r["tta_s"] is not None for r in result["contenders"] if r["name"] == "ddp_fp16")
+    for key in ("tta_ratio_vs_ddp_fp16_edge", "tta_ratio_vs_ddp_fp16_mixed"):
+        assert result[key] is None or result[key] > 0, (key, result[key])
     # the bench's namespaces are named after its pid (`concord.lab.net.Net`); others' runs may
     # be creating their own meanwhile
     ours = [n for n in netns.namespaces() if n.startswith(f"{netns.PREFIX}{p.pid}-")]
