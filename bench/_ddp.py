@@ -1,22 +1,22 @@
-"""One rank of the gloo DDP baseline of ``bench/time_to_accuracy.py``, trained on exactly what a
-Concord peer of the same config trains on: the same data partition and batches
-(`concord.core.task.ClassificationTask` of the rank), the same initial parameters (copied from
-the task's replica-batched MLP into a plain ``nn.Sequential``, `bench.step_overhead._mlp`'s
-shape), the same LR schedule (`concord.core.control.runplan.make_lr_schedule`: warm-up and
-milestones), SGD with the config's momentum, Nesterov and weight decay (weights only, as
+"""One rank of the gloo DDP contenders of ``bench/time_to_accuracy.py`` and ``bench/edge.py``,
+trained on exactly what a Concord peer of the same config trains on: the same data partition
+and batches (`concord.core.task.ClassificationTask` of the rank), the same initial parameters
+(copied from the task's replica-batched ReLU MLP, of any width, into a plain ``nn.Sequential``),
+the same LR schedule (`concord.core.control.runplan.make_lr_schedule`: warm-up and milestones),
+SGD with the config's momentum, Nesterov and weight decay (weights only, as
 `concord.core.models.flat.FlatParams.decay_mask`), one torch thread.
 
 ``torch.nn.parallel.DistributedDataParallel`` over gloo with its defaults (25 MiB buckets,
 all-reduce overlapped with the backward pass); ``--hook fp16``: PyTorch's
-``fp16_compress_hook``. ``--straggler-rank R --straggler-factor F``: rank R sleeps, before each
-step, (F − 1) × the CPU time its main thread spent on the previous step — as a Concord straggler
-does (`concord.peer.pace.Straggler`).
+``fp16_compress_hook``. ``--slow-ranks 3,6 --slow-factor F``: each of those ranks sleeps, before
+each step, (F − 1) × the CPU time its main thread spent on the previous step — as a Concord
+straggler does (`concord.peer.pace.Straggler`'s emulation of a processor F times slower).
 
 Rank 0 evaluates the model (every rank holds the same one) on the whole test set every
 ``eval.every`` epochs and after the last step, and writes JSON lines to ``--out``: one
 ``{"kind": "start", "time"}`` after the first barrier, ``{"kind": "eval", "step", "time",
 "accuracy"}`` (``time``: Unix seconds at the end of the step, before the evaluation), and a
-final ``{"kind": "summary", ...}``. Run inside a network namespace by the bench:
+final ``{"kind": "summary", ...}``. Run inside a network namespace by the benches:
 
     python bench/_ddp.py --config run.toml --rank R --world N --master IP:PORT --out rank-R.jsonl
 """
@@ -24,6 +24,7 @@ final ``{"kind": "summary", ...}``. Run inside a network namespace by the bench:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -35,22 +36,56 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _model_from_task(task: Any) -> Any:
-    """A plain MLP holding the task's initial replica-0 parameters."""
+def model_from_task(task: Any) -> Any:
+    """A plain ReLU MLP holding the task's initial replica-0 parameters."""
     import torch
     from torch import nn
+    from torch.nn import functional
 
-    from bench.step_overhead import HIDDEN, _mlp
-
-    if list(task.cfg.model.hidden or []) != HIDDEN or task.cfg.model.name != "mlp":
-        raise ValueError(f"the DDP baseline is the {HIDDEN} MLP (model.name = 'mlp')")
-    model = _mlp()
+    if task.cfg.model.name != "mlp" or task.model.activation is not functional.relu:
+        raise ValueError("the DDP contender is a ReLU MLP (model.name = 'mlp')")
+    reps = list(task.model.layers)
+    dims = [reps[0].weight.shape[2], *(r.weight.shape[1] for r in reps)]
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(dims):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
     linears = [m for m in model if isinstance(m, nn.Linear)]
     with torch.no_grad():
-        for lin, rep in zip(linears, task.model.layers, strict=True):
+        for lin, rep in zip(linears, reps, strict=True):
             lin.weight.copy_(rep.weight[0])
             lin.bias.copy_(rep.bias[0])
     return model
+
+
+def _optimizer(model: Any, cfg: Any) -> Any:
+    import torch
+
+    o = cfg.optim
+    params = list(model.parameters())
+    return torch.optim.SGD(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=o.lr,
+        momentum=o.momentum,
+        nesterov=o.nesterov and o.momentum > 0,
+    )
+
+
+class _Log:
+    """Rank 0's JSON lines (other ranks write nothing)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        if path is not None:
+            path.write_text("", encoding="utf-8")
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -70,35 +105,18 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     host, _, port = args.master.rpartition(":")
     os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    model = nn.parallel.DistributedDataParallel(_model_from_task(task))
+    model = nn.parallel.DistributedDataParallel(model_from_task(task))
     if args.hook == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    o = cfg.optim
-    params = list(model.parameters())
-    opt = torch.optim.SGD(
-        [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ],
-        lr=o.lr,
-        momentum=o.momentum,
-        nesterov=o.nesterov and o.momentum > 0,
-    )
+    opt = _optimizer(model, cfg)
     schedule = make_lr_schedule(cfg, task.steps_per_epoch)
     total = schedule.total_steps
     interval = max(1, round(cfg.eval.every * task.steps_per_epoch))
     loss_fn = nn.CrossEntropyLoss()
-    slow = args.straggler_factor if rank == args.straggler_rank else 1.0
+    slow_ranks = {int(r) for r in args.slow_ranks.split(",") if r}
+    slow = args.slow_factor if rank in slow_ranks else 1.0
     owed = slept = 0.0
-    out = Path(args.out) if rank == 0 else None
-    if out is not None:
-        out.write_text("", encoding="utf-8")
-
-    def write(record: dict[str, Any]) -> None:
-        if out is not None:
-            with out.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-
+    write = _Log(Path(args.out) if rank == 0 else None)
     dist.barrier()
     t_start = time.time()
     write({"kind": "start", "time": t_start})
@@ -116,7 +134,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         loss_fn(model(task.x_train[idx]), task.y_train[idx]).backward()
         opt.step()
         owed = (slow - 1.0) * (time.thread_time() - cpu0)
-        if out is not None and ((step + 1) % interval == 0 or step == total - 1):
+        if rank == 0 and ((step + 1) % interval == 0 or step == total - 1):
             now = time.time()
             with torch.no_grad():
                 pred = model.module(task.x_test).argmax(dim=1)
@@ -129,7 +147,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "steps": total,
         "accuracy": accuracy,
         "train_seconds": time.time() - t_start,
-        "straggler_sleep_s": slept,
+        "slow_sleep_s": slept,
     }
     write(summary)
     dist.destroy_process_group()
@@ -144,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master", required=True, help="IP:PORT of rank 0's store")
     p.add_argument("--out", required=True)
     p.add_argument("--hook", choices=("none", "fp16"), default="none")
-    p.add_argument("--straggler-rank", type=int, default=-1)
-    p.add_argument("--straggler-factor", type=float, default=1.0)
+    p.add_argument("--slow-ranks", default="", help="comma-separated ranks computing slower")
+    p.add_argument("--slow-factor", type=float, default=1.0)
     print(json.dumps(train(p.parse_args(argv))), flush=True)
     return 0
 

@@ -292,8 +292,6 @@ class Deployment:
         common = ["--config", str(config), "--broker", broker, "--run-id", run_id]
         if net is not None:  # every interface, no TLS, an anonymous broker: a lab network
             common.append("--insecure")
-        if net is not None:  # the emulated hosts' bridge is this machine's own: said out loud
-            common.append("--insecure")
         popen = net["orch"].run if net else None
         logs = run_dir / "logs"
         self.procs["orchestrator"] = spawn(

@@ -9,7 +9,7 @@ Profiles (`concord.core.emulation.PROFILES`, per access link; peer to peer is tw
 * ``edge-mixed``: ``edge`` with link delays spread from 5 to 37.5 ms over the peers (pairwise
   RTT 20–150 ms), and peers `SLOW_PEERS` computing `SLOW_FACTOR` × slower — emulated by a sleep
   of (factor − 1) × the CPU time of the step's computation before the next step
-  (`concord.peer.pace.Straggler`; ``bench/_edge_ddp.py`` does the same in a DDP rank). A sleep,
+  (`concord.peer.pace.Straggler`; ``bench/_ddp.py`` does the same in a DDP rank). A sleep,
   not fewer torch threads: every process already runs one thread on a 2-core machine.
 
 Same for every contender: MNIST-1D (5,000 samples: 4,000 train, 1,000 test), the MLP
@@ -47,7 +47,7 @@ keeps 8 processes within 2 cores; DDP takes ~0.95 s per step on ``edge`` and ~2.
 1.09M-parameter MLP of ``bench/time_to_accuracy.py`` would be 4.4 MB per exchange, 1.7 s at
 20 Mbit/s: bandwidth-bound, and a DDP run of 496 steps would take over an hour.)
 
-Contenders (`contenders`): ``ddp_fp32``, ``ddp_fp16`` (``bench/_edge_ddp.py``); Concord D-SGD with
+Contenders (`contenders`): ``ddp_fp32``, ``ddp_fp16`` (``bench/_ddp.py``); Concord D-SGD with
 consensus control off (one gossip round per step, the budget searched above; adaptive and fixed-
 round control, which add gossip rounds and control messages through the broker, were not searched
 here) over the graph (one-peer exponential, ring), the wire (bf16, fp32), the data plane (gRPC,

@@ -5,7 +5,7 @@ orchestrator: the common link), the slow peers computing `Case.slow_factor` time
 
 Concord peers are started one by one (not `bench.chaos_runs.Deployment`, which gives every peer
 one config): a slow peer's config differs from the others' only in ``network.straggler`` (one
-peer per config: `concord.peer.pace.Straggler`). The DDP ranks are ``bench/_edge_ddp.py``.
+peer per config: `concord.peer.pace.Straggler`). The DDP ranks are ``bench/_ddp.py``.
 
 What a run measures is `bench.time_to_accuracy.Run` (its curve lined up on the wall clock the
 same way), plus ``link_util``: the mean over peers of the bits its link carried out (eth0
@@ -78,7 +78,7 @@ def run_ddp(out: Path, sets: list[str], c: Contender, case: Case) -> Run:
         master = f"{net['r0'].ip}:{DDP_PORT}"
         procs = []
         for i in range(n):
-            argv = [sys.executable, str(ROOT / "bench" / "_edge_ddp.py"), "--config", str(config),
+            argv = [sys.executable, str(ROOT / "bench" / "_ddp.py"), "--config", str(config),
                     "--rank", str(i), "--world", str(n), "--master", master,
                     "--out", str(d / "rank-0.jsonl"), "--hook", c.hook,
                     "--slow-ranks", ",".join(map(str, case.slow)),

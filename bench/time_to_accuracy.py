@@ -258,8 +258,8 @@ def run_ddp(s: Settings, c: Contender, straggler: bool) -> Run:
                     "--rank", str(i), "--world", str(s.peers), "--master", master,
                     "--out", str(d / "rank-0.jsonl"), "--hook", c.hook]  # fmt: skip
             if straggler:
-                argv += ["--straggler-rank", str(STRAGGLER_PEER % s.peers),
-                         "--straggler-factor", str(STRAGGLER_FACTOR)]  # fmt: skip
+                argv += ["--slow-ranks", str(STRAGGLER_PEER % s.peers),
+                         "--slow-factor", str(STRAGGLER_FACTOR)]  # fmt: skip
             env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
             procs.append(spawn(argv, d / f"rank-{i}.out", env=env, popen=net[f"r{i}"].run))
         end = time.monotonic() + RUN_TIMEOUT
