@@ -456,8 +456,9 @@ class ControlCheckpointState(Record):
 class Manifest(Record):
     """A run's ``manifest.json``: its shape (steps, plan, topology spectra), the model's
     fingerprint, and where it ran — versions and machine (vectorized engine) or the run id,
-    the admitted peers' addresses and the resolved config (orchestrator). ``created`` is an
-    ISO 8601 time."""
+    the admitted peers' addresses and the resolved config (orchestrator). ``host``: the facts
+    that decide whether two hosts compute the same bits (CPU family/model/flags, BLAS, torch's
+    build, threads). ``created`` is an ISO 8601 time."""
 
     KIND: ClassVar[str] = "manifest"
 
@@ -481,6 +482,7 @@ class Manifest(Record):
     numpy: str | None = None
     platform: str | None = None
     torch_threads: int | None = None
+    host: dict[str, JSON] | None = None
     run: str | None = None
     addresses: dict[str, str | None] | None = None
     config: dict[str, JSON] | None = None
