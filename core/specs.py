@@ -187,6 +187,7 @@ DATASET_SPECS: SpecTable[Spec] = SpecTable(
         Spec("digits", "8×8 handwritten digits, shipped"),
         Spec("gaussian-mixture", "a generated Gaussian mixture"),
         Spec("cifar10", "CIFAR-10 from dataset.root"),
+        Spec("pystdlib-chars", "next character of the Python stdlib's source"),
     ),
 )
 
@@ -211,5 +212,6 @@ MODEL_SPECS: SpecTable[Spec] = SpecTable(
         Spec("cnn1d", "1-D convolutional network"),
         Spec("cnn", "2-D convolutional network"),
         Spec("resnet20", "ResNet-20"),
+        Spec("char-transformer", "small causal character transformer"),
     ),
 )

@@ -7,6 +7,7 @@ mnist1d             generated locally (Greydanus 2020), cached as .npz          
 digits              shipped ``digits.npz`` (scikit-learn's copy), ÷ 16          (1, 8, 8)
 gaussian-mixture    generated (`concord.core.data.synthetic`)                           (dim,)
 cifar10             local ``cifar-10-batches-py`` files (`concord.core.data.cifar`)     (3, 32, 32)
+pystdlib-chars      the interpreter's stdlib source (`concord.core.data.pystdlib`)     (seq_len,)
 ==================  =========================================================  ===============
 
 Nothing is downloaded. ``root`` is used by on-disk datasets and ``cache_dir`` by generated ones that
@@ -35,6 +36,7 @@ from concord.core.data.base import (
 from concord.core.data.cifar import load_cifar10
 from concord.core.data.mnist1d import load_mnist1d
 from concord.core.data.plugin import load_user_dataset, user_dataset_options
+from concord.core.data.pystdlib import load_pystdlib_chars
 from concord.core.data.synthetic import load_gaussian_mixture
 from concord.core.plugins import is_spec
 from concord.core.registry import Registry
@@ -42,7 +44,7 @@ from concord.core.specs import DATASET_SPECS
 
 DatasetLoader = Callable[..., Dataset]
 DATASETS: Registry[DatasetLoader] = Registry("dataset", DATASET_SPECS)
-DATASET_NAMES = ("mnist1d", "digits", "gaussian-mixture", "cifar10")
+DATASET_NAMES = ("mnist1d", "digits", "gaussian-mixture", "cifar10", "pystdlib-chars")
 _CONTEXT_ARGS = ("seed", "root", "cache_dir")  # passed only to loaders that declare them
 DIGITS_FILE = "digits.npz"  # package data next to this module; see scripts/export_digits.py
 DIGITS_COUNT = 1797
@@ -111,6 +113,7 @@ DATASETS.add("mnist1d", load_mnist1d)
 DATASETS.add("digits", load_digits_dataset)
 DATASETS.add("gaussian-mixture", load_gaussian_mixture)
 DATASETS.add("cifar10", load_cifar10)
+DATASETS.add("pystdlib-chars", load_pystdlib_chars)
 
 
 def dataset_options(name: str) -> list[str]:

@@ -22,6 +22,9 @@ Names (``MODEL_NAMES``) and their options (all optional):
   ``shortcut``: ``"b"`` (default; 1×1 conv + norm projection where the shape changes — the
   ``downsample`` of the Koloskova/Lin/Vogels code base used by Consensus Control and RelaySGD) or
   ``"a"`` (He et al.'s parameter-free CIFAR option: subsample and zero-pad channels).
+* ``char-transformer`` — a small causal transformer for next-character prediction (input
+  ``(context,)`` of character codes); options ``layers`` (2), ``width`` (128), ``heads`` (4, must
+  divide width). See :mod:`concord.core.models.transformer`.
 
 Every model draws its initial weights with PyTorch's default initialisation (see
 :meth:`ReplicaModel.reset_parameters`), not with the custom schemes of the cited code bases.
@@ -47,6 +50,7 @@ from concord.core.models.layers import (
     flatten_features,
     fold,
 )
+from concord.core.models.transformer import build_char_transformer
 from concord.core.registry import Registry
 from concord.core.specs import MODEL_SPECS
 
@@ -377,5 +381,7 @@ def _build_resnet20(
         shortcut=shortcut,
     )
 
+
+MODELS.add("char-transformer", build_char_transformer)  # concord.core.models.transformer
 
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS.names())
