@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
+import math
 import multiprocessing as mp
 import os
 import socket
@@ -177,6 +179,113 @@ def crossover(model: Model, gbit: float, contender: str) -> int | None:
         if g < model.step_s(model.allreduce_s(n, rate), overlap=True):
             return n
     return None
+
+
+# -- the latency term: one step across a wide-area path (``bench/edge.py --map``) ---------------
+
+FIRST_BUCKET_BYTES = 1 << 20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+BUCKET_BYTES = 25 << 20  # its later buckets (``bucket_cap_mb`` = 25)
+GLOO_HANDSHAKE = 2  # one-way delays per ring hop of gloo: the receiver's "ready", then the data
+
+
+@dataclass(frozen=True)
+class WanPath:
+    """The path between two peers: round trip ``rtt_s``, bottleneck ``rate`` (bytes/s) and
+    ``burst``: the bytes a token bucket lets through at once after an idle spell (``tbf``'s bucket
+    on an emulated link; 0: none), which only the bytes of a message beyond it wait for."""
+
+    rtt_s: float
+    rate: float
+    burst: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.rtt_s >= 0 and self.rate > 0 and self.burst >= 0):
+            raise ValueError(f"WanPath needs rtt_s ≥ 0, rate > 0, burst ≥ 0; got {self}")
+
+    @property
+    def one_way_s(self) -> float:
+        return self.rtt_s / 2
+
+    def wire_s(self, nbytes: float) -> float:
+        """Serialization time of one message of ``nbytes`` at the bottleneck."""
+        return max(0.0, nbytes - self.burst) / self.rate
+
+
+def tbf_burst(rate_mbit: float, mtu: int = 9000) -> float:
+    """The bucket `concord.lab.net.Net.cap` gives a link of ``rate_mbit``: 4 ms at the rate, at
+    least 32 KiB and one frame."""
+    return float(max(32 * 1024, int(rate_mbit * 1e6 / 8 * 0.004), mtu + 64))
+
+
+def ddp_buckets(grad_bytes: float) -> int:
+    """How many all-reduces DDP runs per step for ``grad_bytes`` of (fp32) gradients: a first
+    bucket of 1 MiB, then 25 MiB each (a bucket is filled before any hook compresses it)."""
+    if grad_bytes <= FIRST_BUCKET_BYTES:
+        return 1
+    return 1 + math.ceil((grad_bytes - FIRST_BUCKET_BYTES) / BUCKET_BYTES)
+
+
+def ring_allreduce_wan_s(
+    n: int,
+    nbytes: float,
+    path: WanPath,
+    overhead_s: float = 0.0,
+    handshake: int = GLOO_HANDSHAKE,
+    buckets: int = 1,
+) -> float:
+    """A ring all-reduce of ``nbytes`` (on the wire) among ``n`` peers, in ``buckets`` equal
+    all-reduces one after another: each bucket is 2(n−1) sequential hops (reduce-scatter, then
+    all-gather), each paying the per-message latency α = ``handshake`` one-way delays +
+    ``overhead_s`` and sending a chunk of nbytes/(n·buckets):
+
+        T = buckets · 2(n−1) · (α + wire(nbytes / (n · buckets)))
+
+    which, with no token bucket (``burst`` 0), is buckets · 2(n−1)·α + 2(n−1)/n · nbytes / rate."""
+    if n < 2 or buckets < 1:
+        raise ValueError(f"ring_allreduce_wan_s needs n ≥ 2 and buckets ≥ 1; got {n}, {buckets}")
+    alpha = handshake * path.one_way_s + overhead_s
+    return buckets * 2 * (n - 1) * (alpha + path.wire_s(nbytes / (n * buckets)))
+
+
+def gossip_wan_s(nbytes: float, path: WanPath, overhead_s: float = 0.0) -> float:
+    """One one-peer gossip exchange of ``nbytes``: every peer sends its message to one peer and
+    waits for one, sent at the same moment, so the step pays one message: α + wire(nbytes), with
+    α = one one-way delay + ``overhead_s`` (the sender does not wait for its Ack)."""
+    return path.one_way_s + overhead_s + path.wire_s(nbytes)
+
+
+@dataclass(frozen=True)
+class EdgeModel:
+    """Step times at the edge, no overlap (DDP's single bucket is ready only when backward ends;
+    the map's gossip runs without ``overlap``): ``floor`` + the path's term, where a floor is
+    what does not depend on the path — the step's compute and the per-message software costs
+    (`calibrate` takes them from the measured cell with the smallest path term).
+    ``params``: the model's parameters (DDP buckets 4 bytes each, sends 2 with the fp16 hook;
+    gossip sends 2 with the bf16 wire)."""
+
+    n: int
+    params: int
+    ddp_floor_s: float = 0.0
+    gossip_floor_s: float = 0.0
+    handshake: int = GLOO_HANDSHAKE
+
+    def ddp_fp16_s(self, path: WanPath) -> float:
+        buckets = ddp_buckets(4.0 * self.params)
+        comm = ring_allreduce_wan_s(self.n, 2.0 * self.params, path, 0.0, self.handshake, buckets)
+        return self.ddp_floor_s + comm
+
+    def gossip_bf16_s(self, path: WanPath) -> float:
+        return self.gossip_floor_s + gossip_wan_s(2.0 * self.params, path)
+
+    def calibrate(self, path: WanPath, ddp_s: float, gossip_s: float) -> EdgeModel:
+        """The floors that make the model match ``ddp_s`` and ``gossip_s`` measured on ``path``
+        (clamped at 0: a negative floor means the path term over-predicts there)."""
+        bare = dataclasses.replace(self, ddp_floor_s=0.0, gossip_floor_s=0.0)
+        return dataclasses.replace(
+            self,
+            ddp_floor_s=max(0.0, ddp_s - bare.ddp_fp16_s(path)),
+            gossip_floor_s=max(0.0, gossip_s - bare.gossip_bf16_s(path)),
+        )
 
 
 # -- measurements --------------------------------------------------------------------------------

@@ -101,10 +101,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import concord.lab.net as netns
+from bench import edge_map
 from bench._procs import reap, set_tag, tagged
 from bench.edge_budget import base_sets
 from bench.edge_runs import Case, run_concord, run_ddp
-from bench.time_to_accuracy import TORCH_PLANE, Contender, Run, _dsgd, overlap_key
+from bench.time_to_accuracy import (
+    CHOCO_TOPK,
+    TORCH_PLANE,
+    Contender,
+    Run,
+    _dsgd,
+    overlap_key,
+)
 
 TARGET_MARGIN_PP = 0.5
 HIDDEN = [128, 128]
@@ -129,20 +137,7 @@ def contenders() -> list[Contender]:
     key = overlap_key()
     if key is not None:
         out.append(_dsgd(*exp, "bf16", f"{key}=true"))
-    out.append(
-        Contender(
-            "choco_topk",
-            "concord",
-            (
-                "algorithm=choco",
-                "topology=ring",
-                "compression.codec=topk",
-                "compression.ratio=0.01",
-                "compression.gamma=0.1",
-                "control.mode=none",
-            ),
-        )
-    )
+    out.append(CHOCO_TOPK)
     return out
 
 
@@ -248,6 +243,46 @@ def write_csv(path: Path, by_profile: dict[str, list[Run]]) -> None:
                     w.writerow([profile, r.name, step, f"{t:.3f}", f"{acc:.4f}"])
 
 
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 0:
+        raise SystemExit(f"{flag}: expected comma-separated non-negative numbers, got {text!r}")
+    return values
+
+
+def crossover_map(args: argparse.Namespace, every: Mapping[str, Contender]) -> int:
+    """``--map``: `bench.edge_map`'s grid measured, its CSV, heat map and JSON line."""
+    points = [(r, m) for r in _floats(args.rtts, "--rtts") for m in _floats(args.rates, "--rates")]
+    if any(m <= 0 for _, m in points):
+        raise SystemExit("--rates: a rate must be > 0 Mbit/s")
+    s = Settings(
+        out=args.out or Path(tempfile.mkdtemp(prefix="concord-edge-map-")),
+        epochs=args.epochs or edge_map.MAP_EPOCHS,
+        samples=args.samples or 5000,
+    )
+    s.out.mkdir(parents=True, exist_ok=True)
+    token = set_tag()
+    t0 = time.monotonic()
+    print(f"crossover map: {len(points)} points × {edge_map.MAP_CONTENDERS}, {s.peers} peers, "
+          f"{s.epochs:g} epochs, out: {s.out}", flush=True)  # fmt: skip
+    try:
+        sets = [*s.sets(), "eval.every=100"]  # one evaluation, after the last step
+        cells = edge_map.measure(s.out, sets, dict(every), points, s.peers,
+                                 log=lambda m: print(m, flush=True))  # fmt: skip
+    finally:
+        reap(tagged(token))
+    result = edge_map.summarize(cells, s.hidden, s.peers)
+    edge_map.write_map_csv(s.out / "edge_map.csv", result["cells"])
+    edge_map.plot_map(s.out / "edge_map.png", result["cells"])
+    result.update(epochs=s.epochs, peers=s.peers, hidden=s.hidden,
+                  wall_s=round(time.monotonic() - t0, 1), out=str(s.out))  # fmt: skip
+    print(json.dumps(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -256,12 +291,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=float)
     p.add_argument("--samples", type=int)
     p.add_argument("--out", type=Path)
+    p.add_argument("--map", action="store_true", help="the crossover map (bench/edge_map.py)")
+    p.add_argument("--rtts", default=",".join(f"{x:g}" for x in edge_map.RTTS_MS),
+                   help="--map: RTTs peer to peer, ms")  # fmt: skip
+    p.add_argument("--rates", default=",".join(f"{x:g}" for x in edge_map.RATES_MBIT),
+                   help="--map: link rates, Mbit/s each way")  # fmt: skip
     args = p.parse_args(argv)
     ok, why = netns.available()
     if not ok:
         print(f"network namespaces unavailable: {why}", file=sys.stderr)
         return 2
     every = {c.name: c for c in contenders()}
+    if args.map:
+        return crossover_map(args, every)
     profiles = args.profiles.split(",")
     names = {
         p: args.contenders.split(",") if args.contenders else QUICK if args.quick else DEFAULT[p]

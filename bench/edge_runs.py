@@ -36,20 +36,27 @@ DDP_PORT = 29500
 
 @dataclass(frozen=True)
 class Case:
-    """Where a contender runs: the emulation ``profile`` (a `concord.lab.net.PROFILES` name),
-    the ``slow`` peers / ranks and how much slower they compute."""
+    """Where a contender runs: the emulation ``profile`` (a `concord.lab.net.PROFILES` name,
+    and the name of the run's folder), or ``emulation`` when given (``profile`` then only names
+    the folder: the crossover map's points), the ``slow`` peers / ranks and how much slower they
+    compute."""
 
     profile: str
     slow: tuple[int, ...] = ()
     slow_factor: float = 1.0
+    emulation: netns.Emulation | None = None
+
+    def links(self) -> netns.Emulation:
+        """The emulated network of this case."""
+        return self.emulation if self.emulation is not None else netns.profile(self.profile)
 
 
 def _net(case: Case, peers: Sequence[str], others: Sequence[str]) -> netns.Net:
-    return netns.Net.for_emulation(netns.profile(case.profile), [*peers, *others])
+    return netns.Net.for_emulation(case.links(), [*peers, *others])
 
 
 def _apply(net: netns.Net, case: Case, peers: Sequence[str], others: Sequence[str]) -> None:
-    net.apply(netns.profile(case.profile), [net[h] for h in peers], [net[h] for h in others])
+    net.apply(case.links(), [net[h] for h in peers], [net[h] for h in others])
 
 
 def _measure_links(run: Run, net: netns.Net, hosts: Sequence[str]) -> None:

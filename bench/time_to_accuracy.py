@@ -134,6 +134,22 @@ def overlap_key() -> str | None:
     return None
 
 
+CHOCO_TOPK = Contender(
+    "choco_topk",
+    "concord",
+    (
+        "algorithm=choco",
+        "topology=ring",
+        "compression.codec=topk",
+        "compression.ratio=0.01",
+        "compression.gamma=0.1",
+        "control.mode=none",
+    ),
+)
+"""CHOCO-SGD on the ring with top-k (1 %) compression, γ = 0.1 (also a contender of
+``bench/edge.py``)."""
+
+
 def contenders() -> list[Contender]:
     out = [Contender("ddp_fp32", "ddp"), Contender("ddp_fp16", "ddp", hook="fp16")]
     out += [
@@ -142,20 +158,7 @@ def contenders() -> list[Contender]:
         for control in ("none", "adaptive")
         for wire in ("fp32", "bf16")
     ]
-    out.append(
-        Contender(
-            "choco_topk",
-            "concord",
-            (
-                "algorithm=choco",
-                "topology=ring",
-                "compression.codec=topk",
-                "compression.ratio=0.01",
-                "compression.gamma=0.1",
-                "control.mode=none",
-            ),
-        )
-    )
+    out.append(CHOCO_TOPK)
     # equal-budget control: exactly FIXED_ROUNDS rounds in every phase-1 step, no decisions to
     # wait for (what adaptive control converges to here, without its per-round barrier)
     fixed = _dsgd("exp", "exponential-one-peer", "none", "bf16")
