@@ -35,7 +35,7 @@ from typing import IO, Any, Protocol
 import structlog
 import torch
 
-from concord.core.config import RunConfig, to_toml
+from concord.core.config import RunConfig, apply_overrides, to_toml
 from concord.core.control.consensus import consensus_distance
 from concord.core.loop import check_algorithm
 from concord.core.records import (
@@ -139,6 +139,22 @@ class Loopback:
 
     def monitor(self) -> AbstractContextManager[object]:
         return contextlib.nullcontext()
+
+
+def _store_on_placement(cfg: RunConfig, placement: Placement) -> RunConfig:
+    """The torch data plane's rendezvous store, hosted by the orchestrator, is announced by
+    the orchestrator's host name unless ``network.torch.store_host`` says otherwise; behind
+    emulated links that name means nothing to a peer's namespace, so the store is announced at
+    the orchestrator's address there (the config the run records says so)."""
+    t = cfg.network.torch
+    if (
+        isinstance(placement, Loopback)
+        or cfg.network.transport != "torch"
+        or t.init not in ("auto", "orchestrator")
+        or t.store_host is not None
+    ):
+        return cfg
+    return apply_overrides(cfg, {"network.torch.store_host": placement.address("orchestrator")})
 
 
 class Children:
@@ -529,6 +545,7 @@ def _run_processes(
     started = time.perf_counter()
     placement = placement or Loopback()
     broker = broker or placement.broker
+    cfg = _store_on_placement(cfg, placement)
     for stale in STALE_FILES:  # an earlier run's (`concord sim` refuses a reused --out first)
         (run_dir / stale).unlink(missing_ok=True)
     for i in range(cfg.peers):

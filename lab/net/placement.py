@@ -105,8 +105,11 @@ class NetPlacement:
         self.net.close()
 
     def start(self, name: str, argv: Sequence[str], **popen_kw: Any) -> subprocess.Popen[bytes]:
-        """Start child ``name`` in its namespace (the `Net` kills it at the latest on exit)."""
-        proc: subprocess.Popen[bytes] = self.net[_host_name(name)].run(argv, **popen_kw)
+        """Start child ``name`` in its namespace (the `Net` kills it at the latest on exit).
+        Its torch.distributed gloo sockets bind the emulated link (``eth0``): by default gloo
+        binds the address the host name resolves to, loopback in a namespace."""
+        env = {**(popen_kw.pop("env", None) or os.environ), "GLOO_SOCKET_IFNAME": "eth0"}
+        proc: subprocess.Popen[bytes] = self.net[_host_name(name)].run(argv, env=env, **popen_kw)
         return proc
 
     def address(self, name: str) -> str:

@@ -59,6 +59,30 @@ def test_a_run_behind_emulated_links_finishes_and_leaves_nothing(tmp_path: Path)
     assert not _owned(launcher.pid)
 
 
+def test_the_torch_data_plane_runs_behind_emulated_links(tmp_path: Path) -> None:
+    """The orchestrator's rendezvous store is announced at its emulated address (its host name
+    means nothing in a peer's namespace) and gloo binds the emulated link: without either the
+    peers wait for the store until the launcher gives up."""
+    net = tmp_path / "net.toml"
+    net.write_text(SMALL)
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        _sim(out, net, "network.transport=torch"), stderr=subprocess.PIPE, text=True
+    )
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["peers_completed"] == [0, 1]
+    stores = [
+        json.loads(line)
+        for line in (out / "log.jsonl").read_text().splitlines()
+        if "orchestrator.torch_store" in line
+    ]
+    assert [s["address"].startswith("10.") for s in stores] == [True], stores
+    assert 'store_host = "10.' in (out / "config.toml").read_text()
+    assert not _owned(launcher.pid)
+
+
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     end = time.monotonic() + timeout
     while not predicate():
