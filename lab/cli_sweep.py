@@ -239,6 +239,12 @@ def report_group() -> None:
     metavar="PATH",
     help="write a markdown report generated from the --csv rows (needs --csv; overwritten)",
 )
+@click.option(
+    "--at-commit",
+    is_flag=True,
+    help="when both the host and the code differ from the report's, re-run the cell with the "
+    "report's commit too (a temporary git worktree) to decide which explains a difference",
+)
 @click.pass_context
 def report_verify(
     ctx: click.Context,
@@ -252,6 +258,7 @@ def report_verify(
     count_tol: float | None,
     csv_path: str | None,
     markdown_path: str | None,
+    at_commit: bool,
 ) -> None:
     """Re-run one cell of the report in each DIR (table.csv, or consensus-control's runs.csv)
     with its recorded configuration and compare accuracy, worst peer, gossip rounds and bytes
@@ -276,6 +283,7 @@ def report_verify(
             ("--count-tol", "count_tol", count_tol),
             ("--csv", "csv_path", csv_path),
             ("--markdown", "markdown_path", markdown_path),
+            ("--at-commit", "at_commit", at_commit or None),
         )
         if value is not None and ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
     ]
@@ -290,6 +298,7 @@ def report_verify(
             markdown_path=markdown_path,
             command=command_line(directories, given),
             echo=click.echo,
+            at_commit=at_commit,
         )
     except VerifyError as exc:
         fail(str(exc))

@@ -33,6 +33,7 @@ from concord.core.graphs.topology import describe, exponential_name, max_exponen
 from concord.core.records import JSON, Manifest, MetricsRecord, OrchestratorSummary, Record
 from concord.orchestrator.admission import PeerInfo
 from concord.orchestrator.rounds import RoundRecord
+from concord.runtime.hostinfo import host_facts
 from concord.runtime.lock import DirLock
 from concord.runtime.records import truncate_metrics
 
@@ -106,7 +107,8 @@ def manifest(
 ) -> Manifest:
     """``manifest.json``: the run's shape, the admitted ``peers``' addresses and fingerprint, and
     a description of every topology it may gossip on (``topologies``: the per-phase graphs the
-    schedule publishes, adaptive runs)."""
+    schedule publishes, adaptive runs), and the orchestrator's host (``host``:
+    `concord.runtime.hostinfo.host_facts`; torch-free, so without the ``torch.*`` facts)."""
     names = {
         topologies.get(p.index) or p.topology or cfg.topology
         for p in plan.phases
@@ -130,6 +132,7 @@ def manifest(
         addresses={str(i): p.address for i, p in peers.items()},
         fingerprint=peers[0].fingerprint,
         config=cfg.to_dict(),
+        host=host_facts(),
     )
 
 

@@ -1,7 +1,7 @@
 """The run directory: what a run leaves behind.
 
 config.toml       the resolved configuration (re-runnable: ``concord sim config.toml``)
-manifest.json     versions, seeds, topology spectra, plan, model fingerprint, machine
+manifest.json     versions, seeds, topology spectra, plan, model fingerprint, machine, host facts
 metrics.jsonl     one JSON object per step ("kind": "step") and per evaluation ("kind": "eval")
 partition.json    per-peer sample counts and label histograms
 calibration.json  the uncontrolled pass's max statistic per phase (constant targets only)
@@ -51,6 +51,7 @@ from concord.core.records import (
     RunSummary,
 )
 from concord.errors import ConcordError
+from concord.runtime.hostinfo import host_facts
 from concord.runtime.lock import DirLock
 from concord.runtime.logs import json_default, open_log
 from concord.runtime.records import truncate_metrics as truncate_metrics
@@ -246,7 +247,8 @@ class RunWriter:
         parameters: int,
         device: str,
     ) -> Manifest:
-        """``manifest.json`` of a vectorized run: its shape, the versions and the machine."""
+        """``manifest.json`` of a vectorized run: its shape, the versions and the machine (``host``:
+        `concord.runtime.hostinfo.host_facts`, the facts that decide bit-equality across hosts)."""
         manifest = Manifest(
             engine="vectorized",
             created=dt.datetime.now(dt.UTC).isoformat(),
@@ -268,6 +270,7 @@ class RunWriter:
             numpy=np.__version__,
             platform=platform.platform(),
             torch_threads=torch.get_num_threads(),
+            host=host_facts(),
         )
         self.write_json("manifest.json", manifest)
         return manifest

@@ -77,8 +77,16 @@ def environment(
     ``preset.json``): ``torch``, ``python``, ``platform``, ``cpu`` (model name), ``cores``
     (logical), ``threads`` (torch threads per run: the config's ``threads``; None → what
     `concord.lab.sweep.run_sweep` gives each of its ``jobs`` workers, cores // jobs), ``jobs``
-    (runs at a time) and ``engine``."""
+    (runs at a time), ``engine``, ``host`` (`concord.runtime.hostinfo.host_facts`: the facts that
+    decide whether two hosts compute the same bits — CPU family/model/stepping/flags, numpy's
+    BLAS, torch's build and CPU capability, thread variables) and ``git_commit`` (the commit of
+    the code, None outside a git checkout) with ``git_dirty`` (uncommitted changes to the code:
+    True, False, or None when unknown)."""
+    import numpy  # noqa: F401  (loaded, so that host_facts records its BLAS)
     import torch
+
+    from concord.runtime.hostinfo import host_facts
+    from concord.runtime.rundir import git_commit
 
     cores = os.cpu_count() or 1
     return {
@@ -90,7 +98,31 @@ def environment(
         "threads": threads if threads is not None else max(1, cores // (jobs or 1)),
         "jobs": jobs,
         "engine": engine,
+        "host": host_facts(),
+        "git_commit": git_commit(),
+        "git_dirty": code_dirty(),
     }
+
+
+CODE_PATHS = ("concord", "core", "lab", "orchestrator", "peer", "protos", "runtime", "sim",
+              "pyproject.toml")  # fmt: skip
+"""The paths of the repository that hold code (what `code_dirty` and ``concord report verify``
+compare between commits); the others (docs, tests, examples) do not change a run."""
+
+
+def code_dirty() -> bool | None:
+    """Whether the code (`CODE_PATHS`) of this concord's git checkout has uncommitted changes
+    (None: not a git checkout, or git failed)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                              *CODE_PATHS], capture_output=True, text=True, timeout=10,
+                             cwd=root)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
 
 
 MANIFEST_VERSION = 2

@@ -155,12 +155,17 @@ def verify_reports(
     echo: Callable[[str], None] = print,
     run_fn: RunFn | None = None,
     console: Console | None = None,
+    at_commit: bool = False,
+    code_root: str | Path | None = None,
 ) -> int:
     """Re-run the chosen cell of each report (`Choice`s; `parse_directories`) and print each
     comparison; with ``csv_path``, write the reproducibility record (`record_rows`), with
     ``markdown_path`` too (needs ``csv_path``) its report (`render_markdown`; ``command``: the
     command line it shows, default rebuilt from the arguments; ``today``: its date, default
-    today's). Every input is checked before the first re-run. ``out``: one report's re-run goes
+    today's); ``at_commit``: a cell whose host and code both differ from the report's is
+    re-run with the report's commit too, to decide (`concord.lab.verify.diagnose`);
+    ``code_root``: the checkout whose code runs here (default: this concord's). Every input is
+    checked before the first re-run. ``out``: one report's re-run goes
     to ``out/runs/NAME``, several to ``out/<i>-<directory name>/runs/NAME`` (default: a fresh
     temporary directory). Returns 0 every metric of every cell within tolerance, 1 any differs
     or a re-run failed; raises `VerifyError` for bad input (exit 2)."""
@@ -219,7 +224,8 @@ def verify_reports(
                 echo(f"=== {i}/{len(prepared)}: {choice.directory} ===")
             outcomes.append(
                 rerun(choice.directory, target, base, cfg, out_dir, tol=tol, count_tol=count_tol,
-                       echo=echo, run_fn=run_fn, console=console, kept=kept)
+                       echo=echo, run_fn=run_fn, console=console, kept=kept, at_commit=at_commit,
+                       code_root=None if code_root is None else Path(code_root))
             )  # fmt: skip
         rows = record_rows(outcomes)
         if several:
@@ -269,6 +275,7 @@ def verify_main(
     echo: Callable[[str], None] = print,
     run_fn: RunFn | None = None,
     console: Console | None = None,
+    at_commit: bool = False,
 ) -> int:
     """Re-run a cell of the report in ``directory`` and print the comparison; returns the exit
     code: 0 every metric within tolerance, 1 a metric differs or the re-run failed. Raises
@@ -287,4 +294,5 @@ def verify_main(
         echo=echo,
         run_fn=run_fn,
         console=console,
+        at_commit=at_commit,
     )

@@ -13,7 +13,7 @@ import csv
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,9 @@ class Target:
     source: str
     chosen: str
     notes: tuple[str, ...] = ()
+    seeds: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """Metric column → the committed values of every seed of the cell that succeeded (the
+    cell: the runs with the same row and column keys), for its seed-spread tolerance."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +341,14 @@ def load_target(
             "configuration is not recorded"
         )
     present = tuple(m for m in manifest.metrics if m.column in cell.record)
+    same = [
+        c for c in cells if _ok(c) and (c.row_key, c.column_key) == (cell.row_key, cell.column_key)
+    ]
+    siblings = same if cell.row_key and cell.column_key else [cell]  # fmt: skip
+    seeds = {
+        m.column: tuple(x for c in siblings if (x := number(c.record.get(m.column))) is not None)
+        for m in present
+    }
     return Target(directory, manifest.table, str(manifest.meta.get("preset", directory.name)),
                   manifest.runs[cell.name], cell, manifest.items, present, manifest.meta,
-                  manifest.source, chosen)  # fmt: skip
+                  manifest.source, chosen, seeds=seeds)  # fmt: skip

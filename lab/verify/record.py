@@ -40,6 +40,9 @@ RECORD_COLUMNS = (
     "this_cpu",
     "this_threads",
     "same_machine",
+    "host_differs",
+    "code",
+    "cause",
 )
 """The reproducibility record's columns (`record_rows`)."""
 
@@ -61,8 +64,11 @@ def record_rows(outcomes: Sequence[Outcome]) -> list[dict[str, str]]:
     ``run``, ``metric``, ``unit`` ("%": ``committed`` / ``rerun`` in percent, ``abs_delta`` and
     ``tolerance`` in percentage points; "rounds" or "bytes": absolute counts, ``tolerance`` the
     largest ``abs_delta`` allowed, 0 exact), ``verdict`` (ok, DIFFERS, FAILED: the re-run failed,
-    no ``rerun``), the recorded torch / CPU / threads (empty: not recorded), this machine's and
-    ``same_machine`` (true: all three equal)."""
+    no ``rerun``), the recorded torch / CPU / threads (empty: not recorded), this machine's,
+    ``same_machine`` (true: the host facts — or, for a report without them, torch, CPU and
+    threads — are equal), ``host_differs`` (the differing facts, "; "-separated), ``code``
+    (same, differs, unknown: the report's commit against this checkout) and ``cause`` (the
+    cell's conclusion: reproduces, host, code, regression, undecided, unknown, failed)."""
     rows = []
     for o in outcomes:
         recorded, here = o.target.recorded, o.here
@@ -71,6 +77,9 @@ def record_rows(outcomes: Sequence[Outcome]) -> list[dict[str, str]]:
             **{f"recorded_{k}": _text(recorded.get(k)) for k in ("torch", "cpu", "threads")},
             **{f"this_{k}": _text(here.get(k)) for k in ("torch", "cpu", "threads")},
             "same_machine": "true" if o.state == "same" else "false",
+            "host_differs": "; ".join(o.host.facts),
+            "code": o.code.state,
+            "cause": o.cause,
         }
         if not o.checks:
             rows.append({**common, "metric": "(none compared)", "unit": "", "committed": "",
@@ -168,6 +177,11 @@ def summarize(rows: Sequence[Mapping[str, str]]) -> tuple[str, list[str]]:
             "same": "on the recorded machine: not explained by the machine",
             "unknown": "the report does not record its machine",
         }[reason]
+        if first.get("cause") == "host" and reason == "machine":
+            why += " (--at-commit or the same code: the host, not the code)"
+        elif first.get("cause") in ("undecided", "code") and first.get("code") == "differs":
+            why += "; the code differs from the report's commit too"
+            why += " (--at-commit decides)" if first.get("cause") == "undecided" else ""
         details.append(f"`{first['directory']}` run `{first['run']}` {what}; {why}")
     return line, details
 
@@ -293,6 +307,11 @@ def render_markdown(
                 if differs
                 else f"{recorded}: the same as this machine."
             )
+        if first.get("host_differs"):
+            lines.append(f"Host facts that differ: {first['host_differs']}.")
+        if first.get("code"):
+            lines.append(f"Code against the report's commit: {first['code']}; conclusion: "
+                         f"{first.get('cause') or '—'}.")  # fmt: skip
         header = ["metric", "committed", "re-run", "|Δ|", "tolerance", "verdict"]
         lines += ["", markdown_grid(header, [_md_cells(r) for r in cell]).rstrip("\n")]
     line, details = summarize(rows)

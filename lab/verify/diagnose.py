@@ -1,0 +1,230 @@
+"""Why a re-run differs from a report: the host, the code, or neither (`concord.lab.verify`).
+
+A report records the host facts of the machine that produced it (``preset.json``'s ``host``,
+`concord.runtime.hostinfo.host_facts`) and the commit of its code (``git_commit``). A re-run
+compares both with this machine and checkout:
+
+- the host (`compare_hosts`): "same" (every decisive fact equal), "differs" (the facts that
+  differ are named: "cpu flags +avx512f", "numpy.version 1.26.4 → 2.1.0"), or, for a report
+  that predates host facts, the torch / CPU / threads it records (a model name such as
+  "AMD EPYC" says little: two hosts with that name can expose different flags);
+- the code (`compare_code`): "same" when ``git diff`` between the report's commit and this
+  checkout touches none of the code paths (`concord.lab.presets.report.CODE_PATHS`), "differs"
+  (with the commits and how many files), "unknown" without git or a commit. A report without
+  ``git_commit`` is taken at the commit that last changed its table (said so).
+
+When both differ, only a re-run of the report's own code on this host separates them
+(`rerun_at_commit`, ``--at-commit``): the report's commit is checked out in a temporary
+``git worktree`` and the cell re-run there with that commit's own ``concord report verify``. If
+it gives this re-run's values, the host is the reason; if it gives the committed ones, the code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from concord.core.records import RunSummary
+from concord.lab.presets.report import CODE_PATHS
+from concord.lab.verify.manifest import Target, VerifyError
+from concord.runtime.hostinfo import host_differences
+from concord.runtime.records import read_summary
+
+__all__ = [
+    "CodeState",
+    "HostState",
+    "compare_code",
+    "compare_hosts",
+    "rerun_at_commit",
+]
+
+
+@dataclass(frozen=True)
+class HostState:
+    """The recorded host against this one: ``state`` "same", "differs" or "not recorded";
+    ``facts``: the differing facts as a verdict shows them; ``from_facts``: False when the report
+    records no host facts and the comparison fell back to its torch / CPU / threads."""
+
+    state: str
+    facts: tuple[str, ...] = ()
+    from_facts: bool = True
+
+    def describe(self) -> str:
+        if self.state == "same":
+            what = "host facts" if self.from_facts else "torch, CPU and threads (no host facts)"
+            return f"host: same ({what} equal)"
+        if self.state == "differs":
+            return "host differs: " + ", ".join(self.facts)
+        return "host: not recorded by the report"
+
+
+@dataclass(frozen=True)
+class CodeState:
+    """The report's code against this checkout: ``state`` "same", "differs" or "unknown";
+    ``recorded``: the report's commit (None: unknown); ``how``: where it comes from;
+    ``detail``: what differs."""
+
+    state: str
+    recorded: str | None = None
+    how: str = ""
+    detail: str = ""
+
+    def describe(self) -> str:
+        if self.state == "unknown":
+            return f"code: unknown ({self.detail})" if self.detail else "code: unknown"
+        word = "same as" if self.state == "same" else "differs from"
+        text = f"code {word} the report's commit {(self.recorded or '')[:10]} ({self.how})"
+        return text + (f": {self.detail}" if self.detail else "")
+
+
+_FALLBACK = (("torch", "torch"), ("cpu", "CPU"), ("threads", "torch threads per run"))
+
+
+def compare_hosts(recorded: Mapping[str, Any], here: Mapping[str, Any]) -> HostState:
+    """The report's machine (``recorded``: its ``preset.json``) against this one (``here``:
+    `concord.lab.presets.report.environment`). The threads per run count with the host facts."""
+    old, new = recorded.get("host"), here.get("host")
+    if isinstance(old, dict) and isinstance(new, dict):
+        facts = [str(d) for d in host_differences(old, new)]
+        facts += [  # the model name and the threads per run, as the report states them
+            f"{label} {recorded.get(key)} → {here.get(key)}"
+            for key, label in _FALLBACK[1:]
+            if recorded.get(key) is not None and str(recorded.get(key)) != str(here.get(key))
+        ]
+        return HostState("differs" if facts else "same", tuple(facts))
+    if recorded.get("torch") is None:
+        return HostState("not recorded", from_facts=False)
+    facts = [
+        f"{label} {recorded.get(key)} → {here.get(key)}"
+        for key, label in _FALLBACK
+        if str(recorded.get(key)) != str(here.get(key))
+    ]
+    return HostState("differs" if facts else "same", tuple(facts), from_facts=False)
+
+
+def _git(cwd: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, check=False)  # fmt: skip
+
+
+def repo_root(path: Path) -> Path | None:
+    """The top of the git checkout holding ``path`` (None: not in one, or no git)."""
+    try:
+        out = _git(path, "rev-parse", "--show-toplevel")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def compare_code(target: Target, code_root: Path | None = None) -> CodeState:
+    """The code of the report in ``target`` against the code at ``code_root`` (default: this
+    concord's checkout): the report's ``git_commit``, else the commit that last changed its table;
+    "same" when ``git diff`` from that commit to the working tree of ``code_root`` changes no
+    code path."""
+    root = code_root or Path(__file__).resolve().parents[2]
+    if repo_root(root) is None:
+        return CodeState("unknown", detail="this concord is not a git checkout")
+    recorded = target.recorded.get("git_commit")
+    how = "recorded in preset.json"
+    if not recorded:
+        where = repo_root(target.directory)
+        if where is None:
+            return CodeState("unknown", detail="the report records no commit and is not in git")
+        table = target.directory.resolve() / target.csv_name
+        out = _git(where, "log", "-1", "--format=%H", "--", str(table))
+        recorded = out.stdout.strip()
+        how = f"the commit that last changed {target.csv_name}; the report records none"
+        if out.returncode != 0 or not recorded:
+            return CodeState("unknown", detail="the report records no commit, its table none")
+    if _git(root, "cat-file", "-e", f"{recorded}^{{commit}}").returncode != 0:
+        return CodeState("unknown", str(recorded), how, "this checkout does not have that commit")
+    out = _git(root, "diff", "--name-only", str(recorded), "--", *CODE_PATHS)
+    if out.returncode != 0:
+        return CodeState("unknown", str(recorded), how, f"git diff failed: {out.stderr.strip()}")
+    changed = [line for line in out.stdout.splitlines() if line.strip()]
+    if not changed:
+        return CodeState("same", str(recorded), how)
+    head = _git(root, "rev-parse", "HEAD").stdout.strip()[:10]
+    dirty = _git(root, "diff", "--quiet", "HEAD", "--", *CODE_PATHS).returncode != 0
+    shown = ", ".join(changed[:3]) + (f", … ({len(changed)} files)" if len(changed) > 3 else "")
+    moved = f"{str(recorded)[:10]} → {head}" + (" with uncommitted changes" if dirty else "")
+    return CodeState("differs", str(recorded), how, f"{moved}: {shown}")
+
+
+_RUNNER = """\
+import sys
+import concord.lab.cli as cli
+worktree = sys.argv[1]
+if not cli.__file__.startswith(worktree):
+    sys.exit(f"--at-commit: imported {cli.__file__}, not the worktree's code under {worktree}")
+sys.argv = ["concord", "report", "verify", *sys.argv[2:]]
+cli.main()
+"""
+
+
+def _layout(worktree: Path, dest: Path) -> Path:
+    """The packages of ``worktree`` under their installed names (``concord``, ``concord.core``
+    …) as a tree of symlinks in ``dest``: a ``PYTHONPATH`` that imports that commit's code
+    ahead of the installed (editable) one."""
+    farm = dest / "concord"
+    farm.mkdir(parents=True)
+    for entry in (worktree / "concord").iterdir():
+        (farm / entry.name).symlink_to(entry)
+    for layer in CODE_PATHS[1:-1]:
+        if (worktree / layer).is_dir():
+            (farm / layer).symlink_to(worktree / layer)
+    return dest
+
+
+def rerun_at_commit(
+    target: Target, commit: str, out_dir: Path, *, timeout: float = 3600
+) -> tuple[RunSummary | None, str]:
+    """Re-run ``target``'s cell with the code of ``commit`` on this host: check ``commit`` out in
+    a temporary ``git worktree`` of the report's repository, run that commit's ``concord report
+    verify`` on its own copy of the report directory into ``out_dir``, and return the re-run's
+    summary (None: it failed) with the tail of its output. The worktree is removed at the end."""
+    root = repo_root(target.directory)
+    if root is None:
+        raise VerifyError(f"--at-commit: {target.directory} is not in a git checkout")
+    rel = target.directory.resolve().relative_to(root.resolve())
+    tmp = Path(tempfile.mkdtemp(prefix="concord-at-commit-"))
+    worktree = tmp / "worktree"
+    added = _git(root, "worktree", "add", "--detach", str(worktree), commit, timeout=300)
+    if added.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise VerifyError(f"--at-commit: git worktree add {commit[:10]} failed: "
+                          f"{added.stderr.strip()}")  # fmt: skip
+    try:
+        layout = _layout(worktree, tmp / "layout")
+        env = {**os.environ, "PYTHONPATH": str(layout)}
+        args = [str(worktree / rel), "--run", target.run.name, "--out", str(out_dir)]
+        try:
+            done = subprocess.run([sys.executable, "-c", _RUNNER, str(worktree), *args],
+                                  cwd=worktree, env=env, capture_output=True, text=True,
+                                  timeout=timeout, check=False)  # fmt: skip
+            output = (done.stdout + done.stderr).strip()
+        except subprocess.TimeoutExpired:
+            output = f"timed out after {timeout:g} s"
+        return read_summary(out_dir / "runs" / target.run.name), output
+    finally:
+        _git(root, "worktree", "remove", "--force", str(worktree), timeout=120)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _git(root, "worktree", "prune")
+
+
+def seed_tolerance(values: Sequence[float], tol_pp: float, k: float) -> float:
+    """The tolerance (pp) of a cell whose committed seeds gave ``values`` (fractions): the
+    larger of ``tol_pp`` and ``k`` × their sample standard deviation (in pp); ``tol_pp`` with
+    fewer than two values."""
+    import statistics
+
+    if len(values) < 2:
+        return tol_pp
+    return max(tol_pp, k * 100 * statistics.stdev(values))
