@@ -15,9 +15,11 @@ from concord.core.algorithms.catalog import (
     CAST_CODECS,
     CATALOG,
     AlgorithmSpec,
+    asynchronous_algorithms,
     overlap_algorithms,
     spec_of,
 )
+from concord.core.config_async import AsyncConfig
 from concord.core.config_deploy import MetricsConfig, NetworkConfig, OrchestratorConfig
 from concord.core.config_sections import (
     ALGORITHM_NAMES,
@@ -71,6 +73,13 @@ class RunConfig(Section):
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    # ``[async]``: a Python keyword, so declared through the namespace (read it as
+    # `RunConfig.asynchrony`); pydantic sees a field named "async" like any other
+    __annotations__["async"] = "AsyncConfig"
+    vars()["async"] = Field(
+        default_factory=AsyncConfig,
+        description="the virtual clock of asynchronous algorithms (ad-psgd, async-sgp)",
+    )
     epochs: float = Field(default=30.0, gt=0)
     seed: int = Field(default=0, ge=0)
     engine: Literal["vectorized", "processes"] = "processes"
@@ -81,6 +90,15 @@ class RunConfig(Section):
         description="also write TensorBoard event files to `<run dir>/tensorboard` "
         "(`pip install 'concord[tensorboard]'`)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _asynchronous_engine(cls, data: Any) -> Any:
+        """An asynchronous algorithm runs where it is simulated: engine defaults to vectorized."""
+        if isinstance(data, dict) and "engine" not in data:
+            if data.get("algorithm") in asynchronous_algorithms():
+                return {**data, "engine": "vectorized"}
+        return data
 
     @field_validator("dataset", "model", mode="before")
     @classmethod
@@ -131,6 +149,12 @@ class RunConfig(Section):
         if v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()):
             return v
         raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N'; got {v!r}")
+
+    @property
+    def asynchrony(self) -> AsyncConfig:
+        """The ``[async]`` section."""
+        section: AsyncConfig = getattr(self, "async")
+        return section
 
     @property
     def spec(self) -> AlgorithmSpec:
@@ -217,6 +241,7 @@ class RunConfig(Section):
                 f"{', '.join(map(repr, overlap_algorithms()))}"
             )
         problems.extend(_relay_and_push_problems(self))
+        problems.extend(_async_problems(self))
         problems.extend(_exponential_problems(self))
         if spec.adaptive_graph is not None:
             problems.extend(_ada_problems(self, n_phases))
@@ -268,6 +293,8 @@ class RunConfig(Section):
         d = self.model_dump(mode="json", exclude_none=True)
         if not self.controlled_phases() and "mode" not in self.control.model_fields_set:
             d["control"]["mode"] = "none"
+        if not self.spec.asynchronous:
+            d.pop("async")  # inert (and refused if set): keeps other runs' files and hashes
         if self.spec.adaptive_graph is not None:
             d.pop("topology")  # unused: the graphs come from hyper (and may not be set)
         return d
@@ -373,6 +400,38 @@ def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
             relay_trees(graph, cfg.hyper.get("tree", "auto"), cfg.hyper.get("root", "center"))
         except ValueError as exc:
             problems.append(f"algorithm {algo!r} on topology {cfg.topology!r}: {exc}")
+    return problems
+
+
+def _async_problems(cfg: RunConfig) -> list[str]:
+    """``[async]`` applies to the asynchronous algorithms, which the vectorized engine simulates
+    on a virtual clock (one model update rule per local step: gossip phases only)."""
+    algo = cfg.algorithm
+    if not cfg.spec.asynchronous:
+        if cfg.asynchrony != AsyncConfig():
+            return [
+                f"async: applies to the asynchronous algorithms "
+                f"({', '.join(map(repr, asynchronous_algorithms()))}), not {algo!r}; remove it"
+            ]
+        return []
+    problems = cfg.asynchrony.problems(cfg.peers)
+    if cfg.engine != "vectorized":
+        problems.append(
+            f"engine: algorithm {algo!r} is simulated on a virtual clock by the vectorized engine "
+            "only (the peer-process side is not implemented); use engine = 'vectorized'"
+        )
+    if any(m != "gossip" for m in cfg.phase_modes()):
+        problems.append(
+            f"plan {cfg.plan_label()!r}: algorithm {algo!r} has no common step at which to "
+            "average exactly; use plan = 'gossip'"
+        )
+    if cfg.peers < 2:
+        problems.append(f"peers: algorithm {algo!r} needs at least 2 peers")
+    if cfg.dataset.augment:
+        problems.append(
+            f"dataset.augment: the asynchronous simulation of {algo!r} draws per-peer batches "
+            "of different steps at once; augmentation is not supported (set it false)"
+        )
     return problems
 
 

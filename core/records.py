@@ -239,6 +239,12 @@ class StepRecord(Record):
     graph: str | None = None
     graph_k: int | None = None
     graph_k_peers: list[int] | None = None
+    # asynchronous algorithms (`concord.sim.asynchronous`): a step is a window of virtual time
+    virtual_time: float | None = None  # virtual seconds at the end of the step
+    local_steps: int | None = None  # local steps the peers completed in it
+    staleness_mean: float | None = None  # of the neighbour information mixed in it, in steps
+    staleness_max: int | None = None
+    wait_s: float | None = None  # virtual seconds the peers spent waiting in it, summed
     peer: int | None = None
     peers: int | None = None
     extra: dict[str, JSON] = field(default_factory=dict)

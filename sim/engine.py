@@ -68,6 +68,7 @@ from concord.runtime.rundir import (
     restore_checkpoint,
     run_state_of,
 )
+from concord.sim.asynchronous import AsyncSimulation, make_simulation
 from concord.sim.vectorized import VectorizedComm
 
 ProgressFn = Callable[[StepRecord], None]
@@ -239,6 +240,10 @@ class Trainer:
         if self.feedback is not None:  # every graph it may move to (and the manifest's spectra)
             for k in range(1, self.feedback.k_max + 1):
                 self.runner.schedules.get(self.plan.phases[0], topology=exponential_name(k))
+        # asynchronous algorithms: wait-free steps on a virtual clock (concord.sim.asynchronous)
+        self.asynchronous: AsyncSimulation | None = None
+        if cfg.spec.asynchronous:
+            self.asynchronous = make_simulation(cfg, self.runner, self.comm)
 
     @property
     def total_steps(self) -> int:
@@ -277,6 +282,11 @@ class Trainer:
 
     def load_run_state(self, state: CheckpointRunState) -> int:
         """Restore `run_state`; returns the step to continue from."""
+        if self.asynchronous is not None:
+            raise ValueError(
+                f"algorithm {self.cfg.algorithm!r}: resuming an asynchronous simulation is not "
+                "supported (its event queue and messages in flight are not checkpointed)"
+            )
         if state.engine != "vectorized" or state.total_steps != self.total_steps:
             raise ValueError(
                 f"the checkpoint is of a {state.engine!r} run of {state.total_steps} steps; "
@@ -294,7 +304,10 @@ class Trainer:
         if self.feedback is not None:  # the K decided at s is in force from s + lag on
             name = self.feedback.topology(step)
             self.runner.schedules.set_topologies({p.index: name for p in self.plan.phases})
-        record, _ = self.runner.run_step(step)
+        if self.asynchronous is not None:
+            record = self.asynchronous.step(step)
+        else:
+            record, _ = self.runner.run_step(step)
         return replace(record, xi=self.xi(self.task.x))
 
 

@@ -47,8 +47,10 @@ _LAZY = {
 # submodules that `from concord.core.algorithms import <module>` reached before loading was lazy
 _SUBMODULES = frozenset(
     {
+        "ad_psgd",
         "ada",
         "allreduce",
+        "async_sgp",
         "base",
         "buffers",
         "choco",

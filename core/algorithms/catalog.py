@@ -44,6 +44,7 @@ __all__ = [
     "CodecUse",
     "HyperCheck",
     "adaptive_graph_algorithms",
+    "asynchronous_algorithms",
     "overlap_algorithms",
     "plugin_spec",
     "spec_of",
@@ -93,6 +94,9 @@ class AlgorithmSpec:
     # what it sends at step t does not depend on step t's gradient: ``overlap = true`` may start
     # the exchange before the gradient is computed (Algorithm.start, docs/algorithms.md#overlap)
     overlap: bool = False
+    # asynchronous: wait-free local steps simulated on a virtual clock in the vectorized engine
+    # (``[async]``, `concord.sim.asynchronous`); its ``step`` is the synchronous reference
+    asynchronous: bool = False
     # consensus control ------------------------------------------------------------------------
     uncontrolled: str | None = None  # why consensus control does not apply (None: it does)
     lagged_control: bool = True  # admits the lagged protocol (control.lagged) when controllable
@@ -169,6 +173,11 @@ _RELAY_STATIC = (
 )
 _DETAG_STATIC = "needs a static topology (its accelerated gossip and λ assume one fixed W)"
 _ADA_CHECK = "concord.core.graphs.adagraph:hyper_problems"
+_ASYNC_UNCONTROLLED = (
+    "takes wait-free asynchronous steps: no two peers share a gossip round at which a global "
+    "Θ could decide to repeat it, and the lagged per-exchange controller is not implemented for "
+    "asynchronous runs (use control.mode = 'none')"
+)
 
 _SPECS = (
     AlgorithmSpec(
@@ -292,6 +301,32 @@ _SPECS = (
         directed=True,
     ),
     AlgorithmSpec(
+        name="ad-psgd",
+        title="AD-PSGD",
+        summary="wait-free local steps; each active peer then averages pairwise with one neighbour",
+        citation="Lian, Zhang, Zhang & Liu, ICML 2018; docs/algorithms.md#ad-psgd",
+        implementation=f"{_PKG}.ad_psgd:ADPSGD",
+        codecs="raw",
+        asynchronous=True,
+        uncontrolled=f"ad-psgd {_ASYNC_UNCONTROLLED}",
+        lagged_control=False,
+        repeats_rounds=False,
+    ),
+    AlgorithmSpec(
+        name="async-sgp",
+        title="asynchronous SGP",
+        summary="wait-free push-sum: push (x·w, w) shares at step end, mix what has arrived",
+        citation="Assran, Loizou, Ballas & Rabbat, ICML 2019 (overlap SGP); "
+        "docs/algorithms.md#asynchronous-sgp",
+        implementation=f"{_PKG}.async_sgp:AsyncSGP",
+        codecs="raw",
+        directed=True,
+        asynchronous=True,
+        uncontrolled=f"async-sgp {_ASYNC_UNCONTROLLED}",
+        lagged_control=False,
+        repeats_rounds=False,
+    ),
+    AlgorithmSpec(
         name="detag",
         title="DeTAG",
         summary="gradient tracking with R accelerated gossip rounds per step",
@@ -394,3 +429,8 @@ def overlap_algorithms() -> tuple[str, ...]:
 def adaptive_graph_algorithms() -> tuple[str, ...]:
     """Names of the algorithms that choose their own graphs (the Ada interpretations)."""
     return tuple(n for n, s in CATALOG.items() if s.adaptive_graph is not None)
+
+
+def asynchronous_algorithms() -> tuple[str, ...]:
+    """Names of the asynchronous algorithms (simulated on a virtual clock, ``[async]``)."""
+    return tuple(n for n, s in CATALOG.items() if s.asynchronous)

@@ -1,0 +1,134 @@
+"""The ``[async]`` section: the virtual clock of the asynchronous algorithms (``ad-psgd``,
+``async-sgp``), simulated by the vectorized engine (`concord.sim.asynchronous`,
+docs/algorithms.md#asynchronous-simulation). Torch-free, like the whole config.
+
+* ``speeds``: per-peer compute-time multipliers — one float for every peer, a list of n floats,
+  or a distribution drawn from the run seed: ``"uniform:A:B"`` (0 < A ≤ B) or
+  ``"lognormal:SIGMA"`` (exp(σ·N(0, 1)), 0 ≤ σ ≤ 4);
+* ``compute_s``: virtual seconds of one local step at speed 1 (peer i's step takes
+  ``compute_s × speeds[i]``);
+* ``delays``: one-way message delay in virtual seconds — one float for every link, an n × n
+  matrix (row = sender), or the name of an emulated-network profile
+  (`concord.core.emulation.PROFILES`), whose peer-to-peer one-way delay is 2 × ``delay_ms``
+  (a message crosses two access links; jitter and loss are not simulated);
+* ``max_staleness``: τ, in steps: ``async-sgp`` waits rather than mix neighbour information
+  older than τ steps (0: a barrier, synchronous SGP). AD-PSGD never waits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from concord.core.config_sections import Section
+from concord.core.emulation import PROFILES
+
+_DISTRIBUTIONS = "'uniform:A:B' (0 < A ≤ B) or 'lognormal:SIGMA' (0 ≤ SIGMA ≤ 4)"
+_SPEED_SALT = 0x5EED_A5  # the speeds' random stream, apart from every other use of the seed
+
+
+def _parse_distribution(v: str) -> tuple[str, list[float]]:
+    kind, _, rest = v.partition(":")
+    try:
+        args = [float(a) for a in rest.split(":")] if rest else []
+    except ValueError:
+        args = []
+    if kind == "uniform" and len(args) == 2 and 0 < args[0] <= args[1] < math.inf:
+        return kind, args
+    if kind == "lognormal" and len(args) == 1 and 0 <= args[0] <= 4:
+        return kind, args
+    raise ValueError(f"async.speeds {v!r} is not a distribution: use {_DISTRIBUTIONS}")
+
+
+class AsyncConfig(Section):
+    """The virtual clock of asynchronous algorithms (module docstring)."""
+
+    speeds: float | list[float] | str = Field(
+        default=1.0,
+        description="per-peer compute-time multipliers: a float (> 0) for every peer, a list of "
+        f"n floats, or {_DISTRIBUTIONS} drawn from the seed",
+    )
+    compute_s: float = Field(
+        default=1.0, gt=0, le=1e6, description="virtual seconds of one local step at speed 1"
+    )
+    delays: float | list[list[float]] | str = Field(
+        default=0.0,
+        description="one-way message delay in virtual seconds: a float (≥ 0) for every link, an "
+        "n × n matrix (row = sender), or an emulation profile name (2 × its delay_ms)",
+    )
+    max_staleness: int = Field(
+        default=2,
+        ge=0,
+        le=1000,
+        description="the staleness bound τ in steps: async-sgp waits rather than mix neighbour information older than "
+        "τ steps (0: synchronous SGP)",
+    )
+
+    @field_validator("speeds")
+    @classmethod
+    def _speeds(cls, v: float | list[float] | str) -> float | list[float] | str:
+        if isinstance(v, str):
+            _parse_distribution(v)
+        elif isinstance(v, list):
+            bad = [s for s in v if not 0 < s < math.inf]
+            if bad or not v:
+                raise ValueError(
+                    f"async.speeds: every multiplier must be a finite float > 0; got {bad or v}"
+                )
+        elif not 0 < v < math.inf:
+            raise ValueError(f"async.speeds must be a finite float > 0; got {v}")
+        return v
+
+    @field_validator("delays")
+    @classmethod
+    def _delays(cls, v: float | list[list[float]] | str) -> float | list[list[float]] | str:
+        if isinstance(v, str):
+            if v not in PROFILES:
+                raise ValueError(
+                    f"async.delays {v!r} is neither seconds nor a profile: one of "
+                    f"{', '.join(PROFILES)}"
+                )
+        elif isinstance(v, list):
+            bad = [d for row in v for d in row if not 0 <= d < math.inf]
+            if bad:
+                raise ValueError(f"async.delays: every delay must be ≥ 0 seconds; got {bad[0]}")
+        elif not 0 <= v < math.inf:
+            raise ValueError(f"async.delays must be ≥ 0 seconds; got {v}")
+        return v
+
+    def problems(self, peers: int) -> list[str]:
+        """What does not fit a run of ``peers`` peers (list lengths, matrix shape)."""
+        out = []
+        if isinstance(self.speeds, list) and len(self.speeds) != peers:
+            out.append(f"async.speeds lists {len(self.speeds)} multipliers for {peers} peers")
+        if isinstance(self.delays, list) and (
+            len(self.delays) != peers or any(len(row) != peers for row in self.delays)
+        ):
+            out.append(f"async.delays: a matrix must be {peers} × {peers} (row = sender)")
+        return out
+
+    def speed_list(self, peers: int, seed: int) -> list[float]:
+        """Every peer's compute-time multiplier (a distribution drawn from ``seed``)."""
+        if isinstance(self.speeds, list):
+            return [float(s) for s in self.speeds]
+        if not isinstance(self.speeds, str):
+            return [float(self.speeds)] * peers
+        kind, args = _parse_distribution(self.speeds)
+        rng = np.random.default_rng((seed, _SPEED_SALT))
+        if kind == "uniform":
+            drawn = rng.uniform(args[0], args[1], size=peers)
+        else:
+            drawn = np.exp(args[0] * rng.standard_normal(size=peers))
+        return [float(s) for s in drawn]
+
+    def delay_matrix(self, peers: int) -> list[list[float]]:
+        """One-way delay in seconds of every directed link (row = sender)."""
+        if isinstance(self.delays, list):
+            return [[float(d) for d in row] for row in self.delays]
+        if isinstance(self.delays, str):
+            one_way = 2 * float(PROFILES[self.delays].get("delay_ms", 0.0)) / 1000
+        else:
+            one_way = float(self.delays)
+        return [[0.0 if i == j else one_way for j in range(peers)] for i in range(peers)]
