@@ -23,11 +23,20 @@ wall seconds per step (total / steps), user and system CPU seconds per step
 (``resource.getrusage`` deltas; the system time is mostly the kernel handing out fresh pages)
 and minor page faults per step. Run it on an idle machine: other load shows up in the wall time.
 
+**Asynchronous step** (``--async-steps``, default 12; 0 skips it): at n = 64 (mlp, mnist1d,
+control off), the engine step of the asynchronous algorithms — ``ad-psgd`` and ``async-sgp``
+simulated on the virtual clock (`concord.sim.asynchronous`) with speeds ``uniform:1:4`` and a
+one-way delay of 0.1 × the fastest step — against the synchronous step of D-SGD on the same
+``bipartite-exponential`` topology. An asynchronous engine step is a window of virtual time as
+long as the fastest peer's step, in which the peers complete ``local_steps`` local steps (≈ n /
+mean speed). The three trainers are timed interleaved, repetition by repetition; the ratio
+reported, ``async_step_ratio_n64``, is the larger median of the two algorithms over D-SGD's.
+
 Usage: ``python bench/vectorized.py [--quick] [--threads T] [--repeats R] [--sizes 4 16 64]
-[--engine-n N] [--engine-steps S] [--json-only]``. ``--quick``: 3 repetitions of 0.2 s and 4 timed
-engine steps (about a minute at n = 1024 on 2 cores). The last line of output is always a JSON
-object with ``speedup_n<k>`` keys and, with the engine row, ``n<N>_s_per_step`` and
-``n<N>_sys_over_user``.
+[--engine-n N] [--engine-steps S] [--async-steps S] [--json-only]``. ``--quick``: 3 repetitions
+of 0.2 s and 4 timed engine steps (about a minute at n = 1024 on 2 cores). The last line of output
+is always a JSON object with ``speedup_n<k>`` keys and, with the engine row, ``n<N>_s_per_step``
+and ``n<N>_sys_over_user``, and with the asynchronous row ``async_step_ratio_n64``.
 """
 
 from __future__ import annotations
@@ -211,6 +220,64 @@ def bench_engine(n: int, warmup: int, steps: int) -> dict[str, Any]:
     }
 
 
+ASYNC_N = 64
+ASYNC_CLOCK = ['async.speeds="uniform:1:4"', "async.delays=0.1"]
+
+
+def async_configs(n: int) -> dict[str, list[str]]:
+    """``--set`` overrides of the asynchronous row: the synchronous reference and both
+    asynchronous algorithms, on the same data, model and topology."""
+    base = [
+        f"peers={n}",
+        "model.name=mlp",
+        "epochs=40",
+        "eval.every=40",
+        "engine=vectorized",
+        "control.mode=none",
+        "topology=bipartite-exponential",
+    ]
+    return {
+        "dsgd": [*base, "algorithm=dsgd"],
+        "ad-psgd": [*base, "algorithm=ad-psgd", *ASYNC_CLOCK],
+        "async-sgp": [*base, "algorithm=async-sgp", *ASYNC_CLOCK],
+    }
+
+
+def bench_async(n: int, steps: int, repeats: int) -> dict[str, Any]:
+    """Seconds per engine step of D-SGD, ad-psgd and async-sgp (after 2 warm-up steps), timed
+    interleaved: ``repeats`` rounds of ``steps`` steps each; medians and the ratios."""
+    trainers = {k: Trainer(load_config(None, v, environ={})) for k, v in async_configs(n).items()}
+    step = dict.fromkeys(trainers, 0)
+    local: dict[str, int] = dict.fromkeys(trainers, 0)
+    times: dict[str, list[float]] = {k: [] for k in trainers}
+
+    def run(name: str, count: int) -> float:
+        trainer = trainers[name]
+        start = time.perf_counter()
+        for _ in range(count):
+            record = trainer.train_step(step[name])
+            local[name] += record.local_steps if record.local_steps is not None else n
+            step[name] += 1
+        return time.perf_counter() - start
+
+    for name in trainers:
+        run(name, 2)
+        local[name] = 0
+    if 2 + steps * repeats > min(t.total_steps for t in trainers.values()):
+        raise ValueError(f"{steps} × {repeats} async steps do not fit the run")
+    for _ in range(repeats):
+        for name in trainers:
+            times[name].append(run(name, steps) / steps)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    sync = med["dsgd"]
+    return {
+        "n": n,
+        "s_per_step": med,
+        "local_steps_per_step": {k: local[k] / (steps * repeats) for k in trainers},
+        "ratio": {k: med[k] / sync for k in ("ad-psgd", "async-sgp")},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -231,6 +298,13 @@ def main() -> None:
     parser.add_argument(
         "--engine-steps", type=int, default=None, help="timed engine steps (default 8; quick 4)"
     )
+    parser.add_argument(
+        "--async-steps",
+        type=int,
+        default=12,
+        help=f"timed engine steps per repetition of the asynchronous row at n = {ASYNC_N} "
+        "(0: no asynchronous row)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.seconds = min(args.repeats, 3), min(args.seconds, 0.2)
@@ -242,6 +316,7 @@ def main() -> None:
     results = {n: bench_size(n, args.repeats, args.seconds) for n in args.sizes}
     # after the loop comparison: the engine tunes glibc malloc for the whole process
     engine = bench_engine(args.engine_n, 2, engine_steps) if args.engine_n > 0 else None
+    asyn = bench_async(ASYNC_N, args.async_steps, args.repeats) if args.async_steps > 0 else None
 
     if not args.json_only:
         print(
@@ -272,6 +347,18 @@ def main() -> None:
                 f"{engine['minflt_per_step']:,.0f} minor faults per step; "
                 f"max RSS {engine['maxrss_mb']:,.0f} MB"
             )
+        if asyn is not None:
+            sec, loc = asyn["s_per_step"], asyn["local_steps_per_step"]
+            print(
+                f"\nasynchronous engine step, mlp, n = {asyn['n']}, speeds uniform:1:4, delay "
+                f"0.1 (medians of {args.repeats} × {args.async_steps} steps): D-SGD "
+                f"{sec['dsgd'] * 1e3:.2f} ms/step; "
+                + "; ".join(
+                    f"{k} {sec[k] * 1e3:.2f} ms/step ({loc[k]:.1f} local steps/step), "
+                    f"ratio {asyn['ratio'][k]:.2f}"
+                    for k in ("ad-psgd", "async-sgp")
+                )
+            )
     summary: dict[str, object] = {
         "benchmark": "vectorized-vs-loop",
         "model": "cnn1d",
@@ -297,6 +384,12 @@ def main() -> None:
         summary[f"n{n}_minflt_per_step"] = round(engine["minflt_per_step"])
         summary[f"n{n}_rounds_per_step"] = engine["rounds_per_step"]
         summary[f"n{n}_maxrss_mb"] = round(engine["maxrss_mb"])
+    if asyn is not None:
+        summary[f"async_step_ratio_n{ASYNC_N}"] = round(max(asyn["ratio"].values()), 3)
+        for k, v in asyn["ratio"].items():
+            summary[f"async_step_ratio_{k}_n{ASYNC_N}"] = round(v, 3)
+        for k, v in asyn["local_steps_per_step"].items():
+            summary[f"async_local_steps_per_step_{k}_n{ASYNC_N}"] = round(v, 2)
     print(json.dumps(summary))
 
 
