@@ -159,22 +159,37 @@ def compare_code(target: Target, code_root: Path | None = None) -> CodeState:
 
 
 _RUNNER = """\
+import os
 import sys
 import concord.lab.cli as cli
-worktree = sys.argv[1]
-if not cli.__file__.startswith(worktree):
+worktree = os.path.realpath(sys.argv[1])
+if not os.path.realpath(cli.__file__).startswith(worktree + os.sep):
     sys.exit(f"--at-commit: imported {cli.__file__}, not the worktree's code under {worktree}")
 sys.argv = ["concord", "report", "verify", *sys.argv[2:]]
 cli.main()
 """
 
 
+_SITECUSTOMIZE = """\
+# written by concord report verify --at-commit: import concord from this directory, not from the
+# editable install (whose finder the site-packages .pth put ahead of sys.path), in this process
+# and in every process it spawns (they inherit PYTHONPATH)
+import sys
+
+sys.meta_path[:] = [
+    f for f in sys.meta_path
+    if "concord" not in getattr(sys.modules.get(getattr(f, "__module__", "")), "MAPPING", {})
+]
+"""
+
+
 def _layout(worktree: Path, dest: Path) -> Path:
     """The packages of ``worktree`` under their installed names (``concord``, ``concord.core``
-    …) as a tree of symlinks in ``dest``: a ``PYTHONPATH`` that imports that commit's code
-    ahead of the installed (editable) one."""
+    …) as a tree of symlinks in ``dest``, with a ``sitecustomize`` that drops the editable
+    install's finder: a ``PYTHONPATH`` that imports that commit's code instead of this one."""
     farm = dest / "concord"
     farm.mkdir(parents=True)
+    (dest / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
     for entry in (worktree / "concord").iterdir():
         (farm / entry.name).symlink_to(entry)
     for layer in CODE_PATHS[1:-1]:
@@ -207,7 +222,7 @@ def rerun_at_commit(
         args = [str(worktree / rel), "--run", target.run.name, "--out", str(out_dir)]
         try:
             done = subprocess.run([sys.executable, "-c", _RUNNER, str(worktree), *args],
-                                  cwd=worktree, env=env, capture_output=True, text=True,
+                                  cwd=layout, env=env, capture_output=True, text=True,
                                   timeout=timeout, check=False)  # fmt: skip
             output = (done.stdout + done.stderr).strip()
         except subprocess.TimeoutExpired:

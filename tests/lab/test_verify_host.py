@@ -1,0 +1,230 @@
+"""`concord report verify` tells the host from the code: host facts (`host_facts`) are recorded in
+a report and compared with this machine's; a cell that differs on another host with the same
+code says "host differs" and names the facts, on the same host with other code "code differs";
+with both differing, ``--at-commit`` re-runs the report's commit in a temporary git worktree and
+decides (the misdiagnosis this guards against: a report re-run on another host and a newer
+checkout was blamed on "the code changed since", while the report's own commit gave the same
+value there). The recorded facts are faked here (the decision logic is what is tested); the
+re-runs are real tiny cells."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from concord.lab.presets import preset_main
+from concord.lab.presets.report import CODE_PATHS
+from concord.lab.verify import Choice, verify_reports
+from concord.runtime.hostinfo import host_differences, host_facts
+
+TINY = ["peers=4", "dataset.samples=600", "epochs=1", "eval.every=0.5"]
+RUN = "dsgd-ring_a0.01_s0"
+REPO = Path(__file__).resolve().parents[2]
+SHIFT = 0.08
+"""The accuracy added to every seed of the cell (fraction): 8 pp, far outside the cell's seed
+spread tolerance (2 × std over two seeds; the spread is not changed by a common shift)."""
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+stepping\t: 1
+microcode\t: 0xa0011d1
+flags\t\t: sse2 fpu avx2 avx512f
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+"""
+
+
+def test_host_facts_parse_cpuinfo_and_name_the_differences() -> None:
+    facts = host_facts(cpuinfo=CPUINFO)
+    assert (facts["cpu.vendor"], facts["cpu.family"], facts["cpu.model"]) == (
+        "AuthenticAMD", "25", "1")  # fmt: skip
+    assert (facts["cpu.stepping"], facts["cpu.microcode"]) == ("1", "0xa0011d1")
+    assert facts["cpu.flags"] == ["avx2", "avx512f", "fpu", "sse2"]  # sorted
+    assert len(str(facts["cpu.flags_sha"])) == 12
+    other = {**facts, "cpu.flags": ["avx2", "fpu", "sse2", "sse4a"], "cpu.flags_sha": "x",
+             "numpy.version": "9.9.9", "cpu.microcode": "0x1", "os.kernel": "other"}  # fmt: skip
+    shown = [str(d) for d in host_differences(other, facts)]
+    # microcode and the kernel are recorded, not decisive
+    assert shown == ["cpu flags +avx512f -sse4a", f"numpy.version 9.9.9 → {facts['numpy.version']}"]
+    every = [d.key for d in host_differences(other, facts, decisive=False)]
+    assert "cpu.microcode" in every
+    assert "os.kernel" in every
+
+
+def test_host_facts_are_cheap_and_never_import_torch() -> None:
+    code = (
+        "import sys, time\n"
+        "from concord.runtime.hostinfo import host_facts\n"
+        "t = time.perf_counter(); f = host_facts(); dt = time.perf_counter() - t\n"
+        "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, 'imported'\n"
+        "assert 'torch.version' not in f and f['cpu.model_name'] and f['cores'] >= 1, f\n"
+        "print(dt)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        facts = host_facts()
+        times.append(time.perf_counter() - started)
+    assert "torch.cpu_capability" in facts
+    assert "numpy.version" in facts
+    # the budget of the brief: 50 ms (a sweep records it once; the median filters a busy CPU)
+    assert sorted(times)[2] < 0.05, times
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """relaysgd-dirichlet, D-SGD ring × α = 0.01 × seeds 0 and 1, 4 peers (a few seconds)."""
+    out = tmp_path_factory.mktemp("host") / "tiny"
+    preset_main("relaysgd-dirichlet", seeds=[0, 1], jobs=1, out_dir=out, overrides=TINY,
+                rows=["dsgd-ring"], columns=["a0.01"],
+                console=Console(file=io.StringIO()))  # fmt: skip
+    return out
+
+
+def _git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+                          cwd=cwd, capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def _report(tiny: Path, dest: Path, *, host: str, commit: str | None) -> Path:
+    """A copy of the ``tiny`` report whose cell claims `SHIFT` more accuracy on every seed;
+    ``host``: "same" (as recorded) or "other" (faked facts: other flags, another numpy);
+    ``commit``: the code commit it records (None: none, the commit of its table counts)."""
+    dest.mkdir(parents=True)
+    shutil.copy(tiny / "preset.json", dest / "preset.json")
+    with open(tiny / "table.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["accuracy_avg_model"] = str(float(r["accuracy_avg_model"]) + SHIFT)
+    with open(dest / "table.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    meta: dict[str, Any] = json.loads((dest / "preset.json").read_text())
+    if host == "other":
+        facts = dict(meta["host"])
+        facts["cpu.flags"] = sorted({*facts.get("cpu.flags", []), "fakeflag"} - {"avx512f"})
+        facts["numpy.version"] = "1.26.4"
+        meta["host"] = facts
+    if commit is None:
+        meta.pop("git_commit", None)
+    else:
+        meta["git_commit"] = commit
+    (dest / "preset.json").write_text(json.dumps(meta))
+    return dest
+
+
+def _code_repo(root: Path) -> tuple[Path, str]:
+    """A git checkout with one code file (``lab/x.py``) and its first commit."""
+    (root / "lab").mkdir(parents=True)
+    (root / "lab" / "x.py").write_text("A = 1\n")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "first")
+    return root, _git(root, "rev-parse", "HEAD")
+
+
+def _verify(report: Path, out: Path, code_root: Path, at_commit: bool = False) -> tuple[int, str]:
+    lines: list[str] = []
+    code = verify_reports([Choice(str(report), RUN)], out=out, echo=lines.append,
+                          console=Console(file=io.StringIO()), code_root=code_root,
+                          at_commit=at_commit)  # fmt: skip
+    return code, "\n".join(lines)
+
+
+def test_another_host_with_the_same_code_says_host_differs(tiny: Path, tmp_path: Path) -> None:
+    root, first = _code_repo(tmp_path / "code")
+    report = _report(tiny, tmp_path / "report", host="other", commit=first)
+    code, out = _verify(report, tmp_path / "re", root)
+    assert code == 1, out
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    assert "DIFFERS in accuracy (averaged model): host differs: cpu flags " in verdict
+    assert "-fakeflag" in verdict
+    assert f"numpy.version 1.26.4 → {host_facts()['numpy.version']}" in verdict
+    assert "the same code as the report" in verdict
+    assert "the host is the likely reason — not a regression" in verdict
+    assert "changed since" not in out
+    # the tolerance is the cell's seed spread there (the host is not the recorded one)
+    assert "2 × the std of the cell's 2 committed seeds" in out
+
+
+def test_the_same_host_with_other_code_says_code_differs(tiny: Path, tmp_path: Path) -> None:
+    root, first = _code_repo(tmp_path / "code")
+    (root / "lab" / "x.py").write_text("A = 2\n")
+    _git(root, "commit", "-q", "-am", "second")
+    report = _report(tiny, tmp_path / "report", host="same", commit=first)
+    code, out = _verify(report, tmp_path / "re", root)
+    assert code == 1, out
+    assert "host: same (host facts equal)" in out
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    assert f"code differs from the report's commit {first[:10]}" in verdict
+    assert "lab/x.py" in verdict
+    assert "the code change is the reason (a regression, or an intended change)" in verdict
+    # with the report's code the same host gives an exact tolerance: no seed spread
+    line = next(ln for ln in out.splitlines() if ln.startswith("accuracy (averaged model)"))
+    assert "0.5 pp" in line
+    assert line.rstrip().endswith("DIFFERS")
+
+
+def test_the_same_host_and_code_is_a_regression(tiny: Path, tmp_path: Path) -> None:
+    root, first = _code_repo(tmp_path / "code")
+    report = _report(tiny, tmp_path / "report", host="same", commit=first)
+    code, out = _verify(report, tmp_path / "re", root)
+    assert code == 1, out
+    assert "a real regression" in out
+
+
+def test_host_and_code_differ_at_commit_blames_the_host(tiny: Path, tmp_path: Path) -> None:
+    """The audit's misdiagnosis: another host and a newer checkout; the report's own commit
+    re-run here gives this re-run's value, so the host — not the code — is the reason."""
+    repo = tmp_path / "repo"
+    # the code as it is here (tracked and new files), so that both commits run this code
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--",
+                            *CODE_PATHS], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()  # fmt: skip
+    for name in files:
+        if (REPO / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / name, repo / name)
+    _report(tiny, repo / "docs" / "results" / "tiny", host="other", commit=None)
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "the report")
+    first = _git(repo, "rev-parse", "HEAD")
+    with open(repo / "lab" / "report.py", "a", encoding="utf-8") as f:
+        f.write("# a later change of the code\n")
+    _git(repo, "commit", "-q", "-am", "later code")
+    report = repo / "docs" / "results" / "tiny"
+    code, out = _verify(report, tmp_path / "re", repo, at_commit=True)
+    assert code == 1, out  # the value still differs from the committed one
+    assert "changed since" not in out
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    assert "host differs: cpu flags" in verdict
+    assert "numpy.version 1.26.4" in verdict
+    assert "the commit that last changed table.csv" in verdict
+    assert "Both differ" in verdict
+    after = next(line for line in out.splitlines() if line.startswith("verdict after"))
+    assert "differs because the HOST differs, not the code" in after, out
+    assert first[:10] in after
+    assert (tmp_path / "re" / "at-commit" / "runs" / RUN / "summary.json").is_file()  # --out keeps
+    assert _git(repo, "worktree", "list").count("\n") == 0  # the worktree is gone
