@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from concord.lab.presets.pystdlib import RELAYSGD_PYSTDLIB
 from concord.lab.presets.recipes import MNIST1D_RECIPE
 from concord.lab.presets.spec import Preset, Relation, Setting, Setup
 
@@ -747,6 +748,7 @@ PRESETS: Mapping[str, Preset] = {
         ADA_GRAPHS,
         DETAG_BUDGET,
         SGP_BUDGET,
+        RELAYSGD_PYSTDLIB,
     )
 }
 """Every preset by name."""

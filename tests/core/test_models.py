@@ -392,7 +392,7 @@ def test_decay_mask_zeroes_biases_and_norm_parameters() -> None:
 
 def test_fingerprint_same_for_any_k_and_differs_across_architectures() -> None:
     def fp(name: str, k: int, **options: Any) -> str:
-        shape = (40,) if name in ("mlp", "cnn1d") else (3, 32, 32)
+        shape = (40,) if name in ("mlp", "cnn1d", "char-transformer") else (3, 32, 32)
         return FlatParams(
             build_model(name, k, input_shape=shape, num_classes=10, **options)
         ).fingerprint()
@@ -499,9 +499,10 @@ def test_generic_batchnorm_updates_stacked_buffers_per_replica(user_module: str)
 
 
 def test_unknown_model_name_lists_valid_names() -> None:
-    assert MODEL_NAMES == ("mlp", "cnn1d", "cnn", "resnet20")
+    assert MODEL_NAMES == ("mlp", "cnn1d", "cnn", "resnet20", "char-transformer")
     with pytest.raises(
-        UnknownNameError, match="unknown model 'resnet18'; valid: cnn, cnn1d, mlp, resnet20"
+        UnknownNameError,
+        match="unknown model 'resnet18'; valid: char-transformer, cnn, cnn1d, mlp, resnet20",
     ):
         build_model("resnet18", 1, input_shape=(3, 32, 32), num_classes=10)
 
