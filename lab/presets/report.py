@@ -25,6 +25,7 @@ configuration, `run_manifest`), why float results are machine-dependent, and the
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -302,6 +303,85 @@ def _checks(preset: Preset, cells: Cells, key: str) -> str:
     return "\n".join(lines)
 
 
+def _knob_families(preset: Preset) -> list[tuple[str, list[tuple[float, Setup]]]]:
+    """Rows that share every override but one numeric key (the knob, e.g. a compressor's
+    ``compression.gamma``), with its values: (key, [(value, row) sorted by value]), two rows
+    at least, in the order of the rows."""
+    groups: dict[tuple[str, frozenset[tuple[str, str]]], list[tuple[float, Setup]]] = {}
+    for row in preset.rows:
+        for key, value in row.overrides.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            rest = frozenset((k, str(v)) for k, v in row.overrides.items() if k != key)
+            groups.setdefault((key, rest), []).append((float(value), row))
+    return [(key, sorted(members, key=lambda m: m[0])) for (key, _), members in groups.items()
+            if len({v for v, _ in members}) >= 2]  # fmt: skip
+
+
+def _trend(means: Sequence[float], values: Sequence[float], knob: str) -> str:
+    """How the means move as the knob grows: rises, falls, peaks at …, or not monotonic."""
+    steps = [b - a for a, b in itertools.pairwise(means)]
+    if all(d > 0 for d in steps):
+        return f"rises with {knob}"
+    if all(d < 0 for d in steps):
+        return f"falls as {knob} grows"
+    best = max(range(len(means)), key=lambda i: means[i])
+    if all(d > 0 for d in steps[:best]) and all(d < 0 for d in steps[best:]):
+        return f"peaks at {knob} = {values[best]:g}, lower on either side"
+    return "not monotonic in " + knob
+
+
+def knob_reading(preset: Preset, cells: Cells, key: str) -> list[str]:
+    """The "Across each knob" section, computed from the table: for each family of rows that
+    differ in one numeric override (`_knob_families`) and each column, the metric's mean ± std
+    at every value of the knob, whether it rises, falls or peaks (by the means; failed runs end
+    the trend), so that no reading claims a trend the table does not have."""
+    families = _knob_families(preset)
+    if not families:
+        return []
+    lines = [
+        "## Across each knob (computed from the table)",
+        "",
+        "Rows that differ only in one numeric setting: the metric (mean ± std over seeds) as "
+        "it grows. The trend is read from the means of the cells whose runs all succeeded; a "
+        "step between neighbours smaller than the larger of their two std is named as within "
+        "the seed spread.",
+        "",
+    ]
+    for knob, members in families:
+        name = knob.rsplit(".", 1)[-1]
+        stems = {row.label.rsplit(", ", 1)[0] for _, row in members}
+        labels = stems.pop() if len(stems) == 1 else " / ".join(row.label for _, row in members)
+        for col in preset.columns:
+            present = [(v, row) for v, row in members if row.runs_in(col.key)]
+            if len(present) < 2:
+                continue
+            parts, values, means, stds, failed = [], [], [], [], []
+            for value, row in present:
+                stats = cells.stats(row.key, col.key, key)
+                text = stats.format(scale=100.0, digits=2) or "—"
+                parts.append(f"{name} {value:g}: {text}")
+                if stats.values and len(stats.values) == stats.runs:
+                    values.append(value)
+                    means.append(stats.mean)
+                    stds.append(stats.std)
+                elif stats.failures:
+                    failed.append(value)
+            trend = _trend(means, values, name) if len(means) >= 2 else "too few succeeded"
+            close = [
+                f"{values[i]:g} → {values[i + 1]:g}"
+                for i in range(len(means) - 1)
+                if abs(means[i + 1] - means[i]) < max(stds[i], stds[i + 1])
+            ]
+            if close:
+                trend += f" (within the seed spread: {', '.join(close)})"
+            if failed:
+                trend += f"; runs fail at {name} = {', '.join(f'{v:g}' for v in failed)}"
+            lines.append(f"- {labels}, {col.label}: {'; '.join(parts)} — {trend}.")
+    lines.append("")
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------
 # The report
 
@@ -459,6 +539,7 @@ def write_report(
             "",
             _checks(preset, cells, key),
             "",
+            *knob_reading(preset, cells, key),
             "## Plots",
             "",
             "![metric vs setting](metric.png)",
