@@ -245,7 +245,15 @@ def apply_overrides(cfg: RunConfig, overrides: Mapping[str, Any]) -> RunConfig:
 # algorithm (its hyperparameters, codec, overlap, consensus control, per-phase graphs), which the
 # reference algorithm would refuse or read differently; data, model, optimiser, budget, seed,
 # network and control plane stay
-_ALGORITHM_KEYS = ("hyper", "compression", "overlap", "control", "phase_topologies", "plan")
+_ALGORITHM_KEYS = (
+    "hyper",
+    "compression",
+    "overlap",
+    "control",
+    "phase_topologies",
+    "plan",
+    "async",
+)
 
 
 def reference_config(cfg: RunConfig, algorithm: str) -> RunConfig:
