@@ -22,9 +22,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from concord.core.config import load_config
+from concord.core.control.runplan import make_lr_schedule, make_plan
 from concord.lab.presets import preset_main
 from concord.lab.presets.report import CODE_PATHS
 from concord.lab.verify import Choice, verify_reports
+from concord.orchestrator.admission import PeerInfo
+from concord.orchestrator.records import manifest
 from concord.runtime.hostinfo import host_differences, host_facts
 
 TINY = ["peers=4", "dataset.samples=600", "epochs=1", "eval.every=0.5"]
@@ -228,3 +232,19 @@ def test_host_and_code_differ_at_commit_blames_the_host(tiny: Path, tmp_path: Pa
     assert first[:10] in after
     assert (tmp_path / "re" / "at-commit" / "runs" / RUN / "summary.json").is_file()  # --out keeps
     assert _git(repo, "worktree", "list").count("\n") == 0  # the worktree is gone
+
+
+def test_both_engines_record_the_host_in_their_manifest(tiny: Path) -> None:
+    here = host_facts()
+    vectorized = json.loads((tiny / "runs" / RUN / "manifest.json").read_text())
+    assert vectorized["host"]["cpu.flags_sha"] == here["cpu.flags_sha"]
+    assert vectorized["host"]["torch.cpu_capability"] == here["torch.cpu_capability"]
+    meta = json.loads((tiny / "preset.json").read_text())  # the report's metadata
+    assert meta["host"]["cpu.flags"] == here["cpu.flags"]
+    assert meta["git_commit"] is None or len(meta["git_commit"]) == 40
+    cfg = load_config(None, ["peers=2", "epochs=1"], environ={})
+    plan = make_plan(cfg, make_lr_schedule(cfg, 4))
+    peers = {i: PeerInfo(address=f"h:{i}", fingerprint="fp") for i in range(2)}
+    m = manifest(cfg, "r1", plan, 4, topologies={}, peers=peers)
+    assert m.host is not None
+    assert m.host["cpu.flags_sha"] == here["cpu.flags_sha"]
