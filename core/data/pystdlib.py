@@ -32,7 +32,9 @@ bundle takes the rest), named ``modules:<first>..<last>``.
 Sampling (deterministic in ``seed``): ``num_samples`` windows in all (or every window, if fewer),
 allocated to groups in proportion to their window counts (largest remainders), drawn without
 replacement within each group; ``round(test_fraction · a_g)`` of group g's ``a_g`` windows are
-held out as its test samples. Windows never overlap, so no test character is a training input.
+held out as its test samples; both sets are then shuffled (a prefix of the test set, as
+``dataset.test_samples`` takes, spans every package). Windows never overlap, so no test character
+is a training input.
 """
 
 from __future__ import annotations
@@ -270,7 +272,9 @@ def load_pystdlib_chars(
         held[rng.choice(share, size=round(tf * share), replace=False)] = True
         test_idx.append(chosen[held])
         train_idx.append(chosen[~held])
-    tr, te = np.concatenate(train_idx), np.concatenate(test_idx)
+    # shuffled: `dataset.test_samples` evaluates a prefix of the test set, which must not be
+    # the first packages only
+    tr, te = rng.permutation(np.concatenate(train_idx)), rng.permutation(np.concatenate(test_idx))
     if tr.size == 0 or te.size == 0:
         raise DatasetFormatError(
             f"dataset {NAME!r}: num_samples={total} and test_fraction={tf} leave "

@@ -7,8 +7,8 @@ standard library's source, each peer holding whole top-level packages; `PYSTDLIB
   `CONSENSUS_PYSTDLIB_OVERRIDES` as its ``--set`` items (`consensus_pystdlib_command`); the study
   keeps its own cells (phases, targets, Ξ and Θ) and takes the task from the overrides.
 
-The learning rates are untuned first choices (one smoke run each, see docs/configuration.md#
-pystdlib-chars); ``--tune`` runs each row's grid.
+The learning rates are untuned first choices (smoke runs; docs/algorithms.md, "A task with
+natural heterogeneity"); ``--tune`` runs each row's grid.
 """
 
 from __future__ import annotations

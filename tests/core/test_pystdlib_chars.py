@@ -102,6 +102,8 @@ def test_loading_is_seeded_and_holds_out_a_fraction_of_every_package() -> None:
     assert a.num_train + a.num_test == 3000
     assert a.num_test == pytest.approx(300, abs=len(a.meta["group_names"]) / 2)
     assert a.meta["corpus_sha256"] == c.meta["corpus_sha256"]
+    assert a.groups_train is not None  # shuffled, not package after package (test set alike)
+    assert bool((a.groups_train[1:] < a.groups_train[:-1]).any())
 
 
 def test_a_different_corpus_hash_is_a_clear_error(tmp_path: Path) -> None:
