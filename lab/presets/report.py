@@ -220,7 +220,14 @@ def reproducibility_section(
             f"thread(s) per run"
             + (f", {jobs} run(s) at a time" if jobs is not None else "")
             + f", {get('engine')} engine. `preset.json` records these and every run's "
-            "configuration."
+            "configuration"
+            + (
+                ", with the host facts that decide bit-equality across hosts (`host`: CPU "
+                "family, model, stepping and flags, numpy's BLAS, torch's build and CPU "
+                "capability, thread variables) and the code's commit (`git_commit`)."
+                if isinstance(env.get("host"), dict)
+                else "."
+            )
         )
     command = ["concord", "report", "verify", str(directory)]
     if run is not None:
@@ -240,7 +247,9 @@ def reproducibility_section(
             "machines, re-run a cell.",
             "",
             "Check a cell on your machine: the command re-runs it with its recorded configuration "
-            "and compares accuracy, worst peer, gossip rounds and bytes with this report "
+            "and compares accuracy, worst peer, gossip rounds and bytes with this report; a "
+            "difference is attributed to the host or to the code, naming what differs "
+            "(`--at-commit` re-runs the report's commit when both differ) "
             "(`--row`, `--column`, `--seed` pick another cell; give the directory this report "
             "and its CSV were copied to, if not this one):",
             "",

@@ -18,10 +18,16 @@ metric the manifest names, the committed value with the re-run's (`concord.lab.v
   fixes them; ``count_tol`` (relative) when consensus control is on (or ``ada-feedback``, whose
   graph follows Θ), default ±10 %, since the rounds then follow the float trajectory.
 
-It also compares the recorded machine (torch, CPU, torch threads per run; `environment`) with
-this one: float results are machine-dependent, so a mismatch is reported as the likely reason of
-a difference, not as an error. Exit codes (`verify_main`): 0 all within tolerance, 1 a metric
-differs (or the re-run failed), 2 bad input (`VerifyError`).
+It also compares the recorded host (``preset.json``'s ``host`` facts: CPU identity and flags,
+numpy's BLAS, torch's build and CPU capability, thread variables; for an older report its torch,
+CPU and threads) and code (its ``git_commit``) with this machine and checkout
+(`concord.lab.verify.diagnose`), and the verdict of a cell that differs says which explains it,
+naming the facts: "host differs: cpu flags +avx512f, numpy.version 1.26.4 → 2.1.0" (not a
+regression), "code differs" on the same host (the code change), a real regression when neither
+differs, undecided when both do — then ``--at-commit`` re-runs the report's commit in a temporary
+``git worktree`` to decide. On another host an accuracy's tolerance is max(``tol``, 2 × the
+std of the cell's committed seeds) (`SEED_SPREAD_K`). Exit codes (`verify_main`): 0 all within
+tolerance, 1 a metric differs (or the re-run failed), 2 bad input (`VerifyError`).
 
 Several reports in one command (`verify_reports`, `concord.lab.verify.main`): ``DIR [DIR ...]``,
 each ``DIR`` or ``DIR::RUN`` (`parse_directories`; ``--run`` and ``--row/--column/--seed`` only
@@ -45,13 +51,21 @@ from concord.lab.verify.record import (
     summarize,
     write_record_csv,
 )
-from concord.lab.verify.rerun import ACCURACY_TOL_PP, CONTROLLED_COUNT_TOL, Check, Outcome, compare
+from concord.lab.verify.rerun import (
+    ACCURACY_TOL_PP,
+    CONTROLLED_COUNT_TOL,
+    SEED_SPREAD_K,
+    Check,
+    Outcome,
+    compare,
+)
 
 __all__ = [
     "ACCURACY_TOL_PP",
     "CONTROLLED_COUNT_TOL",
     "METRICS",
     "RECORD_COLUMNS",
+    "SEED_SPREAD_K",
     "Cell",
     "Check",
     "Choice",
