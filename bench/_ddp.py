@@ -14,9 +14,11 @@ straggler does (`concord.peer.pace.Straggler`'s emulation of a processor F times
 
 Rank 0 evaluates the model (every rank holds the same one) on the whole test set every
 ``eval.every`` epochs and after the last step, and writes JSON lines to ``--out``: one
-``{"kind": "start", "time"}`` after the first barrier, ``{"kind": "eval", "step", "time",
-"accuracy"}`` (``time``: Unix seconds at the end of the step, before the evaluation), and a
-final ``{"kind": "summary", ...}``. Run inside a network namespace by the benches:
+``{"kind": "start", "time"}`` after the first barrier, ``{"kind": "step", "step", "time"}``
+after every step (``time``: Unix seconds at its end: ``bench/edge.py --map`` takes the time per
+step from them), ``{"kind": "eval", "step", "time", "accuracy"}`` (``time``: the end of the step,
+before the evaluation), and a final ``{"kind": "summary", ...}``. Run inside a network
+namespace by the benches:
 
     python bench/_ddp.py --config run.toml --rank R --world N --master IP:PORT --out rank-R.jsonl
 """
@@ -134,8 +136,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         loss_fn(model(task.x_train[idx]), task.y_train[idx]).backward()
         opt.step()
         owed = (slow - 1.0) * (time.thread_time() - cpu0)
+        now = time.time()
+        write({"kind": "step", "step": step, "time": now})
         if rank == 0 and ((step + 1) % interval == 0 or step == total - 1):
-            now = time.time()
             with torch.no_grad():
                 pred = model.module(task.x_test).argmax(dim=1)
             accuracy = float((pred == task.y_test).float().mean())

@@ -13,7 +13,7 @@ Profiles (`concord.core.emulation.PROFILES`, per access link; peer to peer is tw
   not fewer torch threads: every process already runs one thread on a 2-core machine.
 
 Same for every contender: MNIST-1D (5,000 samples: 4,000 train, 1,000 test), the MLP
-40 → 128 → 128 → 10 (22,922 parameters), local batch 16, the config's LR schedule (lr 0.1, 5 %
+40 → 128 → 128 → 10 (23,050 parameters), local batch 16, the config's LR schedule (lr 0.1, 5 %
 warm-up, ×0.1 at 50 % and 75 %), `EPOCHS` epochs (31 steps each), seed 0: the same data, batches,
 initial parameters and schedule; one torch thread per process; evaluations every 0.25 epoch.
 
@@ -38,7 +38,7 @@ The 2-epoch budget of ``bench/time_to_accuracy.py`` (and anything under 16 epoch
 worst gossip peer short of all-reduce in some seeds; at 16 epochs (496 steps) it reaches the
 target in every seed, needing 0.83–1.34× all-reduce's steps (128×128). So `EPOCHS` = 16.
 
-**Model size.** 128×128: 22,922 parameters = 92 KB in fp32, 46 KB in fp16/bf16, i.e. 37 / 18 ms
+**Model size.** 128×128: 23,050 parameters = 92 KB in fp32, 46 KB in fp16/bf16, i.e. 37 / 18 ms
 of transmission at 20 Mbit/s — below the 60 ms round trip, so a step's communication is
 latency-bound: the regime of the edge, where a ring all-reduce pays 2 (n − 1) = 14 sequential
 one-way latencies per step and a one-peer gossip round one exchange. Its compute (a few ms a step)
@@ -81,8 +81,15 @@ best Concord contender's TTA ÷ DDP fp16's on that profile; targets ≤ 0.5 and 
 every run), the run directories. ``--quick``: 1 epoch of 1,000 samples (6 steps), DDP fp16 and
 D-SGD exponential bf16 on both profiles (under 2 minutes).
 
+``--map``: the crossover map instead (`bench.edge_map`): time per step of DDP fp16 and
+``dsgd_exp_none_bf16`` over RTT (``--rtts``, default 1, 20, 80 ms) × link rate (``--rates``, 20,
+100, 1000 Mbit/s), no loss, 48 steps per run, beside the α–β model
+(`bench.cost_model.EdgeModel`); ``edge_map.csv`` and ``edge_map.png`` in ``--out`` (about 12
+minutes).
+
     python bench/edge.py [--quick] [--profiles edge,edge-mixed] [--contenders a,b]
         [--epochs 16] [--out DIR]
+    python bench/edge.py --map [--rtts 1,20,80] [--rates 20,100,1000] [--out DIR]
 """
 
 from __future__ import annotations
