@@ -48,9 +48,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class HostState:
-    """The recorded host against this one: ``state`` "same", "differs" or "not recorded";
-    ``facts``: the differing facts as a verdict shows them; ``from_facts``: False when the report
-    records no host facts and the comparison fell back to its torch / CPU / threads."""
+    """The recorded host against this one: ``state`` "same", "differs" or "not recorded" (also:
+    no host facts, and the torch / CPU / threads the report records are equal — they do not
+    establish the same host); ``facts``: the differing facts as a verdict shows them;
+    ``from_facts``: False when the report records no host facts and the comparison fell back to
+    its torch / CPU / threads."""
 
     state: str
     facts: tuple[str, ...] = ()
@@ -62,6 +64,9 @@ class HostState:
             return f"host: same ({what} equal)"
         if self.state == "differs":
             return "host differs: " + ", ".join(self.facts)
+        if not self.from_facts:
+            return ("host: not established — the report records no host facts, and its torch, "
+                    "CPU model name and threads (equal here) do not identify a host")  # fmt: skip
         return "host: not recorded by the report"
 
 
@@ -106,7 +111,9 @@ def compare_hosts(recorded: Mapping[str, Any], here: Mapping[str, Any]) -> HostS
         for key, label in _FALLBACK
         if str(recorded.get(key)) != str(here.get(key))
     ]
-    return HostState("differs" if facts else "same", tuple(facts), from_facts=False)
+    # equal torch, CPU model name and threads do not make the same host (the name can be a
+    # masked "AMD EPYC" over other flags): without facts, sameness is not established
+    return HostState("differs" if facts else "not recorded", tuple(facts), from_facts=False)
 
 
 def _git(cwd: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -40,6 +40,7 @@ RECORD_COLUMNS = (
     "this_cpu",
     "this_threads",
     "same_machine",
+    "host",
     "host_differs",
     "code",
     "cause",
@@ -65,10 +66,11 @@ def record_rows(outcomes: Sequence[Outcome]) -> list[dict[str, str]]:
     ``tolerance`` in percentage points; "rounds" or "bytes": absolute counts, ``tolerance`` the
     largest ``abs_delta`` allowed, 0 exact), ``verdict`` (ok, DIFFERS, FAILED: the re-run failed,
     no ``rerun``), the recorded torch / CPU / threads (empty: not recorded), this machine's,
-    ``same_machine`` (true: the host facts — or, for a report without them, torch, CPU and
-    threads — are equal), ``host_differs`` (the differing facts, "; "-separated), ``code``
-    (same, differs, unknown: the report's commit against this checkout) and ``cause`` (the
-    cell's conclusion: reproduces, host, code, regression, undecided, unknown, failed)."""
+    ``same_machine`` (true: the host facts are equal), ``host`` (same, differs, not recorded:
+    no host facts, and torch, CPU and threads equal or not recorded), ``host_differs`` (the
+    differing facts, "; "-separated), ``code`` (same, differs, unknown: the report's commit
+    against this checkout) and ``cause`` (the cell's conclusion: reproduces, host, code,
+    regression, undecided, unknown, failed)."""
     rows = []
     for o in outcomes:
         recorded, here = o.target.recorded, o.here
@@ -77,6 +79,7 @@ def record_rows(outcomes: Sequence[Outcome]) -> list[dict[str, str]]:
             **{f"recorded_{k}": _text(recorded.get(k)) for k in ("torch", "cpu", "threads")},
             **{f"this_{k}": _text(here.get(k)) for k in ("torch", "cpu", "threads")},
             "same_machine": "true" if o.state == "same" else "false",
+            "host": o.host.state,
             "host_differs": "; ".join(o.host.facts),
             "code": o.code.state,
             "cause": o.cause,
@@ -132,7 +135,11 @@ def _differing_machine(row: Mapping[str, str]) -> list[str]:
 
 
 def _reason(row: Mapping[str, str]) -> str:
-    """Why a differing cell differs, from its machine columns: "machine", "same", "unknown"."""
+    """Why a differing cell differs, from its host (or, in an older record, machine) columns:
+    "machine", "same", "unknown"."""
+    host = row.get("host")
+    if host:
+        return {"same": "same", "differs": "machine"}.get(host, "unknown")
     if not row["recorded_torch"]:
         return "unknown"
     return "same" if row["same_machine"] == "true" else "machine"
@@ -143,8 +150,8 @@ _REASONS = {
     "machine is the likely reason",
     "same": "on the recorded machine (same torch, CPU and threads): not explained by the machine "
     "(the code, the data or the configuration changed since the report?)",
-    "unknown": "whose report does not record its machine: if it came from another CPU or torch "
-    "build, that is the likely reason",
+    "unknown": "whose report does not record its host facts: if it came from another host (a "
+    "CPU model name does not identify one), that is the likely reason",
 }
 
 
@@ -175,7 +182,7 @@ def summarize(rows: Sequence[Mapping[str, str]]) -> tuple[str, list[str]]:
             "machine": f"the recorded machine differs ({', '.join(_differing_machine(first))}): "
             "the likely reason",
             "same": "on the recorded machine: not explained by the machine",
-            "unknown": "the report does not record its machine",
+            "unknown": "the report does not record its host facts",
         }[reason]
         if first.get("cause") == "host" and reason == "machine":
             why += " (--at-commit or the same code: the host, not the code)"

@@ -244,14 +244,14 @@ def _verdict_lines(name: str, failed: Sequence[str], host: HostState, code: Code
         )
     if cause == "code":
         return (
-            f"{text}. The report does not record its machine, and {code.describe()}: the host "
-            "or the code; --at-commit re-runs the cell with the report's code on this host to "
-            "decide."
+            f"{text}. The report records no host facts (the same host is not established), "
+            f"and {code.describe()}: the host or the code; --at-commit re-runs the cell with "
+            "the report's code on this host to decide."
         )
     return (
-        f"{text}. The report does not record its machine: if it came from another CPU or "
-        "torch build, that is the likely reason (float results are machine-dependent); "
-        f"{code.describe()}."
+        f"{text}. The report records no host facts: if it came from another host (CPU flags, "
+        "BLAS or torch build), that is the likely reason (float results are "
+        f"machine-dependent); {code.describe()}."
     )
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,7 +27,8 @@ from concord.core.config import load_config
 from concord.core.control.runplan import make_lr_schedule, make_plan
 from concord.lab.presets import preset_main
 from concord.lab.presets.report import CODE_PATHS
-from concord.lab.verify import Choice, verify_reports
+from concord.lab.verify import Choice, compare, load_target, verify_reports
+from concord.lab.verify.diagnose import compare_hosts
 from concord.orchestrator.admission import PeerInfo
 from concord.orchestrator.records import manifest
 from concord.runtime.hostinfo import host_differences, host_facts
@@ -112,7 +114,8 @@ def _git(cwd: Path, *args: str) -> str:
 
 def _report(tiny: Path, dest: Path, *, host: str, commit: str | None) -> Path:
     """A copy of the ``tiny`` report whose cell claims `SHIFT` more accuracy on every seed;
-    ``host``: "same" (as recorded) or "other" (faked facts: other flags, another numpy);
+    ``host``: "same" (as recorded), "other" (faked facts: other flags, another numpy) or "none"
+    (no facts, as before they were recorded);
     ``commit``: the code commit it records (None: none, the commit of its table counts)."""
     dest.mkdir(parents=True)
     shutil.copy(tiny / "preset.json", dest / "preset.json")
@@ -125,7 +128,9 @@ def _report(tiny: Path, dest: Path, *, host: str, commit: str | None) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     meta: dict[str, Any] = json.loads((dest / "preset.json").read_text())
-    if host == "other":
+    if host == "none":  # a report from before host facts
+        meta.pop("host", None)
+    elif host == "other":
         facts = dict(meta["host"])
         facts["cpu.flags"] = sorted({*facts.get("cpu.flags", []), "fakeflag"} - {"avx512f"})
         facts["numpy.version"] = "1.26.4"
@@ -248,3 +253,38 @@ def test_both_engines_record_the_host_in_their_manifest(tiny: Path) -> None:
     m = manifest(cfg, "r1", plan, 4, topologies={}, peers=peers)
     assert m.host is not None
     assert m.host["cpu.flags_sha"] == here["cpu.flags_sha"]
+
+
+def test_the_audited_choco_cell_is_within_its_seed_spread_on_an_unknown_host() -> None:
+    """The audit: `choco-sign-g0.5_a1_s0` gave 93.52 % on another host against 92.18 %
+    committed; the report records no host facts (its CPU string "AMD EPYC" equals that host's),
+    so the host is not established — not "the same machine" — and the cell's tolerance is its
+    seed spread, 2 × std(92.18, 92.83, 91.40) = 1.43 pp > 1.34 pp."""
+    target = load_target(REPO / "docs" / "results" / "choco-compression",
+                         run="choco-sign-g0.5_a1_s0")  # fmt: skip
+    here = {**target.recorded, "host": host_facts()}  # this host as environment() gives it
+    host = compare_hosts(target.recorded, here)
+    assert host.state == "not recorded"
+    assert "not established" in host.describe()
+    other = SimpleNamespace(accuracy_avg_model=0.9352, accuracy_worst_peer=0.9177500009536743,
+                            gossip_rounds_total=992, bytes_sent_total=20824064)  # fmt: skip
+    spread = compare(target, other, 16, 0.5, 0.0, spread=True)  # type: ignore[arg-type]
+    assert [c.ok for c in spread] == [True, True, True, True]
+    assert spread[0].tolerance == pytest.approx(1.4268, abs=1e-3)
+    strict = compare(target, other, 16, 0.5, 0.0)  # type: ignore[arg-type]
+    assert not strict[0].ok  # the recorded host's tolerance, 0.5 pp, would call it a difference
+
+
+def test_an_old_report_with_changed_code_is_not_blamed_on_the_code(
+    tiny: Path, tmp_path: Path
+) -> None:
+    root, first = _code_repo(tmp_path / "code")
+    (root / "lab" / "x.py").write_text("A = 2\n")
+    _git(root, "commit", "-q", "-am", "second")
+    report = _report(tiny, tmp_path / "report", host="none", commit=first)
+    code, out = _verify(report, tmp_path / "re", root)
+    assert code == 1, out
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    assert "records no host facts (the same host is not established), and code differs" in verdict
+    assert "the host or the code; --at-commit re-runs the cell" in verdict
+    assert "not explained by the machine" not in out
