@@ -25,9 +25,11 @@ One round, between a sender and each neighbour, is one message each way, posted 
 after which the round returns and travels while the training thread computes (overlap). The
 message is a uint8 tensor: a fixed 64-byte header region, then the payload.
 
-* The header, int64 ``[MAGIC, step, round, tensor_id, byte_length, push-sum weight bits, 0, 0]``,
-  is checked when the round ends: both sides in the same round of the same step, the same
-  length, else `TorchPlaneError` naming both (the peers diverged).
+* The header, int64 ``[MAGIC, step, round, tensor_id, byte_length, push-sum weight bits,
+  TORCH_PLANE_VERSION, 0]``, is checked when the round ends: the same format version, both sides
+  in the same round of the same step, the same length, else `TorchPlaneError` naming both (the
+  peers diverged). The peers also compare their format versions once at the rendezvous
+  (`TorchPlane.connect`): a mismatched peer fails there, before any round.
 * The payload: the codec's parts back to back (`concord.peer.serde.layout`), or the float32
   vector, at byte 64 (parts keep their alignment). The receiver posts a buffer of the length it
   computes from its own codec and d. Every peer runs the same rounds with the same codec
@@ -91,7 +93,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger("concord.peer.torch_plane")
 
 MAGIC = 0x434F4E43  # "CONC"
-HEADER = 8  # int64 fields of a header: six used, two zero (the payload starts 64-byte aligned)
+TORCH_PLANE_VERSION = 2
+"""The torch plane's message format, checked at the rendezvous (`TorchPlane.connect`) and in
+every header. 1: a round's header and payload as two messages; 2: one message per neighbour
+and round, the header folded in front of the payload, the version in the header. Independent of
+the gRPC plane's ``PROTOCOL_VERSION`` (`concord.peer.serde`), whose wire did not change."""
+HEADER = 8  # int64 fields of a header: seven used, one zero (the payload starts 64-byte aligned)
 HEADER_BYTES = 8 * HEADER
 _TAG_HEADER, _TAG_PAYLOAD, _TAG_ROUND = 1, 2, 3  # per-edge headers and payloads; round messages
 _POOL = 8  # buffers kept per payload size (a peer receives one per in-neighbour and round)
@@ -200,12 +207,41 @@ class TorchPlane:
                 f"peer {self.rank} of {self.world_size}: {exc}"
             ) from exc
         self.connected = True
+        self._check_version()
         log.info(
             "torch_plane.connected",
             backend=self.backend,
             init=method,
             seconds=round(time.perf_counter() - t0, 3),
         )
+
+    def _check_version(self) -> None:
+        """Every peer speaks this peer's `TORCH_PLANE_VERSION`, else `TorchPlaneError` (the
+        group is left): one ``all_reduce`` (MAX) of (v, −v) gives the highest and the lowest
+        version of the run. A peer of a Concord before version 2 does not take part: the
+        ``all_reduce`` times out within ``network.torch.timeout``, also an error naming it."""
+        v = torch.tensor(
+            [TORCH_PLANE_VERSION, -TORCH_PLANE_VERSION], dtype=torch.int64, device=self.device
+        )
+        try:
+            work = dist.all_reduce(v, op=dist.ReduceOp.MAX, async_op=True)
+            if work is not None:
+                work.wait(self.timeout)
+        except RuntimeError as exc:
+            self.close()
+            raise TorchPlaneError(
+                f"peer {self.rank}: comparing torch data plane message formats failed (a peer "
+                f"crashed, or runs a Concord whose torch plane predates format version 2 and "
+                f"does not take part): {exc}"
+            ) from exc
+        high, low = int(v[0]), -int(v[1])
+        if high != low:
+            self.close()
+            raise TorchPlaneError(
+                f"peer {self.rank} speaks torch data plane message format "
+                f"{TORCH_PLANE_VERSION}, but the run's peers speak formats {low} to {high}: "
+                "run the same Concord version on every peer"
+            )
 
     def close(self) -> None:
         if self.connected and dist.is_initialized():
@@ -321,7 +357,7 @@ class TorchComm(RoundComm):
     def _header(
         self, step: int, round: int, tensor_id: int, nbytes: int, push: float | None
     ) -> torch.Tensor:
-        values = [MAGIC, step, round, tensor_id, nbytes, _f64_bits(push), 0, 0]
+        values = [MAGIC, step, round, tensor_id, nbytes, _f64_bits(push), TORCH_PLANE_VERSION, 0]
         return torch.tensor(values, dtype=torch.int64, device=self.device)
 
     @staticmethod
@@ -435,7 +471,13 @@ class TorchComm(RoundComm):
     ) -> tuple[float | None, int]:
         """The push-sum weight and the payload length in peer j's header, after checking that
         it is this round's (``nbytes`` None: any whole number of float32 values)."""
-        magic, s, r, tid, length, push, *_ = (int(v) for v in header.tolist())
+        magic, s, r, tid, length, push, version, _ = (int(v) for v in header.tolist())
+        if magic == MAGIC and version != TORCH_PLANE_VERSION:
+            raise TorchPlaneError(
+                f"peer {self.rank} got a message in torch data plane format {version} from peer "
+                f"{j}; this peer speaks format {TORCH_PLANE_VERSION}: run the same Concord "
+                "version on every peer"
+            )
         want = length if nbytes is None and length % 4 == 0 else nbytes
         if (magic, s, r, tid, length) != (MAGIC, step, round, tensor_id, want):
             expected = "float32 values" if nbytes is None else f"{nbytes} bytes"

@@ -165,3 +165,71 @@ def test_a_round_is_one_message_whose_header_catches_diverged_peers(tmp_path: Pa
         assert f"from peer {1 - r} and got tensor" in lines["error"]
         assert f"of step {theirs} round 2" in lines["error"]
         assert "diverged" in lines["error"]
+
+
+VERSIONS = """
+import sys
+import numpy as np
+import torch
+from concord.core.config import build_config
+from concord.peer import torch_plane
+from concord.peer.torch_plane import TorchComm, TorchPlane, TorchPlaneError
+
+rank, port, where = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+torch.set_num_threads(1)
+cfg = build_config({"peers": 2, "network": {"transport": "torch",
+                    "torch": {"init": f"tcp://127.0.0.1:{port}", "timeout": 20.0}}})
+plane = TorchPlane(cfg, rank, torch.device("cpu"), "test")
+if where == "connect" and rank == 1:
+    torch_plane.TORCH_PLANE_VERSION = 1  # a peer of another message format
+try:
+    plane.connect(None)
+    if where == "header":  # agreed at the rendezvous; rank 1 then sends another format
+        if rank == 1:
+            torch_plane.TORCH_PLANE_VERSION = 3
+        TorchComm(plane).mix(torch.ones(1, 10), np.full((2, 2), 0.5), step=1, round=1)
+    print("error none")
+except TorchPlaneError as exc:
+    print("error", exc)
+print("connected", plane.connected)
+plane.close()
+"""
+
+
+@pytest.mark.parametrize("where", ["connect", "header"])
+def test_peers_of_another_message_format_fail_with_both_versions(
+    tmp_path: Path, where: str
+) -> None:
+    """A peer whose torch plane message format (`TORCH_PLANE_VERSION`) differs is refused by
+    every peer at the rendezvous, with the run's lowest and highest versions in the error and
+    the group left; a message of another format (past the rendezvous) fails the round with
+    `TorchPlaneError` naming the sender's format and the receiver's."""
+    script = tmp_path / "versions.py"
+    script.write_text(VERSIONS)
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(port), where],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} failed:\n{outputs[r]}"
+    for r, out in enumerate(outputs):
+        lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines()}
+        error = lines["error"]
+        if where == "connect":
+            mine = 1 if r == 1 else 2
+            assert error.startswith(f"peer {r} speaks torch data plane message format {mine}")
+            assert "the run's peers speak formats 1 to 2" in error, out
+            assert lines["connected"] == "False", out
+        else:
+            mine, theirs = (2, 3) if r == 0 else (3, 2)
+            assert error.startswith(
+                f"peer {r} got a message in torch data plane format {theirs} from peer {1 - r}"
+            ), out
+            assert f"this peer speaks format {mine}" in error, out
