@@ -6,7 +6,10 @@ same steps with no communication and against what a user would pick instead on t
   step's gossip of x_t runs on the peer's event loop while its gradient is computed,
   docs/algorithms.md#overlap), fp32 wire and bf16 wire (``compression.codec = "bf16"``), and fp32
   without overlap ("local step, then gossip": the exchange after the computation); time per step
-  from each peer's training wall time (after the start-up handshake), median over peers; and
+  from each peer's step records — the training loop's pace from the end of step 5 to the end of
+  the last step (record ``time``), as the baselines below time their steps after 5 warm-up
+  steps — median over peers (``whole_run_ms`` in each breakdown: the peer process's whole wall
+  time over its steps, start-up handshake, rendezvous, final evaluation and shutdown included); and
   where a step's communication time went, from the peers' step records
   (`concord.peer.comm.Breakdown`: encode, wait — blocked on the round: sending, the wire, the
   neighbours — mix, and overlap — the round in flight while the gradient was computed), medians
@@ -98,6 +101,7 @@ def _epochs_for(steps: int, n: int) -> float:
 
 
 BREAKDOWN = ("encode_ms", "wait_ms", "mix_ms")  # communication the training thread pays
+WARM_UP = 5  # steps every contender runs before its clock starts
 TARGETS = {"ratio_torch_plane_vs_gloo_gossip": 1.15, "ratio_grpc_vs_gloo_gossip": 1.6}
 """Upper bounds of the framework-overhead ratios (module docstring)."""
 
@@ -126,6 +130,15 @@ def ratios(seconds: dict[str, float]) -> dict[str, float]:
 def targets_met(measured: dict[str, float]) -> dict[str, bool]:
     """Whether each ratio of `TARGETS` is within its bound."""
     return {k: measured[k] <= bound for k, bound in TARGETS.items()}
+
+
+def steady_seconds_per_step(records: list[dict[str, Any]]) -> float:
+    """A peer's training-loop pace from its step records: seconds from the end of step
+    `WARM_UP` to the end of the last step (each record's ``time``), per step."""
+    steady = records[WARM_UP:]
+    if len(steady) < 2:
+        raise ValueError(f"{len(records)} step records; the pace needs at least {WARM_UP + 2}")
+    return float(steady[-1]["time"] - steady[0]["time"]) / (len(steady) - 1)
 
 
 def run_peers(
@@ -166,17 +179,19 @@ def run_peers(
     for p in procs:
         if p.wait(timeout=1800) != 0:
             raise RuntimeError("a peer failed")
-    per_step = []
+    per_step, whole_run = [], []
     parts: dict[str, list[float]] = {k: [] for k in (*BREAKDOWN, "overlap_ms", "step_ms")}
     for i in range(n):
         s = json.loads((workdir / f"peer-{i}" / "summary.json").read_text())
-        per_step.append(s["wall_seconds"] / s["steps"])
+        whole_run.append(s["wall_seconds"] / s["steps"])
         lines = (workdir / f"peer-{i}" / "metrics.jsonl").read_text().splitlines()
         records = [r for r in map(json.loads, lines) if r.get("kind") == "step"]
-        for r in records[5:]:  # past the first steps (connections, allocator warm-up)
+        per_step.append(steady_seconds_per_step(records))
+        for r in records[WARM_UP:]:  # past the first steps (connections, allocator warm-up)
             for k in parts:
                 parts[k].append(float(r.get(k, 0.0)))
     breakdown = {k: round(statistics.median(v), 3) for k, v in parts.items() if v}
+    breakdown["whole_run_ms"] = round(statistics.median(whole_run) * 1e3, 3)
     return statistics.median(per_step), breakdown
 
 
@@ -194,7 +209,7 @@ def _compute_worker(rank: int, n: int, steps: int, epochs: float, out: Any) -> N
         cfg = load_config(cfg_path, environ={})
     task = ClassificationTask(cfg, [rank], device=torch.device("cpu"))
     opt = make_local_optimizer(cfg, task.flat.decay_mask)
-    for step in range(5):  # warm-up
+    for step in range(WARM_UP):
         opt.step(task.x, task.loss_and_grad(step).grad, 0.01)
     t0 = time.perf_counter()
     for step in range(steps):
@@ -246,7 +261,7 @@ def _gloo_worker(rank: int, n: int, steps: int, port: int, hook: str, out: Any) 
         loss_fn(model(x[i % 64]), y[i % 64]).backward()
         opt.step()
 
-    for i in range(5):
+    for i in range(WARM_UP):
         step(i)
     dist.barrier()
     t0 = time.perf_counter()
@@ -292,7 +307,7 @@ def _gossip_worker(rank: int, n: int, steps: int, port: int, out: Any) -> None:
             exchange.append(time.perf_counter() - t0)
             vector_to_parameters((flat + got_l + got_r) / 3.0, model.parameters())
 
-    for i in range(5):
+    for i in range(WARM_UP):
         step(i)
     dist.barrier()
     exchange.clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.step_overhead import TARGETS, ratios, targets_met
+from bench.step_overhead import TARGETS, ratios, steady_seconds_per_step, targets_met
 
 SECONDS = {  # distinct values, so a ratio over the wrong time cannot pass
     "peers": 0.060,
@@ -38,3 +38,12 @@ def test_targets_are_met_up_to_their_bound_and_missed_above() -> None:
     above = {key: bound + 0.001 for key, bound in TARGETS.items()}
     assert targets_met(above) == dict.fromkeys(TARGETS, False)
     assert TARGETS == {"ratio_torch_plane_vs_gloo_gossip": 1.15, "ratio_grpc_vs_gloo_gossip": 1.6}
+
+
+def test_a_peers_pace_is_taken_from_its_step_records_past_the_warm_up() -> None:
+    # five warm-up steps of any length, then steps ending every 0.5 s
+    ends = [0.0, 3.0, 4.0, 4.1, 9.0, *(10.0 + 0.5 * i for i in range(7))]
+    records = [{"kind": "step", "step": i, "time": t} for i, t in enumerate(ends)]
+    assert steady_seconds_per_step(records) == pytest.approx(0.5, abs=1e-12)
+    with pytest.raises(ValueError, match="6 step records; the pace needs at least 7"):
+        steady_seconds_per_step(records[:6])
