@@ -88,7 +88,8 @@ class AsyncSimulation:
         self.loss = torch.zeros(self.n, dtype=torch.float64)
         self.correct = torch.zeros(self.n, dtype=torch.int64)
         self.norms = torch.zeros(self.n, dtype=torch.float64)
-        self.stepped = torch.zeros(self.n, dtype=torch.bool)  # has a momentum buffer row
+        # has a momentum buffer row
+        self.stepped = torch.zeros(self.n, dtype=torch.bool, device=self.x.device)
         self._saved = torch.empty_like(self.x)
         self._out = torch.empty_like(self.x)
         self._idx = self.task.sampler.batch_indices(0).to(self.x.device).clone()
@@ -360,7 +361,8 @@ class AsyncSGPSimulation(AsyncSimulation):
 
     def update(self, peers: list[int], directions: torch.Tensor, lrs: list[float]) -> None:
         rows = torch.tensor(peers, device=self.x.device)
-        w = torch.from_numpy(self.weights[peers]).to(self.x.dtype).unsqueeze(1)
+        w = torch.from_numpy(self.weights[peers]).to(device=self.x.device, dtype=self.x.dtype)
+        w = w.unsqueeze(1)
         numerators = self.scaled_sub(self.x[rows] * w, directions, lrs)
         by_round: dict[int, list[int]] = {}
         for pos, i in enumerate(peers):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from concord.core.algorithms.base import register_algorithm
+from concord.core.algorithms.base import Algorithm, register_algorithm
 from concord.core.algorithms.catalog import CATALOG
 from concord.core.algorithms.dsgd import DSGD
 
@@ -77,3 +77,4 @@ class ADPSGD(DSGD):
     which uses this class's local optimizer (momentum) state and the rules above."""
 
     spec = CATALOG["ad-psgd"]
+    start = Algorithm.start  # no overlap: an asynchronous step has no exchange to start early

@@ -39,7 +39,8 @@ def push_split(
     ``(row in numerators, destination j, p_ji)``; the x-share of a message is p_ji · numerators[row]
     and its w-share p_ji · weights[row]."""
     keep = np.array([P[i, i] for i in senders], dtype=np.float64)
-    kept = numerators * torch.from_numpy(keep).to(numerators.dtype).unsqueeze(1)
+    factors = torch.from_numpy(keep).to(device=numerators.device, dtype=numerators.dtype)
+    kept = numerators * factors.unsqueeze(1)
     messages = [
         (row, int(j), float(P[j, i]))
         for row, i in enumerate(senders)

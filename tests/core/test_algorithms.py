@@ -50,7 +50,7 @@ def test_sgd_config_rejects_bad_values() -> None:
         SGDConfig(momentum=1.0)
     with pytest.raises(ValueError, match="weight_decay"):
         SGDConfig(weight_decay=-1)
-    with pytest.raises(UnknownNameError, match=r"valid: .*allreduce, choco, .*dsgd"):
+    with pytest.raises(UnknownNameError, match=r"valid: .*allreduce, .*choco, .*dsgd"):
         make_algorithm("adam-gossip", LocalSGD(SGDConfig()))
 
 
