@@ -21,7 +21,8 @@ the step ends are spread in time.
 
 Within one instant (a wave): arrivals, then the ending peers' updates, then their communication,
 then the new steps start. With equal speeds and no delay every wave is a synchronous step:
-``ad-psgd`` is then D-SGD and ``async-sgp`` is ``sgp`` on the same matrices, bit for bit.
+``ad-psgd`` is then D-SGD on the same matchings and ``async-sgp`` is ``sgp`` on the same matrices
+(bit for bit on one-peer graphs, where a mix adds two halves; to rounding on denser ones).
 """
 
 from __future__ import annotations
