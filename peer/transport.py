@@ -257,6 +257,9 @@ class Transport:
         self._wanted: list[asyncio.Future[serde.Outgoing | None]] = []
         self._joins: set[int] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # more services on this server, registered by `start` (the asynchronous algorithms'
+        # ``Push``: `concord.peer.async_wire`)
+        self.extra_handlers: list[grpc.GenericRpcHandler] = []
 
     @property
     def peer_id(self) -> int:
@@ -323,6 +326,8 @@ class Transport:
         servicer.snapshot = self.snapshot
         self._loop = asyncio.get_running_loop()
         servicer.add_to_server(self.server)
+        if self.extra_handlers:
+            self.server.add_generic_rpc_handlers(tuple(self.extra_handlers))
         # the standard grpc.health.v1 service: "" and "concord.v1.Gossip" report SERVING
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
