@@ -149,7 +149,7 @@ class ControlSection(Section):
         description="lagged mode: rounds of step t from the statistics of step t − lag",
     )
     ema: float = Field(default=0.9, ge=0, lt=1)
-    statistic: Literal["theta", "xi"] = "theta"
+    statistic: Literal["theta", "xi", "sketch"] = "theta"
     rounds: int = Field(
         default=1,
         ge=1,

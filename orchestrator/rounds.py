@@ -16,7 +16,9 @@ complete, i.e. every *expected* peer (live and still training) reported it. Then
   step record; the rounds go through the controller and into the records as above, but nothing
   is published: nobody waits for a decision.
 
-Θ of a round is ``sqrt(mean_i θ_i)`` over the peers that reported, the adaptive target's gradient
+Θ of a round is ``sqrt(mean_i θ_i)`` over the peers that reported (with ``control.statistic =
+"sketch"`` the estimate Ξ̂ of the consensus distance from their sketches instead; a statistic
+without a sketch of `SKETCH_SIZE` floats is then ignored), the adaptive target's gradient
 norm the mean of the peers' ‖g_i‖ of round 1 — both computed by core
 (`concord.core.control.statistic`, the very float arithmetic the vectorized engine's
 `concord.core.control.consensus.theta` runs). A round that stays incomplete for ``timeout``
@@ -41,13 +43,28 @@ from dataclasses import dataclass, field
 
 from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
 from concord.core.control.plan import PhasePlan
-from concord.core.control.statistic import mean_of, theta_from_locals
+from concord.core.control.statistic import (
+    SKETCH_SIZE,
+    mean_of,
+    theta_from_locals,
+    xi_from_sketches,
+)
 from concord.orchestrator.pending import take_due
 from concord.protos.control_plane import Decision, Stats
 
 # the names this module has always offered for core's arithmetic (Θ of a round, a mean)
 estimator = theta_from_locals
 mean = mean_of
+
+
+def round_statistic(statistic: str, stats: list[Stats]) -> float:
+    """The controller's statistic of one round from the peers' `Stats`: Θ from their θ_i, or
+    (``statistic`` "sketch") the estimate Ξ̂ of the consensus distance from their sketches —
+    the arithmetic the vectorized engine runs (`concord.core.control.statistic`)."""
+    if statistic == "sketch":
+        return xi_from_sketches(s.sketch for s in stats)
+    return theta_from_locals(s.theta for s in stats)
+
 
 OPEN_AHEAD = 8  # statistics-reporting steps past the peers' known step that are still open
 
@@ -108,6 +125,14 @@ class RoundBook:
         self._stats: list[float] = []
         self._latest: int | None = None  # newest step the controller began
         self.max_rounds = controller.config.max_rounds if controller is not None else 1
+        # what a round is reduced to: "theta" (Θ from the θ_i) or "sketch" (Ξ̂ from the s_i)
+        self.statistic = (
+            controller.config.statistic
+            if controller is not None
+            else recorder.statistic
+            if recorder is not None
+            else "theta"
+        )
         # mode fixed: rounds are recorded, no decision is published (module docstring)
         self.silent = controller is not None and controller.config.mode == "fixed"
         self.ignored = 0  # duplicates, rounds already decided, steps outside the plan / stale
@@ -130,7 +155,8 @@ class RoundBook:
         key = (stats.step, stats.round)
         stale = self._latest is not None and stats.step < self._latest
         outside = stats.step >= self.plan.total_steps or stats.round > self.max_rounds
-        if stats.stage != self.stage or key in self.decided or stale or outside:
+        unsketched = self.statistic == "sketch" and len(stats.sketch) != SKETCH_SIZE
+        if stats.stage != self.stage or key in self.decided or stale or outside or unsketched:
             self.ignored += 1
             return []
         if base is not None and not self.is_open(stats.step, base):
@@ -179,7 +205,7 @@ class RoundBook:
 
     def _decide(self, p: PendingRound, *, partial: bool) -> list[Decision]:
         stats = [p.stats[k] for k in sorted(p.stats)]
-        theta = theta_from_locals(s.theta for s in stats)
+        theta = round_statistic(self.statistic, stats)
         phase = self.plan.phase_at(p.step)
         if self.stage == "calibrate":
             assert self.recorder is not None

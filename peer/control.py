@@ -72,6 +72,7 @@ import torch
 
 from concord.core.algorithms import RoundControl, StepReport
 from concord.core.control.plan import Phase
+from concord.core.control.sketch import sketch_rows
 from concord.core.records import EvalRecord, MetricsRecord, StepRecord
 from concord.protos.control_plane import (
     MAX_ROUNDS,
@@ -486,8 +487,11 @@ class OrchestratedControl:
         bytes_sent: Callable[[], int],
         max_rounds: int = MAX_ROUNDS,
         fixed_rounds: int | None = None,
+        statistic: str = "theta",
     ) -> None:
         self.client = client
+        # control.statistic "sketch": every round's Stats also carries s_i = S_t x_i
+        self.sketch = statistic == "sketch"
         self.loop = loop
         self.stage = stage
         self.max_rounds = max(1, max_rounds)  # control.max_rounds: no decision goes beyond
@@ -564,6 +568,7 @@ class OrchestratedControl:
             grad_norm=self.grad_norm,
             bytes_sent=self.bytes_sent(),
             stage=self.stage,
+            sketch=sketch_rows(x, self.step)[0].tolist() if self.sketch else [],
         )
         if self.fixed is not None or self.lagged:
             # nothing is decided before the step's last round: its statistics ride on the

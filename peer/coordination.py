@@ -591,6 +591,7 @@ class OrchestratedCoordination:
             bytes_sent=bytes_sent,
             max_rounds=cfg.control.max_rounds,
             fixed_rounds=cfg.control.rounds if cfg.control.mode == "fixed" else None,
+            statistic=cfg.control.statistic,
         )
         graphs = None
         if cfg.spec.adaptive_graph == "feedback" and stage.name == "train":

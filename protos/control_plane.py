@@ -139,6 +139,8 @@ __all__ = [
     "message_schemas",
 ]
 
+MAX_SKETCH = 1024  # floats in a `Stats.sketch` (the sketch has `SKETCH_SIZE` = 64 of them)
+_FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 SCHEMA_VERSION = 2  # 2: Metrics.stats (lagged statistics ride on the step record), Presence
 ROOT = "concord/v1"
 MAX_PAYLOAD_BYTES = 256 * 1024  # control messages are small; anything bigger is rejected
@@ -295,6 +297,11 @@ class Stats(Message):
     grad_norm: FiniteNonNeg  # ‖g_i‖ of this step
     bytes_sent: NonNeg = 0
     stage: StageName = "train"
+    # control statistic "sketch" only: s_i = S_t x_i after the round (`concord.core.control.sketch`,
+    # k floats); empty otherwise. Optional with a default: schema 2 payloads without it still decode
+    sketch: Annotated[list[_FiniteFloat], Field(max_length=MAX_SKETCH)] = field(
+        default_factory=list
+    )
 
 
 @dataclass(frozen=True)
@@ -455,11 +462,22 @@ def encode(message: Message) -> bytes:
     return packed
 
 
+# fields added within a schema version, left off the wire while empty: a decoder of the same
+# version without them (which refuses unknown fields) still reads every message that does not
+# use them — `Stats.sketch` is sent only by runs with control.statistic "sketch"
+_OMIT_WHEN_EMPTY: dict[str, tuple[str, ...]] = {"stats": ("sketch",)}
+
+
 def _to_map(message: Message) -> dict[str, Any]:
     """The message's fields in declaration order, embedded messages as maps (what
     `dataclasses.asdict` gives for a validated message, without copying every container)."""
     shape = layout(type(message))
-    out = {name: getattr(message, name) for name in shape.names}
+    omit = _OMIT_WHEN_EMPTY.get(message.KIND, ())
+    out = {
+        name: getattr(message, name)
+        for name in shape.names
+        if not (name in omit and not getattr(message, name))
+    }
     for name in shape.embedded:
         out[name] = [_to_map(m) if isinstance(m, Message) else m for m in out[name]]
     return out

@@ -18,7 +18,7 @@ from concord.core.records import JSON, CalibrationRecord, RecordError
 
 __all__ = ["STATISTICS", "Calibration", "CalibrationRecorder", "Statistic", "read_calibration"]
 
-Statistic = Literal["theta", "xi"]
+Statistic = Literal["theta", "xi", "sketch"]
 STATISTICS: tuple[str, ...] = get_args(Statistic)
 
 
@@ -37,7 +37,7 @@ class Calibration:
     """Result of the uncontrolled calibration pass (input of the constant target).
 
     max_statistic: phase index (1-based) → max Θ (or Ξ) observed during that phase, ≥ 0.
-    statistic: "theta" or "xi", the kind of statistic recorded.
+    statistic: "theta", "xi" or "sketch", the kind of statistic recorded.
     """
 
     max_statistic: dict[int, float]

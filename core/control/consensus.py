@@ -35,9 +35,17 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from concord.core.control.statistic import theta_from_locals
+from concord.core.control.sketch import sketch_rows
+from concord.core.control.statistic import theta_from_locals, xi_from_sketches
 
-__all__ = ["consensus_distance", "grad_norms", "local_theta", "squared_row_norms", "theta"]
+__all__ = [
+    "consensus_distance",
+    "grad_norms",
+    "local_theta",
+    "round_statistic",
+    "squared_row_norms",
+    "theta",
+]
 
 
 def _matrix(X: Tensor, name: str) -> Tensor:
@@ -140,3 +148,15 @@ def grad_norms(G: Tensor) -> Tensor:
     """
     norms: Tensor = torch.linalg.vector_norm(_matrix(G, "G"), dim=1, dtype=torch.float64)
     return norms
+
+
+def round_statistic(statistic: str, step: int, x: Tensor, theta_local: Tensor) -> float:
+    """The controller's statistic after a gossip round of ``step`` from all n replicas ``x``
+    ([n, d], after the round) and their θ_i: Θ (``"theta"``) or the sketch estimate Ξ̂ of the
+    consensus distance (``"sketch"``, `concord.core.control.sketch`). The exact Ξ (``"xi"``)
+    is the engine's own meter and is refused here."""
+    if statistic == "theta":
+        return theta(theta_local)
+    if statistic == "sketch":
+        return xi_from_sketches(sketch_rows(x, step).tolist())
+    raise ValueError(f"round_statistic: statistic = {statistic!r}; valid here: theta, sketch")

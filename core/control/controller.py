@@ -105,7 +105,8 @@ class ControlConfig:
     lagged: False = per-round barrier; True = rounds of step t from statistics of step t − lag.
     lag: ≥ 1; lagged mode only (must be 1 otherwise): the feedback delay L in steps.
     ema: EMA coefficient in [0, 1) of the adaptive target (0 = no smoothing).
-    statistic: "theta" (estimator Θ) or "xi" (exact Ξ, simulation only): what is fed to the
+    statistic: "theta" (estimator Θ), "sketch" (Ξ̂ from shared random sketches of the models,
+        `concord.core.control.sketch`) or "xi" (exact Ξ, simulation only): what is fed to the
         controller; a constant-target calibration must be of the same kind.
     rounds: in [1, max_rounds]; mode "fixed" only (must be 1 otherwise): the gossip rounds of
         every controlled step.
