@@ -94,7 +94,8 @@ class RunConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _asynchronous_engine(cls, data: Any) -> Any:
-        """An asynchronous algorithm runs where it is simulated: engine defaults to vectorized."""
+        """An asynchronous algorithm defaults to the vectorized engine's deterministic simulation
+        (peer processes run it for real: engine = 'processes')."""
         if isinstance(data, dict) and "engine" not in data:
             if data.get("algorithm") in asynchronous_algorithms():
                 return {**data, "engine": "vectorized"}
@@ -405,7 +406,8 @@ def _relay_and_push_problems(cfg: RunConfig) -> list[str]:
 
 def _async_problems(cfg: RunConfig) -> list[str]:
     """``[async]`` applies to the asynchronous algorithms, which the vectorized engine simulates
-    on a virtual clock (one model update rule per local step: gossip phases only)."""
+    on a virtual clock and peer processes run for real (one model update rule per local step:
+    gossip phases only)."""
     algo = cfg.algorithm
     if not cfg.spec.asynchronous:
         if cfg.asynchrony != AsyncConfig():
@@ -415,11 +417,8 @@ def _async_problems(cfg: RunConfig) -> list[str]:
             ]
         return []
     problems = cfg.asynchrony.problems(cfg.peers)
-    if cfg.engine != "vectorized":
-        problems.append(
-            f"engine: algorithm {algo!r} is simulated on a virtual clock by the vectorized engine "
-            "only (the peer-process side is not implemented); use engine = 'vectorized'"
-        )
+    if cfg.engine == "processes":
+        problems.extend(_async_process_problems(cfg))
     if any(m != "gossip" for m in cfg.phase_modes()):
         problems.append(
             f"plan {cfg.plan_label()!r}: algorithm {algo!r} has no common step at which to "
@@ -431,6 +430,31 @@ def _async_problems(cfg: RunConfig) -> list[str]:
         problems.append(
             f"dataset.augment: the asynchronous simulation of {algo!r} draws per-peer batches "
             "of different steps at once; augmentation is not supported (set it false)"
+        )
+    return problems
+
+
+def _async_process_problems(cfg: RunConfig) -> list[str]:
+    """What peer processes do not support for an asynchronous algorithm
+    (`concord.peer.asynchronous`): the gRPC data plane only; no consensus control, codec,
+    overlap or virtual clock (real peers have real speeds and delays)."""
+    algo = cfg.algorithm
+    problems = []
+    if cfg.network.transport != "grpc":
+        problems.append(
+            f"network.transport: peer processes run algorithm {algo!r} over gRPC only "
+            "(its messages are one-way and request/answer, not rounds); set transport = 'grpc'"
+        )
+    if cfg.compression.codec != "none":
+        problems.append(
+            f"compression.codec: peer processes send algorithm {algo!r}'s messages as raw "
+            "float32; set codec = 'none'"
+        )
+    if cfg.asynchrony.speeds != 1.0 or cfg.asynchrony.delays != 0.0:
+        problems.append(
+            "async.speeds / async.delays: the virtual clock is the vectorized engine's; peer "
+            "processes run at their real speeds over the real network (slow a peer down with "
+            "network.straggler); remove them"
         )
     return problems
 

@@ -61,6 +61,8 @@ from concord.core.loop import ControlHook, StepRunner
 from concord.core.records import JSON, PeerSummary
 from concord.core.task import ClassificationTask
 from concord.errors import PeerConfigError as PeerConfigError
+from concord.peer.async_wire import run_key
+from concord.peer.asynchronous import AsyncInbox, AsyncStepRunner
 from concord.peer.certs import CertError
 from concord.peer.checkpoints import Checkpoint, Checkpoints, restore, resumable
 from concord.peer.comm import PeerComm, RoundComm
@@ -207,6 +209,7 @@ class PeerProcess:
         if self.broker is not None and self.origin is Origin.RESTARTED:
             after = sys.maxsize  # its earlier records stay and the new ones follow them
         self.plane: TorchPlane | None = None  # network.transport = "torch", once connected
+        self.inbox: AsyncInbox | None = None  # asynchronous algorithms' messages, once serving
         self.writer = RunWriter(
             out, cfg, run=self.run_id, flush_every=1, resume_after=after, peer=peer_id
         )
@@ -322,6 +325,10 @@ class PeerProcess:
         task = await self.prepare()
         coord = self.coordination()
         transport = self.make_transport(task, coord.addresses, coord.is_neighbour)
+        if cfg.spec.asynchronous:
+            key = run_key(self.run_id, task.flat.fingerprint())
+            self.inbox = AsyncInbox(transport, int(task.x.shape[1]), key)
+            transport.extra_handlers.append(self.inbox.servicer.generic_handler())
         port = await transport.start(self.listen)
         if self.checkpoint is not None:  # neighbours resume at this step too: file their tensors
             run = self.checkpoint.run
@@ -408,7 +415,10 @@ class PeerProcess:
             hook: ControlHook | None = control
             if control is not None and self.plane is not None:  # every peer, the same rounds
                 hook = AgreedControl(control, self.plane)
-            runner = StepRunner(cfg, task, comm, control=hook, graphs=graphs)
+            make_runner = AsyncStepRunner if self.inbox is not None else StepRunner
+            runner = make_runner(cfg, task, comm, control=hook, graphs=graphs)
+            if isinstance(runner, AsyncStepRunner) and self.inbox is not None:
+                runner.attach(transport, self.inbox, loop)
             transport.step_window = STEP_WINDOW + runner.algorithm.silent_steps
             transport.fetch_state = runner.algorithm.portable_state
             coord.begin(stage, runner)

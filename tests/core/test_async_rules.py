@@ -120,7 +120,7 @@ def test_async_config_errors_name_the_key_and_range() -> None:
 
 def test_async_refused_combinations_say_why() -> None:
     assert "asynchronous algorithms" in _problem("algorithm=dsgd", "async.max_staleness=1")
-    assert "vectorized" in _problem(*ASYNC, "engine=processes")
+    assert "grpc" in _problem(*ASYNC, "engine=processes", "network.transport=torch")
     assert "control.mode" in _problem(*ASYNC[:1], "control.mode=adaptive")
     assert "control.mode" in _problem("algorithm=async-sgp", "control.mode=fixed")
     assert "plan" in _problem(*ASYNC, "plan=dec-phase-1")

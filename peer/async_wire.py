@@ -1,0 +1,230 @@
+"""The wire of the asynchronous algorithms (``ad-psgd``, ``async-sgp``) between peer processes:
+one extra RPC on the peer's gRPC server, ``/concord.v1.AsyncGossip/Push`` (docs/protocol.md
+"Asynchronous messages").
+
+``Push`` is a bidirectional stream of raw byte messages (identity serializers, no protobuf): the
+sender writes one *message* — a fixed header followed by the model-sized float32 body, cut into
+chunks of at most ``network.chunk_bytes`` — and half-closes; the receiver answers with one
+message: an AD-PSGD *reply* (the passive peer's model, same layout) or a body-less *ack*
+(``kind = ACK``; ``kind = CLOSED``: this peer no longer averages, its training has ended).
+
+Header (little endian, `HEADER`): magic ``b"CAS1"``, kind (u8), flags (u8, 0), sender (u16),
+step (i64: the sender's local step the message belongs to), weight (f64: a push-sum w-share, 0
+otherwise), dim (u32: float32 values in the body), run key (8 bytes: the first bytes of
+sha256(run id, model fingerprint) — a message of another run or model is refused).
+
+Every message is checked before it is used (`check`): magic, kind, run key, sender (a peer of
+the run, not this one; with mTLS the one its client certificate names), dim (the model's),
+length (exactly dim float32 values), finite values and weight. A bad message ends its stream
+with INVALID_ARGUMENT (PERMISSION_DENIED for identity), is counted by reason
+(`Counters.rejected`, the peer summary's ``frames_rejected``) and never reaches the training
+thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from concord.errors import RejectedError
+from concord.peer.links import Link
+from concord.peer.mailbox import Counters
+from concord.peer.tls import peer_id_of
+from concord.protos.revocation import Revocations, fingerprint_pem
+
+SERVICE = "concord.v1.AsyncGossip"
+METHOD = f"/{SERVICE}/Push"
+MAGIC = b"CAS1"
+HEADER = struct.Struct("<4sBBHqdI8s")
+
+REQUEST = 1  # AD-PSGD: the active peer's model, answered by a REPLY
+REPLY = 2  # AD-PSGD: the passive peer's model before it averaged
+SHARE = 3  # async-sgp: a push-sum share (p_ji x_i, p_ji w_i), answered by an ACK
+ACK = 4  # filed
+CLOSED = 5  # not averaging any more (the receiver's training has ended)
+KINDS = frozenset({REQUEST, REPLY, SHARE, ACK, CLOSED})
+BODYLESS = frozenset({ACK, CLOSED})
+
+
+def run_key(run_id: str, fingerprint: str) -> bytes:
+    """The 8 bytes that tie a message to one run and model."""
+    return hashlib.sha256(f"{run_id}\0{fingerprint}".encode()).digest()[:8]
+
+
+@dataclass
+class Message:
+    """One decoded asynchronous message; ``values``: the float32 body ([dim], None when
+    body-less)."""
+
+    kind: int
+    sender: int
+    step: int
+    weight: float = 0.0
+    values: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class WireView:
+    """What a receiver checks messages against."""
+
+    peer_id: int
+    world_size: int
+    dim: int
+    key: bytes
+    chunk_bytes: int
+    max_abs_value: float | None = None
+
+
+def encode(msg: Message, key: bytes, chunk_bytes: int) -> Iterator[bytes]:
+    """The chunks of ``msg``: the header with the first body bytes, then ≤ ``chunk_bytes`` each."""
+    raw = b""
+    if msg.values is not None:
+        raw = msg.values.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    dim = len(raw) // 4
+    head = HEADER.pack(MAGIC, msg.kind, 0, msg.sender, msg.step, msg.weight, dim, key)
+    first = max(0, chunk_bytes - HEADER.size)
+    yield head + raw[:first]
+    for s in range(first, len(raw), chunk_bytes):
+        yield raw[s : s + chunk_bytes]
+
+
+async def decode(chunks: AsyncIterator[bytes], view: WireView) -> Message:
+    """Assemble and check one message (module docstring); `RejectedError` when it is bad."""
+    head: bytes | None = None
+    body = bytearray()
+    want = 0
+    async for chunk in chunks:
+        if head is None:
+            if len(chunk) < HEADER.size:
+                raise RejectedError("invalid", f"a message of {len(chunk)} bytes has no header")
+            head, rest = chunk[: HEADER.size], chunk[HEADER.size :]
+            msg, want = _header(head, view)
+            body += rest
+        else:
+            body += chunk
+        if len(body) > want * 4 or len(chunk) > 2 * view.chunk_bytes:
+            raise RejectedError("too-big", f"message longer than its {want} float32 values")
+    if head is None:
+        raise RejectedError("invalid", "an empty message stream")
+    if len(body) != want * 4:
+        raise RejectedError("invalid", f"message body of {len(body)} bytes; header says {want * 4}")
+    if want:
+        values = torch.frombuffer(body, dtype=torch.float32)
+        finite = bool(values.isfinite().all())
+        bound = view.max_abs_value
+        if not finite or (bound is not None and float(values.abs().max()) > bound):
+            raise RejectedError("invalid", "message values are not finite (or above the bound)")
+        msg.values = values
+    return msg
+
+
+def _header(head: bytes, view: WireView) -> tuple[Message, int]:
+    magic, kind, flags, sender, step, weight, dim, key = HEADER.unpack(head)
+    if magic != MAGIC or flags != 0:
+        raise RejectedError("precondition", f"not an asynchronous message of version 1 ({magic!r})")
+    if key != view.key:
+        raise RejectedError("permission", "message of another run or model (run key differs)")
+    if kind not in KINDS:
+        raise RejectedError("invalid", f"message kind {kind} is not one of {sorted(KINDS)}")
+    if not 0 <= sender < view.world_size or sender == view.peer_id:
+        raise RejectedError("invalid", f"sender {sender} is not another peer of the run")
+    if step < 0 or not math.isfinite(weight) or weight < 0:
+        raise RejectedError("invalid", f"step {step} / weight {weight} out of range")
+    want = 0 if kind in BODYLESS else view.dim
+    if dim != want:
+        raise RejectedError("invalid", f"message of {dim} values; kind {kind} has {want}")
+    return Message(kind, sender, step, weight), want
+
+
+_STATUS = {
+    "permission": grpc.StatusCode.PERMISSION_DENIED,
+    "identity": grpc.StatusCode.PERMISSION_DENIED,
+    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "too-big": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+Handler = Callable[[Message], Awaitable[Message]]
+
+
+class AsyncServicer:
+    """The server side of ``Push``: decode and check a message, hand it to ``handler`` (the
+    algorithm's, on the event loop), send its answer back."""
+
+    def __init__(
+        self,
+        view: WireView,
+        counters: Counters,
+        handler: Handler,
+        *,
+        require_identity: bool = False,
+        revoked: Revocations | None = None,
+    ) -> None:
+        self.view, self.counters, self.handler = view, counters, handler
+        self.require_identity, self.revoked = require_identity, revoked
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        method = grpc.stream_stream_rpc_method_handler(
+            self.push, request_deserializer=None, response_serializer=None
+        )
+        return grpc.method_handlers_generic_handler(SERVICE, {"Push": method})
+
+    async def push(
+        self, chunks: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        try:
+            msg = await decode(chunks, self.view)
+            self._check_identity(msg.sender, context)
+        except RejectedError as exc:
+            self.counters.reject(f"async-{exc.reason}")
+            await context.abort(_STATUS.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+            return
+        answer = await self.handler(msg)
+        for chunk in encode(answer, self.view.key, self.view.chunk_bytes):
+            yield chunk
+
+    def _check_identity(self, claimed: int, context: grpc.aio.ServicerContext) -> None:
+        if not self.require_identity:
+            return
+        auth = context.auth_context()
+        if self.revoked is not None:
+            for pem in auth.get("x509_pem_cert") or []:
+                if fingerprint_pem(pem) in self.revoked:
+                    raise RejectedError("identity", "Push from a revoked certificate")
+        certified = peer_id_of(auth)
+        if certified != claimed:
+            raise RejectedError("identity", f"Push claims peer {claimed}; certificate: {certified}")
+
+
+async def push(link: Link, msg: Message, view: WireView, timeout: float) -> Message | None:
+    """Send ``msg`` to the neighbour behind ``link`` and return its answer; None when it could
+    not be reached or did not answer within ``timeout`` seconds, or its answer was bad."""
+    if link.channel is None and not await link.connect(timeout):
+        return None
+    channel = link.channel
+    if channel is None:
+        return None
+    call = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)
+
+    async def requests() -> AsyncIterator[bytes]:
+        for chunk in encode(msg, view.key, view.chunk_bytes):
+            yield chunk
+
+    try:
+        stream = call(requests(), timeout=timeout)
+        return await asyncio.wait_for(decode(stream.__aiter__(), view), timeout)
+    except (grpc.aio.AioRpcError, RejectedError, TimeoutError, asyncio.CancelledError) as exc:
+        if isinstance(exc, asyncio.CancelledError) and _cancelling():
+            raise
+        return None
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

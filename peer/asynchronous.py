@@ -1,0 +1,424 @@
+"""The asynchronous algorithms in peer processes: ``ad-psgd`` and ``async-sgp`` for real
+(docs/algorithms.md#ad-psgd, #asynchronous-sgp; the wire: `concord.peer.async_wire`).
+
+The training thread runs local steps back to back and never waits for a round: there are no
+rounds, no barrier and no deadline on its path (`AsyncStepRunner.run_step`). The peer's event
+loop answers and files the neighbours' messages at any time (`AsyncInbox`, one per process); what
+they ask of the model is queued and applied by the training thread at its next step boundary, in
+arrival order. The update rules are the plain functions of `concord.core.algorithms.ad_psgd` and
+`concord.core.algorithms.async_sgp`, the ones the vectorized engine's simulation applies
+(`concord.sim.asynchronous`).
+
+AD-PSGD (`ADPSGDPeer`), in delta form. When a local step ends the peer applies its update
+(x ← x − η d), then every averaging delta queued since the last boundary, and publishes a copy of
+its model (the *snapshot*). An active (odd) peer i then sends its snapshot x_i^s to its partner j
+of that step (`partner`) as a REQUEST — at most one outstanding: while one is in flight further
+steps do not send (counted, ``async_busy``). j's event loop answers at once with its latest
+snapshot x_j^s and queues (x_i^s, x_j^s); i, on the reply, queues (x_j^s, x_i^s). Each side
+applies its pair with `absorb_reply` (x ← x + ½ (theirs − ours)): the two changes are exact
+negatives (a − b = −(b − a) in floats, halving is exact), so Σ x is unchanged whatever local
+steps run meanwhile — up to the rounding of the two additions. A partner that does not answer
+within ``network.deadline`` seconds (dead, unreachable) only means no averaging for that step
+(``async_lost``); a passive peer whose training has ended answers CLOSED and queues nothing.
+
+async-sgp (`AsyncSGPPeer`). When step k ends: numerator x = w z − η d, split by column i of P^k
+(`push_split`): the kept part stays, each out-neighbour j gets (p_ji x, p_ji w) as a SHARE
+tagged k, sent by the event loop (the training thread does not wait for the ack). Then it waits
+only if a share of a round ≤ k − τ (`due_rounds`) from an in-neighbour has not arrived, at most
+``network.deadline`` seconds; an in-neighbour that misses it becomes *suspect* (not waited for
+until one of its shares arrives again; ``async_lost``). It mixes (`absorb`) every share that has
+arrived, whatever its round. Push-sum mass: a share the sender could not deliver (no ack within
+the deadline) is mixed back into the sender itself, as if p_ii had been larger, so Σ w = n still
+holds at quiescence (a share delivered but unacknowledged in time would be counted twice: the
+deadline is long); a share lost with a dying peer is lost mass (Σ w < n afterwards — the
+de-biased z = x / w are still averages, of fewer contributions). The last step waits for every
+share of rounds ≤ its own (τ = 0): a run whose peers all finish ends quiescent.
+
+Records: every step reports ``local_steps = 1``, ``virtual_time`` (wall-clock seconds since this
+stage's first step: a real peer has no virtual clock), ``staleness_mean`` / ``staleness_max`` of
+what it mixed and ``wait_s`` (seconds blocked on due shares; AD-PSGD: only the last step's wait
+for its outstanding reply). Staleness: async-sgp, k − m for a share of round m mixed at the end of
+step k (the simulator's); AD-PSGD, the local steps this peer took between the snapshot a delta
+was computed against and the boundary that applies it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+import torch
+
+from concord.core.algorithms import StepReport
+from concord.core.algorithms.ad_psgd import absorb_reply, is_active, partner
+from concord.core.algorithms.async_sgp import absorb, due_rounds, push_split
+from concord.core.loop import DivergedError, StepRunner
+from concord.core.records import JSON, StepRecord
+from concord.peer.async_wire import (
+    ACK,
+    CLOSED,
+    REPLY,
+    REQUEST,
+    SHARE,
+    AsyncServicer,
+    Message,
+    WireView,
+    push,
+)
+from concord.peer.mailbox import Counters
+from concord.peer.transport import Transport
+
+log = structlog.get_logger(__name__)
+EARLY_LIMIT = 256  # shares filed before this process's stage attached its peer
+
+
+class AsyncInbox:
+    """The event loop's side for the whole process: the ``Push`` handler, routed to the stage's
+    `AsyncPeer` once attached; shares arriving before that (a faster neighbour) are kept."""
+
+    def __init__(self, transport: Transport, dim: int, key: bytes) -> None:
+        o = transport.options
+        self.view = WireView(
+            peer_id=o.peer_id,
+            world_size=o.world_size,
+            dim=dim,
+            key=key,
+            chunk_bytes=o.chunk_bytes,
+            max_abs_value=o.max_abs_value,
+        )
+        self.counters: Counters = transport.counters
+        self.servicer = AsyncServicer(
+            self.view,
+            self.counters,
+            self.handle,
+            require_identity=transport.require_identity,
+            revoked=transport.revocations,
+        )
+        self.peer: AsyncPeer | None = None
+        self.early: list[Message] = []
+
+    async def handle(self, msg: Message) -> Message:
+        me = self.view.peer_id
+        if self.peer is None:
+            if msg.kind == SHARE and len(self.early) < EARLY_LIMIT:
+                self.early.append(msg)
+                return Message(ACK, me, msg.step)
+            return Message(CLOSED, me, 0)
+        return self.peer.on_message(msg)
+
+    def attach(self, peer: AsyncPeer) -> None:
+        """The stage's peer takes the messages from now on (and those kept so far)."""
+        self.peer = peer
+        early, self.early = self.early, []
+        for msg in early:
+            peer.on_message(msg)
+
+
+@dataclass
+class _StepNotes:
+    staleness: list[int] = field(default_factory=list)
+    wait_s: float = 0.0
+    lost: int = 0
+    busy: int = 0
+    refused: int = 0
+    returned: int = 0
+
+    def extra(self) -> dict[str, JSON]:
+        out: dict[str, JSON] = {}
+        for key in ("lost", "busy", "refused", "returned"):
+            value = getattr(self, key)
+            if value:
+                out[f"async_{key}"] = value
+        return out
+
+
+class AsyncPeer:
+    """What both algorithms share: the shared state between the training thread and the event
+    loop (under one lock), sending on the loop, the per-step notes."""
+
+    def __init__(self, runner: StepRunner, transport: Transport, loop: asyncio.AbstractEventLoop):
+        self.runner = runner
+        self.transport = transport
+        self.loop = loop
+        self.rank = transport.peer_id
+        self.n = runner.cfg.peers
+        self.deadline = runner.cfg.network.deadline
+        self.view: WireView | None = None  # set by `attach`
+        self.cond = threading.Condition()
+        self.notes = _StepNotes()
+        self.closed = False  # training ended: no more averaging (loop side)
+        self.started: float | None = None
+
+    def attach(self, inbox: AsyncInbox) -> None:
+        self.view = inbox.view
+        inbox.attach(self)
+
+    def matrix(self, k: int) -> np.ndarray:
+        r = self.runner
+        phase = r.plan.phase_at(min(k, r.total_steps - 1))
+        return r.schedules.get(phase).matrix(k)
+
+    def send(self, j: int, msg: Message) -> concurrent.futures.Future[Message | None]:
+        """Send ``msg`` to ``j`` from the event loop (training thread: returns at once)."""
+        return asyncio.run_coroutine_threadsafe(self._send(j, msg), self.loop)
+
+    async def _send(self, j: int, msg: Message) -> Message | None:
+        link = self.transport.links.get(j)
+        if link is None or self.view is None:
+            return None
+        return await push(link, msg, self.view, self.deadline)
+
+    def sent(self, j: int) -> None:
+        """Account one model-sized float32 message to ``j`` (training thread)."""
+        nbytes = int(self.runner.task.x.shape[1]) * 4
+        self.runner.comm.counters.add_edges([(self.rank, j)], raw=nbytes, wire=nbytes)
+
+    def on_message(self, msg: Message) -> Message:
+        """A neighbour's message, on the event loop: file it and answer (never blocks)."""
+        raise NotImplementedError
+
+    def end_step(self, step: int, x: torch.Tensor, d: torch.Tensor, lr: float) -> int:
+        """Training thread, when local step ``step`` ends: the update and the communication;
+        returns the messages sent (the step's "rounds": 1 if any)."""
+        raise NotImplementedError
+
+    def take_notes(self) -> _StepNotes:
+        notes, self.notes = self.notes, _StepNotes()
+        return notes
+
+    def final(self, step: int) -> bool:
+        return step == self.runner.total_steps - 1
+
+
+class ADPSGDPeer(AsyncPeer):
+    """AD-PSGD in delta form (module docstring)."""
+
+    def __init__(self, runner: StepRunner, transport: Transport, loop: asyncio.AbstractEventLoop):
+        super().__init__(runner, transport, loop)
+        self.active = is_active(self.rank)
+        self.snapshot: torch.Tensor = runner.task.x[0].detach().clone()
+        self.steps = 0  # local steps completed (the snapshot's)
+        # (ours, theirs, our steps when ours was taken, who): x += ½ (theirs − ours) at a
+        # boundary; who: the requester we answered (bytes of our reply), None for a reply
+        self.deltas: list[tuple[torch.Tensor, torch.Tensor, int, int | None]] = []
+        self.outstanding: concurrent.futures.Future[None] | None = None
+
+    def on_message(self, msg: Message) -> Message:
+        if msg.kind != REQUEST or msg.values is None or self.active:
+            return Message(CLOSED, self.rank, 0)
+        with self.cond:
+            if self.closed:
+                return Message(CLOSED, self.rank, self.steps)
+            ours, steps = self.snapshot, self.steps
+            self.deltas.append((ours, msg.values, steps, msg.sender))
+        return Message(REPLY, self.rank, steps, values=ours)
+
+    async def _request(self, j: int, ours: torch.Tensor, steps: int) -> None:
+        reply = await self._send(j, Message(REQUEST, self.rank, steps, values=ours))
+        with self.cond:
+            if reply is None:
+                self.notes.lost += 1
+            elif reply.kind != REPLY or reply.values is None:
+                self.notes.refused += 1
+            else:
+                self.deltas.append((ours, reply.values, steps, None))
+
+    def end_step(self, step: int, x: torch.Tensor, d: torch.Tensor, lr: float) -> int:
+        x.sub_(d, alpha=lr)
+        final = self.final(step)
+        if final and self.outstanding is not None:  # the last reply: its averaging completes
+            t0 = time.perf_counter()
+            try:
+                self.outstanding.result(timeout=self.deadline + 5)
+            except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+                self.notes.lost += 1
+            self.notes.wait_s += time.perf_counter() - t0
+        with self.cond:
+            if final and not self.active:
+                self.closed = True  # later requests are refused: nothing left unapplied
+            deltas, self.deltas = self.deltas, []
+            self.steps = step + 1
+        for ours, theirs, steps, requester in deltas:
+            absorb_reply(x[0], ours, theirs)
+            self.notes.staleness.append(self.steps - steps)
+            if requester is not None:
+                self.sent(requester)
+        snapshot = x[0].detach().clone()
+        with self.cond:
+            self.snapshot = snapshot
+        if not self.active or final:
+            return 0
+        j = partner(self.matrix(step), self.rank, step)
+        if j is None:
+            return 0
+        if self.outstanding is not None and not self.outstanding.done():
+            self.notes.busy += 1
+            return 0
+        self.outstanding = asyncio.run_coroutine_threadsafe(
+            self._request(j, snapshot, self.steps), self.loop
+        )
+        self.sent(j)
+        return 1
+
+
+class AsyncSGPPeer(AsyncPeer):
+    """Asynchronous SGP (module docstring); w lives in the algorithm (`SGP.weights`), so
+    checkpoints hold it."""
+
+    def __init__(self, runner: StepRunner, transport: Transport, loop: asyncio.AbstractEventLoop):
+        super().__init__(runner, transport, loop)
+        weights = getattr(runner.algorithm, "weights", None)
+        if not isinstance(weights, np.ndarray):
+            raise TypeError(f"{type(runner.algorithm).__name__} has no push-sum weights")
+        self.tau = runner.cfg.asynchrony.max_staleness
+        self.inbox: list[Message] = []  # filed, not yet mixed
+        self.arrived: dict[int, set[int]] = {}  # round → senders whose share is here
+        self.suspect: set[int] = set()  # in-neighbours not waited for
+        self.complete: int | None = None  # every round < this has been mixed or given up
+
+    def weights(self) -> np.ndarray:
+        w = getattr(self.runner.algorithm, "weights", None)
+        assert isinstance(w, np.ndarray)
+        return w
+
+    def on_message(self, msg: Message) -> Message:
+        if msg.kind != SHARE or msg.values is None:
+            return Message(CLOSED, self.rank, 0)
+        with self.cond:
+            self.inbox.append(msg)
+            self.arrived.setdefault(msg.step, set()).add(msg.sender)
+            self.suspect.discard(msg.sender)
+            self.cond.notify_all()
+        return Message(ACK, self.rank, msg.step)
+
+    def _senders(self, m: int) -> set[int]:
+        P = self.matrix(m)
+        return {int(j) for j in np.nonzero(P[self.rank])[0] if j != self.rank}
+
+    def _missing(self, due: int) -> dict[int, set[int]]:
+        """Rounds ≤ ``due`` (from `complete`) whose shares from non-suspect in-neighbours are not
+        all here (call under the lock); advances `complete` past the whole ones."""
+        assert self.complete is not None
+        out: dict[int, set[int]] = {}
+        m = self.complete
+        while m <= due:
+            gone = self._senders(m) - self.arrived.get(m, set()) - self.suspect
+            if gone:
+                out[m] = gone
+            elif not out:
+                self.arrived.pop(m, None)
+                self.complete = m + 1
+            m += 1
+        return out
+
+    def _returned(self, share: Message) -> None:
+        with self.cond:
+            self.inbox.append(share)
+            self.notes.returned += 1
+            self.cond.notify_all()
+
+    async def _share(self, j: int, share: Message) -> None:
+        answer = await self._send(j, share)
+        if answer is None or answer.kind != ACK:  # not delivered: the mass comes back
+            self._returned(Message(SHARE, self.rank, share.step, share.weight, share.values))
+
+    def end_step(self, step: int, x: torch.Tensor, d: torch.Tensor, lr: float) -> int:
+        w = self.weights()
+        if self.complete is None:
+            self.complete = step  # this stage's first step (a restarted peer's too)
+        numerators = x * torch.tensor(float(w[0]), dtype=x.dtype, device=x.device)
+        numerators.sub_(d, alpha=lr)
+        kept, kept_w, messages = push_split(numerators, w, self.matrix(step), [self.rank])
+        for _, j, p in messages:
+            share = Message(SHARE, self.rank, step, float(p * w[0]), (numerators[0] * p).cpu())
+            asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop)
+            self.sent(j)
+        final = self.final(step)
+        due = step if final else due_rounds(step, self.tau)
+        t0 = time.perf_counter()
+        with self.cond:
+            while missing := self._missing(due):
+                left = self.deadline - (time.perf_counter() - t0)
+                if left <= 0 or not self.cond.wait(timeout=left):
+                    gone = sorted({j for senders in missing.values() for j in senders})
+                    self.suspect.update(gone)
+                    self.notes.lost += len(gone)
+                    log.warning("async.lost", step=step, neighbours=gone, rounds=sorted(missing))
+            box, self.inbox = self.inbox, []
+        self.notes.wait_s += time.perf_counter() - t0
+        for msg in box:
+            self.notes.staleness.append(max(0, step - msg.step))
+        shares = [m.values.to(x.device) for m in box if m.values is not None]
+        num, weight = absorb(kept[0], float(kept_w[0]), shares, [m.weight for m in box])
+        w[0] = weight
+        x[0].copy_(num / torch.tensor(weight, dtype=num.dtype, device=num.device))
+        return len(messages)
+
+
+class AsyncStepRunner(StepRunner):
+    """`StepRunner` for the asynchronous algorithms in a peer: ``run_step`` is one local step
+    and the peer's asynchronous communication (`AsyncPeer`); ``attach`` before the first step."""
+
+    peer: AsyncPeer | None = None
+
+    def attach(
+        self, transport: Transport, inbox: AsyncInbox, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Build this stage's `AsyncPeer` and route the inbox to it (on the event loop)."""
+        kind = ADPSGDPeer if self.cfg.algorithm == "ad-psgd" else AsyncSGPPeer
+        self.peer = kind(self, transport, loop)
+        self.peer.attach(inbox)
+
+    def run_step(self, step: int) -> tuple[StepRecord, StepReport]:
+        peer = self.peer
+        if peer is None:
+            raise RuntimeError("AsyncStepRunner.attach was not called")
+        if peer.started is None:
+            peer.started = time.perf_counter()
+        task, x = self.task, self.task.x
+        self.comm.begin_step(step)
+        lr = self.schedule.lr(step)
+        phase = self.plan.phase_at(step)
+        out = task.loss_and_grad(step, x)
+        grad_norms = out.grad.norm(dim=1)
+        if self.clip_norm is not None:
+            out.grad.mul_((self.clip_norm / (grad_norms + 1e-6)).clamp_(max=1.0).unsqueeze(1))
+        loss = float(out.loss.mean())
+        if not math.isfinite(loss):
+            raise DivergedError(step, phase.index, lr, out.loss, None, task.ranks)
+        optimizer = getattr(self.algorithm, "optimizer", None)
+        if optimizer is None:
+            raise TypeError(f"{type(self.algorithm).__name__} has no local optimizer")
+        d = optimizer.direction(x, out.grad)
+        sent = peer.end_step(step, x, d, lr)
+        rounds = 1 if sent else 0
+        self.rounds_total += rounds
+        notes = peer.take_notes()
+        s = notes.staleness
+        record = StepRecord(
+            step=step,
+            epoch=(step + 1) / task.steps_per_epoch,
+            phase=phase.index,
+            lr=lr,
+            loss=loss,
+            train_acc=float(out.correct.sum()) / (out.correct.numel() * task.batch_size),
+            rounds=rounds,
+            theta=None,
+            target=None,
+            grad_norm=float(grad_norms.mean()),
+            bytes_sent=self.comm.counters.bytes_wire,
+            rounds_total=self.rounds_total,
+            virtual_time=time.perf_counter() - peer.started,
+            local_steps=1,
+            staleness_mean=sum(s) / len(s) if s else None,
+            staleness_max=max(s) if s else None,
+            wait_s=notes.wait_s,
+            extra=notes.extra(),
+        )
+        return record, StepReport(rounds=rounds)
