@@ -43,6 +43,7 @@ __all__ = [
     "grad_norms",
     "local_theta",
     "round_statistic",
+    "sketch_xi",
     "squared_row_norms",
     "theta",
 ]
@@ -158,5 +159,12 @@ def round_statistic(statistic: str, step: int, x: Tensor, theta_local: Tensor) -
     if statistic == "theta":
         return theta(theta_local)
     if statistic == "sketch":
-        return xi_from_sketches(sketch_rows(x, step).tolist())
+        return sketch_xi(x, step)
     raise ValueError(f"round_statistic: statistic = {statistic!r}; valid here: theta, sketch")
+
+
+def sketch_xi(x: Tensor, step: int) -> float:
+    """Ξ̂, the estimate of the consensus distance of the n replicas ``x`` ([n, d]) from their
+    sketches under step ``step``'s S_t (`concord.core.control.sketch`): the bits the
+    orchestrator computes from the peers' sketches of the same models."""
+    return xi_from_sketches(sketch_rows(x, step).tolist())
