@@ -96,9 +96,12 @@ class RunConfig(Section):
     def _asynchronous_engine(cls, data: Any) -> Any:
         """An asynchronous algorithm defaults to the vectorized engine's deterministic simulation
         (peer processes run it for real: engine = 'processes')."""
-        if isinstance(data, dict) and "engine" not in data:
-            if data.get("algorithm") in asynchronous_algorithms():
-                return {**data, "engine": "vectorized"}
+        if (
+            isinstance(data, dict)
+            and "engine" not in data
+            and data.get("algorithm") in asynchronous_algorithms()
+        ):
+            return {**data, "engine": "vectorized"}
         return data
 
     @field_validator("dataset", "model", mode="before")

@@ -13,8 +13,10 @@ AD-PSGD (`ADPSGDPeer`), in delta form. When a local step ends the peer applies i
 (x ← x − η d), then every averaging delta queued since the last boundary, and publishes a copy of
 its model (the *snapshot*). An active (odd) peer i then sends its snapshot x_i^s to its partner j
 of that step (`partner`) as a REQUEST — at most one outstanding: while one is in flight further
-steps do not send (counted, ``async_busy``). j's event loop answers at once with its latest
-snapshot x_j^s and queues (x_i^s, x_j^s); i, on the reply, queues (x_j^s, x_i^s). Each side
+steps do not send (counted, ``async_busy``). j's event loop answers at once with its model as
+it stands — its snapshot x_j^s with the averagings it answered since, the simulator's order when
+two requests arrive between two boundaries — and queues (x_i^s, x_j^s); it then counts itself
+averaged. i, on the reply, queues (x_j^s, x_i^s). Each side
 applies its pair with `absorb_reply` (x ← x + ½ (theirs − ours)): the two changes are exact
 negatives (a − b = −(b − a) in floats, halving is exact), so Σ x is unchanged whatever local
 steps run meanwhile — up to the rounding of the two additions. A partner that does not answer
@@ -38,8 +40,9 @@ Records: every step reports ``local_steps = 1``, ``virtual_time`` (wall-clock se
 stage's first step: a real peer has no virtual clock), ``staleness_mean`` / ``staleness_max`` of
 what it mixed and ``wait_s`` (seconds blocked on due shares; AD-PSGD: only the last step's wait
 for its outstanding reply). Staleness: async-sgp, k − m for a share of round m mixed at the end of
-step k (the simulator's); AD-PSGD, the local steps this peer took between the snapshot a delta
-was computed against and the boundary that applies it.
+step k (the simulator's); AD-PSGD, the step boundaries between the snapshot a delta was computed
+against and the boundary that applies it, exclusive (0: applied at the next boundary — what a
+round trip shorter than one step gives, and the simulator then records 0 too).
 """
 
 from __future__ import annotations
@@ -149,14 +152,14 @@ class AsyncPeer:
         self.rank = transport.peer_id
         self.n = runner.cfg.peers
         self.deadline = runner.cfg.network.deadline
-        self.view: WireView | None = None  # set by `attach`
+        self.wire: WireView | None = None  # set by `attach`
         self.cond = threading.Condition()
         self.notes = _StepNotes()
         self.closed = False  # training ended: no more averaging (loop side)
         self.started: float | None = None
 
     def attach(self, inbox: AsyncInbox) -> None:
-        self.view = inbox.view
+        self.wire = inbox.view
         inbox.attach(self)
 
     def matrix(self, k: int) -> np.ndarray:
@@ -170,9 +173,9 @@ class AsyncPeer:
 
     async def _send(self, j: int, msg: Message) -> Message | None:
         link = self.transport.links.get(j)
-        if link is None or self.view is None:
+        if link is None or self.wire is None:
             return None
-        return await push(link, msg, self.view, self.deadline)
+        return await push(link, msg, self.wire, self.deadline)
 
     def sent(self, j: int) -> None:
         """Account one model-sized float32 message to ``j`` (training thread)."""
@@ -202,8 +205,10 @@ class ADPSGDPeer(AsyncPeer):
     def __init__(self, runner: StepRunner, transport: Transport, loop: asyncio.AbstractEventLoop):
         super().__init__(runner, transport, loop)
         self.active = is_active(self.rank)
-        self.snapshot: torch.Tensor = runner.task.x[0].detach().clone()
-        self.steps = 0  # local steps completed (the snapshot's)
+        # the model at the last step boundary (its snapshot) with, on a passive peer, the
+        # averagings answered since: what the next request is answered with (loop side)
+        self.view: torch.Tensor = runner.task.x[0].detach().clone()
+        self.steps = 0  # local steps completed at the last boundary
         # (ours, theirs, our steps when ours was taken, who): x += ½ (theirs − ours) at a
         # boundary; who: the requester we answered (bytes of our reply), None for a reply
         self.deltas: list[tuple[torch.Tensor, torch.Tensor, int, int | None]] = []
@@ -215,7 +220,10 @@ class ADPSGDPeer(AsyncPeer):
         with self.cond:
             if self.closed:
                 return Message(CLOSED, self.rank, self.steps)
-            ours, steps = self.snapshot, self.steps
+            # answer with the model as it stands, then average it (the simulator's order:
+            # several requests between two boundaries chain)
+            ours, steps = self.view, self.steps
+            self.view = absorb_reply(ours.clone(), ours, msg.values)
             self.deltas.append((ours, msg.values, steps, msg.sender))
         return Message(REPLY, self.rank, steps, values=ours)
 
@@ -229,29 +237,34 @@ class ADPSGDPeer(AsyncPeer):
             else:
                 self.deltas.append((ours, reply.values, steps, None))
 
+    def wait_outstanding(self) -> None:
+        """Block until the request in flight is answered or given up (its averaging is then
+        queued, or counted lost)."""
+        if self.outstanding is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.outstanding.result(timeout=self.deadline + 5)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            self.notes.lost += 1
+        self.notes.wait_s += time.perf_counter() - t0
+
     def end_step(self, step: int, x: torch.Tensor, d: torch.Tensor, lr: float) -> int:
         x.sub_(d, alpha=lr)
         final = self.final(step)
-        if final and self.outstanding is not None:  # the last reply: its averaging completes
-            t0 = time.perf_counter()
-            try:
-                self.outstanding.result(timeout=self.deadline + 5)
-            except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-                self.notes.lost += 1
-            self.notes.wait_s += time.perf_counter() - t0
-        with self.cond:
+        if final:  # the last reply: its averaging completes
+            self.wait_outstanding()
+        with self.cond:  # one atomic boundary: no request is answered half-way through it
             if final and not self.active:
                 self.closed = True  # later requests are refused: nothing left unapplied
-            deltas, self.deltas = self.deltas, []
             self.steps = step + 1
-        for ours, theirs, steps, requester in deltas:
-            absorb_reply(x[0], ours, theirs)
-            self.notes.staleness.append(self.steps - steps)
-            if requester is not None:
-                self.sent(requester)
-        snapshot = x[0].detach().clone()
-        with self.cond:
-            self.snapshot = snapshot
+            for ours, theirs, steps, requester in self.deltas:
+                absorb_reply(x[0], ours, theirs)
+                self.notes.staleness.append(self.steps - 1 - steps)
+                if requester is not None:
+                    self.sent(requester)
+            self.deltas = []
+            snapshot = self.view = x[0].detach().clone()
         if not self.active or final:
             return 0
         j = partner(self.matrix(step), self.rank, step)
