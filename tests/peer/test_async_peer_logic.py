@@ -1,0 +1,255 @@
+"""The peer processes' asynchronous algorithms (`concord.peer.asynchronous`) with their real step
+runners, update rules and event-loop handlers, but an in-memory wire instead of gRPC: the order
+of every step end and message is forced by the test.
+
+* a forced interleaving equals the simulator's replay of it: equal speeds with a one-way delay
+  δ shorter than half a step (a round trip lands inside the next step) — the interleaving
+  "every peer ends step k (passive before active peers), then every message of step k is
+  delivered" — gives the vectorized engine's models after the same steps;
+* AD-PSGD preserves the mean of the models under random interleavings (lr = 0, distinct initial
+  models), and async-sgp keeps Σ w = n and the numerators' sum at quiescence.
+
+The real wire is covered end to end by tests/integration/test_async_processes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from concord.core.comm import Comm, CommCounters, Edge, MixResult
+from concord.core.config import RunConfig, load_config
+from concord.core.task import ClassificationTask
+from concord.peer.async_wire import ACK, REQUEST, Message
+from concord.peer.asynchronous import ADPSGDPeer, AsyncPeer, AsyncSGPPeer, AsyncStepRunner
+from concord.sim.engine import Trainer
+
+torch.set_num_threads(1)
+
+SMALL = [
+    "peers=4",
+    "dataset.samples=800",
+    "model=mlp",
+    "model.hidden=[16]",
+    "epochs=2",
+    "optim.batch_size=16",
+    "control.mode=none",
+    "engine=vectorized",
+]
+
+
+class _Comm(Comm):
+    """The comm a peer's runner holds: counters only (the asynchronous path never mixes)."""
+
+    def __init__(self, rank: int, n: int) -> None:
+        self.rank, self.n = rank, n
+        self.counters = CommCounters()
+
+    @property
+    def world_size(self) -> int:
+        return self.n
+
+    @property
+    def ranks(self) -> Sequence[int]:
+        return (self.rank,)
+
+    def mix(self, *args: object, **kwargs: object) -> MixResult:
+        raise AssertionError("an asynchronous step mixed through the Comm")
+
+    def allreduce_mean(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
+        raise AssertionError("an asynchronous step averaged through the Comm")
+
+    def exchange(self, *args: object, **kwargs: object) -> dict[Edge, torch.Tensor]:
+        raise AssertionError("an asynchronous step exchanged through the Comm")
+
+
+class _NoLearning:
+    def __init__(self, total_steps: int) -> None:
+        self.total_steps = total_steps
+
+    def lr(self, step: int) -> float:
+        return 0.0
+
+
+class _Transport:
+    def __init__(self, rank: int) -> None:
+        self.peer_id = rank
+        self.links: dict[int, object] = {}
+
+
+class Network:
+    """n peers on one background event loop; requests are answered at once, shares are held
+    until `deliver` (or delivered at once with ``immediate``)."""
+
+    def __init__(
+        self, cfg: RunConfig, x0: list[torch.Tensor] | None = None, *, learn: bool = True
+    ) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.held: list[tuple[int, Message]] = []
+        self.immediate = False
+        self.runners: list[AsyncStepRunner] = []
+        self.peers: list[AsyncPeer] = []
+        kind = ADPSGDPeer if cfg.algorithm == "ad-psgd" else AsyncSGPPeer
+        for i in range(cfg.peers):
+            task = ClassificationTask(cfg, [i], device=torch.device("cpu"))
+            if x0 is not None:
+                task.x[0].copy_(x0[i])
+            runner = AsyncStepRunner(cfg, task, _Comm(i, cfg.peers))
+            if not learn:  # lr = 0 (the config refuses it): only the communication moves x
+                runner.schedule = _NoLearning(runner.total_steps)  # type: ignore[assignment]
+            peer = kind(runner, _Transport(i), self.loop)  # type: ignore[arg-type]
+            peer._send = self._sender()  # type: ignore[method-assign, assignment]
+            runner.peer = peer
+            self.runners.append(runner)
+            self.peers.append(peer)
+
+    def _sender(self) -> Callable[[int, Message], Coroutine[None, None, Message | None]]:
+        async def send(j: int, msg: Message) -> Message | None:
+            if msg.kind == REQUEST or self.immediate:
+                return self.peers[j].on_message(msg)
+            self.held.append((j, msg))
+            return Message(ACK, j, msg.step)
+
+        return send
+
+    def deliver(self) -> None:
+        held, self.held = self.held, []
+        for j, msg in held:
+            self.peers[j].on_message(msg)
+
+    def step(self, i: int, k: int) -> None:
+        self.runners[i].run_step(k)
+        peer = self.peers[i]
+        if isinstance(peer, ADPSGDPeer) and peer.outstanding is not None:
+            peer.outstanding.result(timeout=10)  # the reply is queued before the next step
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self.loop).result(timeout=10)
+
+    def models(self) -> torch.Tensor:
+        return torch.stack([r.task.x[0] for r in self.runners])
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+def _weights(net: Network) -> np.ndarray:
+    """Every peer's push-sum weight."""
+    return np.array([float(p.weights()[0]) for p in net.peers if isinstance(p, AsyncSGPPeer)])
+
+
+def _sim_weights(sim: Trainer) -> np.ndarray:
+    weights = getattr(sim.algorithm, "weights", None)
+    assert isinstance(weights, np.ndarray)
+    return weights
+
+
+@contextlib.contextmanager
+def _network(
+    cfg: RunConfig, x0: list[torch.Tensor] | None = None, *, learn: bool = True
+) -> Iterator[Network]:
+    net = Network(cfg, x0, learn=learn)
+    try:
+        yield net
+    finally:
+        net.close()
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "topology"),
+    [("ad-psgd", "ring"), ("ad-psgd", "bipartite-exponential"), ("async-sgp", "ring")],
+)
+def test_forced_interleaving_equals_the_simulator(algorithm: str, topology: str) -> None:
+    peers = "peers=6" if topology == "bipartite-exponential" else "peers=4"  # n = 4: one hop
+    # δ = 0.2 of a step: in the simulator a request reaches the passive peer, and its reply the
+    # active one, during the next step; a push-sum share is mixed at the next step's end
+    over = [*SMALL, peers, f"algorithm={algorithm}", f"topology={topology}", "async.delays=0.2"]
+    cfg = load_config(None, over, environ={})
+    sim = Trainer(cfg)
+    # the peers' last step is special (AD-PSGD sends nothing, async-sgp drains every share):
+    # compare after all but the last
+    steps = sim.total_steps - 1
+    sim_records = [sim.train_step(k) for k in range(steps)]
+    with _network(cfg) as net:
+        order = sorted(range(cfg.peers), key=lambda i: (i % 2, i))  # passive peers first
+        for k in range(steps):
+            for i in order:
+                net.step(i, k)
+            net.deliver()
+        # float32 sums of the same terms in another order (a delta added after the local
+        # update here, averaged before it there): ~1e-7 per step over ~100 steps
+        torch.testing.assert_close(net.models(), sim.task.x, rtol=0, atol=2e-5)
+        if algorithm == "async-sgp":
+            weights = _weights(net)
+            np.testing.assert_allclose(weights, _sim_weights(sim), rtol=0, atol=1e-12)
+    assert all(r.staleness_max in (None, 0, 1) for r in sim_records)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adpsgd_preserves_the_mean_under_random_interleavings(seed: int) -> None:
+    # lr = 0: only averagings move the models. Each averaging adds ½ (b − a) to one model and
+    # ½ (a − b) to the other — exact negatives — so Σ x moves only by the rounding of the
+    # additions: ≲ 4 · 2⁻²⁴ · |x| per averaging, ~1e-6 after ~100 of them at |x| ≲ 1
+    cfg = load_config(None, [*SMALL, "algorithm=ad-psgd", "topology=ring"], environ={})
+    gen = torch.Generator().manual_seed(seed)
+    dim = ClassificationTask(cfg, [0], device=torch.device("cpu")).x.shape[1]
+    x0 = [torch.randn(dim, generator=gen) for _ in range(cfg.peers)]
+    rng = random.Random(seed)
+    with _network(cfg, x0, learn=False) as net:
+        mean0 = net.models().double().mean(0)
+        spread0 = float((net.models() - net.models().mean(0)).norm())
+        done = [0] * cfg.peers
+        total = net.runners[0].total_steps
+        while min(done) < total:  # random peer order, replies waited for or not
+            i = rng.choice([j for j in range(cfg.peers) if done[j] < total])
+            net.runners[i].run_step(done[i])
+            done[i] += 1
+        for p in net.peers:  # let every reply land, then one more boundary applies nothing new
+            if isinstance(p, ADPSGDPeer):
+                p.wait_outstanding()
+        models = net.models().double()
+        torch.testing.assert_close(models.mean(0), mean0, rtol=0, atol=1e-5)
+        assert float((net.models() - net.models().mean(0)).norm()) < 0.5 * spread0  # it mixed
+
+
+def test_async_sgp_conserves_weight_and_mass_at_quiescence() -> None:
+    cfg = load_config(None, [*SMALL, "algorithm=async-sgp", "topology=ring"], environ={})
+    gen = torch.Generator().manual_seed(0)
+    dim = ClassificationTask(cfg, [0], device=torch.device("cpu")).x.shape[1]
+    x0 = [torch.randn(dim, generator=gen) for _ in range(cfg.peers)]
+    rng = random.Random(0)
+    with _network(cfg, x0, learn=False) as net:
+        net.immediate = True
+        mass0 = net.models().double().sum(0)
+        done = [0] * cfg.peers
+        total = net.runners[0].total_steps
+        # τ = 2: a peer waits for shares two rounds old, so random order never more than one
+        # step ahead of the slowest; the last steps drain every share of every round and wait
+        # for each other: they run in parallel threads, like peer processes
+        while min(done) < total - 1:
+            ready = [
+                j for j in range(cfg.peers) if done[j] < total - 1 and done[j] <= min(done) + 1
+            ]
+            i = rng.choice(ready)
+            net.runners[i].run_step(done[i])
+            done[i] += 1
+        last = [threading.Thread(target=r.run_step, args=(total - 1,)) for r in net.runners]
+        for t in last:
+            t.start()
+        for t in last:
+            t.join(timeout=60)
+        w = _weights(net)
+        # float64 weights: Σ w = n to rounding of ~n·steps additions
+        assert abs(w.sum() - cfg.peers) < 1e-9
+        numerators = (net.models().double() * torch.from_numpy(w).unsqueeze(1)).sum(0)
+        # float32 numerators split and summed: 1e-4 relative over the run
+        torch.testing.assert_close(numerators, mass0, rtol=0, atol=1e-3)
