@@ -1,0 +1,145 @@
+"""The asynchronous algorithms' wire (`concord.peer.async_wire`): messages round-trip, every bad
+message is refused with a reason (never reaching a handler), and over a real gRPC server a bad
+message ends its stream with a clear status and is counted, while good ones are answered."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+import torch
+
+from concord.errors import RejectedError
+from concord.peer.async_wire import (
+    ACK,
+    HEADER,
+    MAGIC,
+    METHOD,
+    REPLY,
+    REQUEST,
+    SHARE,
+    AsyncServicer,
+    Message,
+    WireView,
+    decode,
+    encode,
+    run_key,
+)
+from concord.peer.mailbox import Counters
+
+KEY = run_key("run", "fingerprint")
+VIEW = WireView(peer_id=0, world_size=4, dim=1000, key=KEY, chunk_bytes=1024)
+WIDE = WireView(peer_id=0, world_size=4, dim=1000, key=KEY, chunk_bytes=8192)  # one-chunk tests
+SENDER = WireView(peer_id=1, world_size=4, dim=1000, key=KEY, chunk_bytes=1024)  # peer 1's view
+
+
+async def _chunks(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for c in chunks:
+        yield c
+
+
+def _decode(chunks: list[bytes], view: WireView = VIEW) -> Message:
+    return asyncio.run(decode(_chunks(chunks), view))
+
+
+def test_messages_round_trip_in_chunks() -> None:
+    values = torch.randn(1000)
+    msg = Message(SHARE, 2, 17, 0.25, values)
+    chunks = list(encode(msg, KEY, VIEW.chunk_bytes))
+    assert len(chunks) == 4  # 4000 bytes + header in 1024-byte chunks
+    got = _decode(chunks)
+    assert (got.kind, got.sender, got.step, got.weight) == (SHARE, 2, 17, 0.25)
+    assert got.values is not None
+    assert torch.equal(got.values, values)
+    ack = _decode(list(encode(Message(ACK, 3, 17), KEY, 1024)))
+    assert ack.kind == ACK
+    assert ack.values is None
+
+
+def _header(**change: object) -> bytes:
+    fields = {"magic": MAGIC, "kind": SHARE, "flags": 0, "sender": 1, "step": 3}
+    fields |= {"weight": 0.5, "dim": 1000, "key": KEY}
+    fields |= change
+    return HEADER.pack(*fields.values())
+
+
+BODY = torch.zeros(1000).numpy().tobytes()
+
+
+@pytest.mark.parametrize(
+    ("chunks", "reason", "words"),
+    [
+        ([], "invalid", "empty"),
+        ([b"short"], "invalid", "no header"),
+        ([_header(magic=b"XXXX") + BODY], "precondition", "version 1"),
+        ([_header(key=b"\0" * 8) + BODY], "permission", "run key"),
+        ([_header(kind=9) + BODY], "invalid", "kind 9"),
+        ([_header(sender=0) + BODY], "invalid", "sender 0"),
+        ([_header(sender=4) + BODY], "invalid", "sender 4"),
+        ([_header(step=-1) + BODY], "invalid", "step -1"),
+        ([_header(weight=float("nan")) + BODY], "invalid", "weight"),
+        ([_header(dim=999) + BODY], "invalid", "999 values"),
+        ([_header() + BODY[:-4]], "invalid", "3996 bytes"),
+        ([_header() + BODY + b"\0\0\0\0"], "too-big", "longer"),
+        ([_header() + torch.full((1000,), float("inf")).numpy().tobytes()], "invalid", "finite"),
+    ],
+)
+def test_bad_messages_are_refused_with_a_reason(
+    chunks: list[bytes], reason: str, words: str
+) -> None:
+    with pytest.raises(RejectedError) as exc:
+        _decode(chunks, WIDE)
+    assert exc.value.reason == reason
+    assert words in str(exc.value)
+
+
+def test_values_above_the_bound_are_refused() -> None:
+    view = WireView(peer_id=0, world_size=4, dim=1000, key=KEY, chunk_bytes=1024, max_abs_value=1)
+    big = Message(REQUEST, 1, 0, values=torch.full((1000,), 2.0))
+    with pytest.raises(RejectedError, match="bound"):
+        _decode(list(encode(big, KEY, 1024)), view)
+
+
+def test_a_grpc_server_answers_good_messages_and_counts_bad_ones() -> None:
+    async def main() -> None:
+        counters = Counters()
+        seen: list[Message] = []
+
+        async def handler(msg: Message) -> Message:
+            seen.append(msg)
+            return Message(REPLY, 0, 5, values=torch.ones(1000))
+
+        servicer = AsyncServicer(VIEW, counters, handler)
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((servicer.generic_handler(),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = channel.stream_stream(METHOD)
+                good = encode(Message(REQUEST, 1, 4, values=torch.zeros(1000)), KEY, 1024)
+                answer = await decode(call(_chunks(list(good))).__aiter__(), SENDER)
+                assert answer.kind == REPLY
+                assert answer.values is not None
+                assert float(answer.values.sum()) == 1000.0
+                bad = _header(sender=7) + BODY
+                with pytest.raises(grpc.aio.AioRpcError) as exc:
+                    async for _ in call(_chunks([bad[:1024], bad[1024:]])):
+                        pass
+                assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "sender 7" in str(exc.value.details())
+        finally:
+            await server.stop(None)
+        assert [m.sender for m in seen] == [1]  # the bad one never reached the handler
+        assert counters.rejected == {"async-invalid": 1}
+
+    asyncio.run(main())
+
+
+def test_header_layout_is_fixed() -> None:
+    # the documented layout (docs/protocol.md): 4 + 1 + 1 + 2 + 8 + 8 + 4 + 8 bytes
+    assert HEADER.size == 36
+    assert struct.calcsize("<4sBBHqdI8s") == HEADER.size
