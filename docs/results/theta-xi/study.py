@@ -1,0 +1,441 @@
+"""Θ against Ξ along consensus-controlled runs (the theta-xi study; its report.md).
+
+Runs phase 1 of the consensus-control preset's ``dec-phase-1`` cells (vectorized engine, ring,
+MNIST-1D, cnn1d, the preset's recipe with the baseline fix; only the gossip phase is run, which
+is all the Ξ comparison needs) and logs, after every gossip round, the estimator Θ, the exact
+consensus distance Ξ and the sketch estimate Ξ̂ (`concord.core.control.sketch`), whatever
+statistic the controller is fed. Cells: uncontrolled (which is also the calibration pass: the
+max of each statistic over phase 1), and ¼ · max of Θ, Ξ and Ξ̂.
+
+    python docs/results/theta-xi/study.py run --peers 64 --seeds 0,1,2,3,4 --out DIR
+    python docs/results/theta-xi/study.py tables DIR [DIR ...]  # → runs.csv, rounds.csv here
+    python docs/results/theta-xi/study.py report                # report.md from those two
+
+``run`` writes DIR/steps.csv (one row per step: cell, seed, step, rounds, Ξ after the step) and
+DIR/rounds.csv (one row per round: Θ, Ξ, Ξ̂); ``tables`` reduces them to this folder's runs.csv
+(one row per run) and rounds.csv (late-phase means per round index within a step); ``report``
+writes report.md from those two CSVs alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from concord.core.config import load_config
+from concord.core.control.calibration import Calibration
+from concord.core.control.consensus import round_statistic
+from concord.lab.presets.consensus import BASE
+from concord.sim.engine import Trainer
+
+HERE = Path(__file__).resolve().parent
+CELLS = ("none", "theta", "xi", "sketch")  # uncontrolled, then ¼ · max of each statistic
+FACTOR = 0.25
+ROUND_FIELDS = ("n", "cell", "seed", "step", "round", "rounds", "theta", "xi", "sketch")
+STEP_FIELDS = ("n", "cell", "seed", "step", "rounds", "xi", "target")
+
+
+def config(n: int, seed: int, cell: str, epochs: int | None) -> Any:
+    sets = [
+        *BASE,
+        f"peers={n}",
+        f"seed={seed}",
+        "plan=dec-phase-1",
+        "threads=1",
+        "engine=vectorized",
+    ]
+    if epochs is not None:
+        sets.append(f"epochs={epochs}")
+    if cell == "none":  # one round per step, through the control hook (which logs the rounds)
+        sets += ["control.mode=fixed", "control.rounds=1", "control.phases=[1]"]
+    else:
+        sets += ["control.mode=constant", f"control.factor={FACTOR}",
+                 "control.phases=[1]", f"control.statistic={cell}"]  # fmt: skip
+    return load_config(None, sets)
+
+
+def run_cell(
+    n: int, seed: int, cell: str, epochs: int | None, cal: dict[str, float]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One run through the end of phase 1, logging every round; returns (rounds, steps)."""
+    cfg = config(n, seed, cell, epochs)
+    calibration = None if cell == "none" else Calibration({1: cal[cell]}, cell)
+    trainer = Trainer(cfg, calibration=calibration)
+    phase1 = trainer.plan.phases[0]
+    control = trainer.control
+    inner = control.after_round
+    rounds: list[dict[str, Any]] = []
+
+    def logged(round_index: int, x: torch.Tensor, theta_local: torch.Tensor) -> bool:
+        rounds.append({
+            "n": n, "cell": cell, "seed": seed, "step": control.step, "round": round_index,
+            "theta": round_statistic("theta", control.step, x, theta_local),
+            "xi": control.meter(x),
+            "sketch": round_statistic("sketch", control.step, x, theta_local),
+        })  # fmt: skip
+        return inner(round_index, x, theta_local)
+
+    control.after_round = logged  # type: ignore[method-assign]
+    steps = []
+    for step in range(phase1.start, phase1.end):
+        rec = trainer.train_step(step)
+        target = control.target
+        steps.append({"n": n, "cell": cell, "seed": seed, "step": step, "rounds": rec.rounds,
+                      "xi": rec.xi, "target": target})  # fmt: skip
+    per_step: dict[int, int] = {}
+    for r in rounds:
+        per_step[r["step"]] = r["round"]
+    for r in rounds:
+        r["rounds"] = per_step[r["step"]]
+    return rounds, steps
+
+
+def write(path: Path, fields: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        t0 = time.perf_counter()
+        rounds, steps = run_cell(args.peers, seed, "none", args.epochs, {})
+        cal = {s: max(r[s] for r in rounds) for s in ("theta", "xi", "sketch")}
+        write(out / "rounds.csv", ROUND_FIELDS, rounds)
+        write(out / "steps.csv", STEP_FIELDS, steps)
+        print(f"n={args.peers} seed={seed} none {time.perf_counter() - t0:.0f}s cal={cal}")
+        for cell in args.cells.split(","):
+            t0 = time.perf_counter()
+            rounds, steps = run_cell(args.peers, seed, cell, args.epochs, cal)
+            write(out / "rounds.csv", ROUND_FIELDS, rounds)
+            write(out / "steps.csv", STEP_FIELDS, steps)
+            total = sum(s["rounds"] for s in steps)
+            print(f"n={args.peers} seed={seed} {cell} {time.perf_counter() - t0:.0f}s "
+                  f"rounds={total}", flush=True)  # fmt: skip
+
+
+RUN_FIELDS = (
+    "n", "cell", "seed", "steps", "rounds", "late_rounds_per_step", "late_xi", "max_theta",
+    "max_xi", "max_sketch", "max_theta_step", "max_xi_step", "sketch_over_xi_mean",
+    "sketch_over_xi_sd", "sketch_over_xi_p01", "sketch_over_xi_p99",
+)  # fmt: skip
+LATE_FIELDS = ("n", "cell", "round", "count", "theta", "xi", "theta_over_xi", "sketch_over_xi")
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
+
+
+def _argmax(rows: Sequence[dict[str, str]], column: str) -> dict[str, str]:
+    """The row with the largest ``column`` (the first such)."""
+    return max(rows, key=lambda r: float(r[column]))
+
+
+def cmd_tables(dirs: Sequence[Path]) -> None:
+    """Reduce the raw logs of ``run`` to runs.csv and rounds.csv in this folder."""
+    runs: list[dict[str, Any]] = []
+    late: dict[tuple[int, str, int], list[tuple[float, float, float]]] = defaultdict(list)
+    for d in dirs:
+        rounds = defaultdict(list)
+        for r in _read(d / "rounds.csv"):
+            rounds[(int(r["n"]), r["cell"], int(r["seed"]))].append(r)
+        steps = defaultdict(list)
+        for r in _read(d / "steps.csv"):
+            steps[(int(r["n"]), r["cell"], int(r["seed"]))].append(r)
+        for key, srows in sorted(steps.items()):
+            n, cell, seed = key
+            rrows = rounds[key]
+            half = len(srows) // 2
+            late_steps = srows[half:]
+            first = int(srows[half]["step"])
+            ratios = [float(r["sketch"]) / float(r["xi"]) for r in rrows if float(r["xi"]) > 0]
+            top = {s: _argmax(rrows, s) for s in ("theta", "xi")}
+            runs.append({
+                "n": n, "cell": cell, "seed": seed, "steps": len(srows),
+                "rounds": sum(int(r["rounds"]) for r in srows),
+                "late_rounds_per_step": statistics.fmean(int(r["rounds"]) for r in late_steps),
+                "late_xi": statistics.fmean(float(r["xi"]) for r in late_steps),
+                "max_theta": float(top["theta"]["theta"]), "max_xi": float(top["xi"]["xi"]),
+                "max_sketch": max(float(r["sketch"]) for r in rrows),
+                "max_theta_step": int(top["theta"]["step"]),
+                "max_xi_step": int(top["xi"]["step"]),
+                "sketch_over_xi_mean": statistics.fmean(ratios),
+                "sketch_over_xi_sd": statistics.pstdev(ratios),
+                "sketch_over_xi_p01": _quantile(ratios, 0.01),
+                "sketch_over_xi_p99": _quantile(ratios, 0.99),
+            })  # fmt: skip
+            for r in rrows:
+                if int(r["step"]) >= first and float(r["xi"]) > 0:
+                    late[(n, cell, int(r["round"]))].append(
+                        (float(r["theta"]), float(r["xi"]), float(r["sketch"]))
+                    )
+    rows = []
+    for (n, cell, rnd), v in sorted(late.items()):
+        rows.append({
+            "n": n, "cell": cell, "round": rnd, "count": len(v),
+            "theta": statistics.fmean(a for a, _, _ in v),
+            "xi": statistics.fmean(b for _, b, _ in v),
+            "theta_over_xi": statistics.fmean(a / b for a, b, _ in v),
+            "sketch_over_xi": statistics.fmean(c / b for _, b, c in v),
+        })  # fmt: skip
+    for name, fields, table in (("runs.csv", RUN_FIELDS, runs), ("rounds.csv", LATE_FIELDS, rows)):
+        with open(HERE / name, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+            w.writeheader()
+            for row in table:
+                w.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+
+
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def ci(values: Sequence[float]) -> str:
+    """mean ± the 95 % Student-t half-width (no ± with one value)."""
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{m:.3g}"
+    h = T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / math.sqrt(len(values))
+    return f"{m:.3g} ± {h:.2g}"
+
+
+LABELS = {
+    "none": "uncontrolled (1 round)",
+    "theta": "¼ · max Θ (estimator)",
+    "xi": "¼ · max Ξ (exact)",
+    "sketch": "¼ · max Ξ̂ (sketch)",
+}
+
+
+def cmd_report() -> None:
+    runs = _read(HERE / "runs.csv")
+    late = _read(HERE / "rounds.csv")
+    by: dict[tuple[int, str], dict[int, dict[str, str]]] = defaultdict(dict)
+    for r in runs:
+        by[(int(r["n"]), r["cell"])][int(r["seed"])] = r
+    ns = sorted({int(r["n"]) for r in runs})
+    out = [
+        "# Θ against Ξ: why a target on Θ stops at two rounds, and a statistic that tracks Ξ",
+        "",
+        "Phase 1 of the consensus-control preset's `dec-phase-1` cells (vectorized engine, ring, "
+        "MNIST-1D, `cnn1d`, the preset's recipe with the baseline fix, 60 epochs; only the gossip "
+        "phase is run — the exact averaging of phases 2–3 does not touch what is measured here). "
+        "After every gossip round the estimator Θ = sqrt(mean_i θ_i), the exact consensus "
+        "distance Ξ and the sketch estimate Ξ̂ (control statistic `sketch`, "
+        "[algorithms.md](../../algorithms.md#consensus-control)) are logged, whatever the "
+        "controller is fed. The uncontrolled run is also the calibration pass: each constant "
+        "target is ¼ × the max of its statistic over phase 1 of the same seed's uncontrolled run "
+        "(the preset's calibration). *Late*: the second half of phase 1.",
+        "",
+        "Every number below comes from [`runs.csv`](runs.csv) (one row per run) and "
+        "[`rounds.csv`](rounds.csv) (late-phase means per round index within a step), written by:",
+        "",
+        "```bash",
+    ]
+    seeds_by_n = {n: sorted({int(r["seed"]) for r in runs if int(r["n"]) == n}) for n in ns}
+    for n in ns:
+        seeds = ",".join(str(s) for s in seeds_by_n[n])
+        out.append(f"python docs/results/theta-xi/study.py run --peers {n} --seeds {seeds} "
+                   f"--out runs/theta-xi/n{n}")  # fmt: skip
+    dirs = " ".join(f"runs/theta-xi/n{n}" for n in ns)
+    out += [
+        f"python docs/results/theta-xi/study.py tables {dirs}",
+        "python docs/results/theta-xi/study.py report",
+        "```",
+        "",
+    ]
+    for n in ns:
+        out += [f"## n = {n} (seeds {', '.join(map(str, seeds_by_n[n]))})", ""]
+        out += [
+            "| cell | seeds | rounds in phase 1 | × uncontrolled | rounds / step, late | "
+            "Ξ, late | Ξ late / that of ¼ · max Ξ (paired) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        base = by.get((n, "none"), {})
+        ref = by.get((n, "xi"), {})
+        for cell in CELLS:
+            cur = by.get((n, cell), {})
+            if not cur:
+                continue
+            ss = sorted(cur)
+            times = [int(cur[s]["rounds"]) / int(base[s]["rounds"]) for s in ss if s in base]
+            rel = [float(cur[s]["late_xi"]) / float(ref[s]["late_xi"]) for s in ss if s in ref]
+            out.append(
+                f"| {LABELS[cell]} | {len(ss)} | {ci([float(cur[s]['rounds']) for s in ss])} | "
+                f"{ci(times) if times else ''} | "
+                f"{ci([float(cur[s]['late_rounds_per_step']) for s in ss])} | "
+                f"{ci([float(cur[s]['late_xi']) for s in ss])} | {ci(rel) if rel else ''} |"
+            )
+        out.append("")
+        cells = {r["cell"] for r in late if int(r["n"]) == n}
+        out += [
+            "Within a step, late in phase 1 (means over the seeds' late rounds; round r of a "
+            "step, so round 1 follows the local update):",
+            "",
+            "| cell | round | rounds seen | Θ | Ξ | Θ / Ξ | Ξ̂ / Ξ |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for cell in (c for c in CELLS if c in cells):
+            for r in late:
+                if int(r["n"]) == n and r["cell"] == cell and int(r["round"]) <= 8:
+                    out.append(
+                        f"| {LABELS[cell]} | {r['round']} | {r['count']} | "
+                        f"{float(r['theta']):.3g} | {float(r['xi']):.3g} | "
+                        f"{float(r['theta_over_xi']):.3g} | {float(r['sketch_over_xi']):.3f} |"
+                    )
+        out.append("")
+        if base:
+            ss = sorted(base)
+            out += [
+                "Calibration (the uncontrolled run): the max of each statistic over phase 1 and "
+                "the step it falls on (phase 1 has "
+                f"{base[ss[0]]['steps']} steps):",
+                "",
+                "| seed | max Θ | at step | max Ξ | at step | max Ξ̂ | max Ξ̂ / max Ξ |",
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            ]
+            for s in ss:
+                r = base[s]
+                out.append(
+                    f"| {s} | {float(r['max_theta']):.3g} | {r['max_theta_step']} | "
+                    f"{float(r['max_xi']):.3g} | {r['max_xi_step']} | "
+                    f"{float(r['max_sketch']):.3g} | "
+                    f"{float(r['max_sketch']) / float(r['max_xi']):.3f} |"
+                )
+            out.append("")
+        allr = [r for (nn, _), d in by.items() if nn == n for r in d.values()]
+        out += [
+            "Accuracy of Ξ̂ over every round of every run at this n (per run: mean, standard "
+            "deviation, 1st and 99th percentile of Ξ̂ / Ξ): mean of the means "
+            f"{statistics.fmean(float(r['sketch_over_xi_mean']) for r in allr):.4f}, mean sd "
+            f"{statistics.fmean(float(r['sketch_over_xi_sd']) for r in allr):.4f}, lowest 1st "
+            f"percentile {min(float(r['sketch_over_xi_p01']) for r in allr):.3f}, highest 99th "
+            f"{max(float(r['sketch_over_xi_p99']) for r in allr):.3f}.",
+            "",
+        ]
+    out += _claims(ns, by, late)
+    out += _reading()
+    (HERE / "report.md").write_text("\n".join(out), encoding="utf-8")
+
+
+def _claims(
+    ns: Sequence[int],
+    by: dict[tuple[int, str], dict[int, dict[str, str]]],
+    late: Sequence[dict[str, str]],
+) -> list[str]:
+    """The issue's checks, computed from the tables."""
+    out = ["## Checks (computed from the tables)", ""]
+    for n in ns:
+        ref, sk, th = by.get((n, "xi"), {}), by.get((n, "sketch"), {}), by.get((n, "theta"), {})
+        seeds = sorted(set(ref) & set(sk))
+        if seeds:
+            rel = [float(sk[s]["late_xi"]) / float(ref[s]["late_xi"]) for s in seeds]
+            cost = [int(sk[s]["rounds"]) / int(ref[s]["rounds"]) for s in seeds]
+            worst = max(abs(r - 1) for r in rel)
+            verdict = "holds" if worst <= 0.25 else "**does not hold**"
+            out.append(
+                f"- n = {n}: ¼ · max Ξ̂ reaches the late Ξ of ¼ · max Ξ within 25 % on every "
+                f"seed ({len(seeds)}): {verdict} (ratio {ci(rel)}, worst seed off by "
+                f"{100 * worst:.1f} %), at {ci(cost)} × its rounds"
+            )
+        seeds = sorted(set(ref) & set(th))
+        if seeds:
+            rel = [float(th[s]["late_xi"]) / float(ref[s]["late_xi"]) for s in seeds]
+            out.append(f"- n = {n}: ¼ · max Θ leaves the late Ξ at {ci(rel)} × that of ¼ · max Ξ")
+        rows = {int(r["round"]): r for r in late if int(r["n"]) == n and r["cell"] == "theta"}
+        if 1 in rows and 2 in rows:
+            t = float(rows[1]["theta"]) / float(rows[2]["theta"])
+            x = float(rows[1]["xi"]) / float(rows[2]["xi"])
+            out.append(
+                f"- n = {n}, ¼ · max Θ, late: the second round of a step divides Θ by {t:.2f} "
+                f"and Ξ by {x:.3f}"
+            )
+        rows = {int(r["round"]): r for r in late if int(r["n"]) == n and r["cell"] == "xi"}
+        if len(rows) >= 2:
+            last = max(k for k, r in rows.items() if int(r["count"]) >= int(rows[1]["count"]) // 2)
+            first = float(rows[1]["theta_over_xi"])
+            out.append(
+                f"- n = {n}, ¼ · max Ξ, late: Θ / Ξ falls from {first:.3g}"
+                f" after round 1 to {float(rows[last]['theta_over_xi']):.3g} after round {last} "
+                f"of the same step, while Ξ falls by "
+                f"{100 * (1 - float(rows[last]['xi']) / float(rows[1]['xi'])):.1f} %"
+            )
+    out.append("")
+    return out
+
+
+READING = """## Reading
+
+**Why a target on Θ stops at two rounds.** A step's local updates inject a disagreement that is
+nearly independent across peers — spread over all modes of W, so mostly over the many fast ones,
+which Θ weighs by (1 − λ)². Round 1 of the step sees it whole: Θ after round 1 is about the same
+whether Ξ is large or small (compare round 1 of the uncontrolled and the ¼ · max Ξ runs in the
+tables). One round of the ring removes the fast part, and Θ after round 2 drops about 3.4× while Ξ
+drops about 1 %: what is left sits in the ring's slow modes (λ₂ = ⅓ + ⅔ cos(2π/n), so
+1 − λ₂ ≈ 0.0032 at n = 64 and 0.0008 at n = 128), which carry nearly all of Ξ and almost none of Θ.
+The calibration takes max Θ from round 1 of uncontrolled steps, early in the phase (the table of
+maxima: max Θ falls on an early step, at the highest learning rate; max Ξ on a late one), so
+¼ · max Θ and ⅛ · max Θ both lie between Θ after round 2 and Θ after round 1: the stop rule fires
+after round 2 on essentially every step, whatever the factor — the 1.93–1.98× of the
+consensus-control report. Both hypotheses hold, and they compound: Θ/Ξ shrinks within a step as
+the disagreement concentrates in slow modes (it falls 25× over the rounds of a ¼ · max Ξ step at
+n = 64 and 100× at n = 128), and the calibrated target is one Θ meets after one repeat.
+
+**What tracks Ξ.** No rescaling of Θ by a constant helps (a calibrated target is relative, so a
+constant cancels), and a spectral correction would have to know how the disagreement spreads over
+the modes, which changes within a step. The sketch statistic measures Ξ itself: Ξ̂/Ξ stays at 1.00
+with a per-round standard deviation of about 5 % (the accuracy lines above), whatever the round of
+the step. Its target lands within the 25 % asked for of the exact-Ξ target's Ξ; the remaining
+offset (Ξ̂ about 10 % above) is the calibration's max, which picks the upward noise of Ξ̂ among
+the phase's steps (max Ξ̂ / max Ξ in the calibration tables), and its rounds follow: slightly fewer
+than the exact target's, far more than Θ's two per step.
+"""
+
+
+def _reading() -> list[str]:
+    return READING.splitlines()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--peers", type=int, default=64)
+    r.add_argument("--seeds", default="0,1,2,3,4")
+    r.add_argument("--cells", default="theta,xi,sketch")
+    r.add_argument("--epochs", type=int, default=None, help="default: the preset's 60")
+    r.add_argument("--out", required=True)
+    t = sub.add_parser("tables")
+    t.add_argument("dirs", nargs="+")
+    sub.add_parser("report")
+    args = p.parse_args(argv)
+    if args.cmd == "run":
+        cmd_run(args)
+    elif args.cmd == "tables":
+        cmd_tables([Path(d) for d in args.dirs])
+    else:
+        cmd_report()
+
+
+if __name__ == "__main__":
+    main()
