@@ -172,10 +172,16 @@ class AsyncPeer:
         return asyncio.run_coroutine_threadsafe(self._send(j, msg), self.loop)
 
     async def _send(self, j: int, msg: Message) -> Message | None:
+        """``msg`` to ``j`` and its answer; None when there is none (logged: never raises, a
+        neighbour's failure is data)."""
         link = self.transport.links.get(j)
         if link is None or self.wire is None:
             return None
-        return await push(link, msg, self.wire, self.deadline)
+        try:
+            return await push(link, msg, self.wire, self.deadline)
+        except Exception as exc:  # whatever the link did, the message is lost
+            log.warning("async.send_failed", neighbour=j, kind=msg.kind, error=repr(exc))
+            return None
 
     def sent(self, j: int) -> None:
         """Account one model-sized float32 message to ``j`` (training thread)."""
@@ -192,7 +198,9 @@ class AsyncPeer:
         raise NotImplementedError
 
     def take_notes(self) -> _StepNotes:
-        notes, self.notes = self.notes, _StepNotes()
+        """This step's notes (the event loop adds to them under the lock); starts the next."""
+        with self.cond:
+            notes, self.notes = self.notes, _StepNotes()
         return notes
 
     def final(self, step: int) -> bool:
