@@ -10,14 +10,18 @@ SGD with the config's momentum, Nesterov and weight decay (weights only, as
 all-reduce overlapped with the backward pass); ``--hook fp16``: PyTorch's
 ``fp16_compress_hook``. ``--slow-ranks 3,6 --slow-factor F``: each of those ranks sleeps, before
 each step, (F − 1) × the CPU time its main thread spent on the previous step — as a Concord
-straggler does (`concord.peer.pace.Straggler`'s emulation of a processor F times slower).
+straggler does (`concord.peer.pace.Straggler`'s emulation of a processor F times slower);
+``--slow-factors 1,1,1.5,…``: one factor per rank instead (``bench/async.py``).
 
 Rank 0 evaluates the model (every rank holds the same one) on the whole test set every
 ``eval.every`` epochs and after the last step, and writes JSON lines to ``--out``: one
 ``{"kind": "start", "time"}`` after the first barrier, ``{"kind": "step", "step", "time"}``
 after every step (``time``: Unix seconds at its end: ``bench/edge.py --map`` takes the time per
 step from them), ``{"kind": "eval", "step", "time", "accuracy"}`` (``time``: the end of the step,
-before the evaluation), and a final ``{"kind": "summary", ...}``. Run inside a network
+before the evaluation), and a final ``{"kind": "summary", ...}``. Every rank prints its own
+summary as the last line of its stdout (``compute_cpu_s``: its main thread's CPU time in the
+steps; ``slow_sleep_s``: the emulation's sleeps — the rest of ``train_seconds`` it spent waiting
+for the others or for a CPU). Run inside a network
 namespace by the benches:
 
     python bench/_ddp.py --config run.toml --rank R --world N --master IP:PORT --out rank-R.jsonl
@@ -115,9 +119,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     total = schedule.total_steps
     interval = max(1, round(cfg.eval.every * task.steps_per_epoch))
     loss_fn = nn.CrossEntropyLoss()
-    slow_ranks = {int(r) for r in args.slow_ranks.split(",") if r}
-    slow = args.slow_factor if rank in slow_ranks else 1.0
-    owed = slept = 0.0
+    slow = slow_factor(args, rank, world)
+    owed = slept = cpu = 0.0
     write = _Log(Path(args.out) if rank == 0 else None)
     dist.barrier()
     t_start = time.time()
@@ -135,7 +138,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         loss_fn(model(task.x_train[idx]), task.y_train[idx]).backward()
         opt.step()
-        owed = (slow - 1.0) * (time.thread_time() - cpu0)
+        spent = time.thread_time() - cpu0
+        cpu += spent
+        owed = (slow - 1.0) * spent
         now = time.time()
         write({"kind": "step", "step": step, "time": now})
         if rank == 0 and ((step + 1) % interval == 0 or step == total - 1):
@@ -151,10 +156,30 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "accuracy": accuracy,
         "train_seconds": time.time() - t_start,
         "slow_sleep_s": slept,
+        "slow_factor": slow,
+        "compute_cpu_s": cpu,
     }
     write(summary)
     dist.destroy_process_group()
     return summary
+
+
+def slow_factor(args: argparse.Namespace, rank: int, world: int) -> float:
+    """How many times slower rank ``rank`` computes: ``--slow-factors`` (one per rank) when
+    given, else ``--slow-factor`` for the ``--slow-ranks``, else 1."""
+    if args.slow_factors:
+        try:
+            factors = [float(x) for x in args.slow_factors.split(",")]
+        except ValueError:
+            factors = []
+        if len(factors) != world or not all(f >= 1.0 for f in factors):
+            raise SystemExit(
+                f"--slow-factors: expected {world} comma-separated factors ≥ 1, "
+                f"got {args.slow_factors!r}"
+            )
+        return factors[rank]
+    slow_ranks = {int(r) for r in args.slow_ranks.split(",") if r}
+    return float(args.slow_factor) if rank in slow_ranks else 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hook", choices=("none", "fp16"), default="none")
     p.add_argument("--slow-ranks", default="", help="comma-separated ranks computing slower")
     p.add_argument("--slow-factor", type=float, default=1.0)
+    p.add_argument("--slow-factors", default="", help="one factor per rank, comma-separated")
     print(json.dumps(train(p.parse_args(argv))), flush=True)
     return 0
 

@@ -1,0 +1,248 @@
+"""Time to accuracy with heterogeneous compute: asynchronous gossip (AD-PSGD, asynchronous SGP)
+against synchronous D-SGD and gloo DDP, 8 peers / ranks as processes on this host.
+
+Peer / rank i computes `FACTORS`\\[i] times slower (1, 1, 1.5, 2, 2, 3, 4, 6): before each step it
+sleeps (factor − 1) × the CPU time of its previous step (`concord.peer.pace.Straggler`;
+``bench/_ddp.py --slow-factors``), so a synchronous step waits for the 6× peer and an
+asynchronous one does not. Every process runs one torch thread; links are loopback (no emulated
+network).
+
+Same for every contender (``bench/edge.py``'s `base_sets`, with `SAMPLES` and `BATCH`):
+MNIST-1D (20,000 samples: 16,000 train, 4,000 test), the MLP 40 → 512 → 512 → 10 (287,754
+parameters), local batch 64, lr 0.1 with 5 % warm-up and ×0.1 at 50 % and 75 %, `EPOCHS` epochs
+of 31 steps (372), seed 0: the same data, batches, initial parameters and schedule; evaluations
+every 0.25 epoch. A step is mostly compute: a peer's forward/backward of 64 samples takes ~4 ms
+of CPU, its bf16 message is 0.58 MB on loopback.
+
+**Budget (checked first in the vectorized engine, seed 0):** D-SGD on the one-peer exponential
+graph, one gossip round per step, against ``concord sim``'s all-reduce reference: all-reduce ends
+at 0.670, so the target is 0.665; all-reduce reaches it at step 207 of 372, gossip's worst peer
+at step 199 (it ends at 0.677). (With batch 16 and 5,000 samples, 12 epochs: 224 / 288 steps; 8
+epochs: gossip's worst peer never reaches it.)
+
+Contenders (`contenders`; `DEFAULT` runs all of them):
+
+* ``ddp_fp32``, ``ddp_fp16``: ``DistributedDataParallel`` over gloo, without / with
+  ``fp16_compress_hook`` (``bench/_ddp.py``);
+* ``dsgd_exp_none_bf16`` and its overlapped form ``dsgd_exp_none_bf16_overlap`` (gossip
+  overlapped with the gradient): synchronous D-SGD on the one-peer exponential graph, bf16 on the
+  wire, no consensus control (the best synchronous set-up of ``bench/edge.py``'s search); the
+  faster of the two is "sync";
+* ``ad_psgd`` (on ``bipartite-exponential``: AD-PSGD needs odd peers active and even passive),
+  ``async_sgp`` (on ``exponential-one-peer-directed``, SGP's graph) with the default staleness
+  bound τ = 2 — its neighbours wait for a peer they are τ steps ahead of — and
+  ``async_sgp_tau16`` with τ = 16: the asynchronous algorithms in peer processes
+  (``peer/asynchronous.py``), fp32 on the wire and no control (what they support there).
+
+Measured per run (`bench.async_runs`): time to accuracy (wall time from the first step to the
+first moment at which every peer's latest evaluation reaches the target: `async_runs.worst_curve`;
+DDP: its one model), target = DDP fp32's final accuracy − `TARGET_MARGIN_PP`; final accuracy
+(worst peer); mean staleness of the mixed neighbour information (records' ``staleness_mean``; 0
+for synchronous contenders); idle fraction — Concord: time blocked on gossip rounds (``wait_ms``,
+``control_wait_ms``) ÷ wall time, mean over peers; DDP: wall time neither computing on the main
+thread nor in the emulated slowdown ÷ wall time, mean over ranks (it includes waiting for a CPU).
+
+``--churn``: peers / ranks `async_runs.Churn.victims` (2 and 5) are SIGKILLed when peer 0 has done
+30 % of its steps and started again (same command: checkpoint, then rejoin) at 60 %; DDP is not
+restarted (its collective breaks: reported as it is — no torchrun elastic restart is set up), so
+DDP fp32 runs once more first without churn (``ddp_fp32_no_churn``) to set the target.
+
+Last stdout line, JSON: ``tta_ratio_async_vs_sync`` (best asynchronous TTA ÷ best synchronous
+D-SGD's; target ≤ 0.6), ``tta_ratio_async_vs_ddp`` (÷ the faster DDP's; target ≤ 0.5),
+``best_async``, ``best_sync``, ``target_acc`` and ``contenders`` (a row per run); ``async.csv``
+(every point of every curve) and the run directories in ``--out``. ``--quick``: 2 epochs of 4,000
+samples (12 steps).
+
+    python bench/async.py [--quick] [--churn] [--contenders a,b] [--epochs E] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._procs import reap, set_tag, tagged
+from bench.async_runs import Churn, Settings, run_concord, run_ddp
+from bench.edge_budget import base_sets
+from bench.time_to_accuracy import Contender, Run, _dsgd, overlap_key
+
+TARGET_MARGIN_PP = 0.5
+FACTORS = (1.0, 1.0, 1.5, 2.0, 2.0, 3.0, 4.0, 6.0)
+HIDDEN = [512, 512]
+EPOCHS = 12.0
+SAMPLES = 20000
+BATCH = 64
+TRAIN_SHARE = 0.8  # MNIST-1D's train / test split
+LOOSE_TAU = 16  # async-sgp's staleness bound in its second variant (default τ = 2)
+ASYNC = ("ad_psgd", "async_sgp", f"async_sgp_tau{LOOSE_TAU}")
+REFERENCE = "ddp_fp32_no_churn"  # --churn: DDP fp32 run without churn, for the target
+DEFAULT = ("ddp_fp32", "ddp_fp16", "dsgd_exp_none_bf16", "dsgd_exp_none_bf16_overlap", *ASYNC)
+RATIO_BOUNDS = {"tta_ratio_async_vs_sync": 0.6, "tta_ratio_async_vs_ddp": 0.5}
+# peer processes: rounds may wait for a 6× peer; a killed peer is skipped after 3 deadlines
+CONCORD_SETS = ("network.deadline=3", "network.startup_timeout=180")
+
+
+def contenders() -> list[Contender]:
+    """Every contender (module docstring)."""
+    exp = ("exp", "exponential-one-peer", "none", "bf16")
+    out = [Contender("ddp_fp32", "ddp"), Contender("ddp_fp16", "ddp", hook="fp16")]
+    out.append(_dsgd(*exp))
+    key = overlap_key()
+    if key is not None:
+        out.append(_dsgd(*exp, f"{key}=true"))
+    raw = ("compression.codec=none", "control.mode=none")  # what peer processes support
+    out.append(Contender("ad_psgd", "concord", ("algorithm=ad-psgd", *raw,
+                                                "topology=bipartite-exponential")))  # fmt: skip
+    sgp = ("algorithm=async-sgp", *raw, "topology=exponential-one-peer-directed")
+    out.append(Contender("async_sgp", "concord", sgp))
+    out.append(Contender(f"async_sgp_tau{LOOSE_TAU}", "concord",
+                         (*sgp, f"async.max_staleness={LOOSE_TAU}")))  # fmt: skip
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def target(runs: Sequence[Run]) -> float | None:
+    """DDP fp32's final accuracy − `TARGET_MARGIN_PP`: of its run without churn (`REFERENCE`)
+    when there is one, else of ``ddp_fp32``'s, else ``ddp_fp16``'s — a run that completed."""
+    for name in (REFERENCE, "ddp_fp32", "ddp_fp16"):
+        acc = next((r.final_acc for r in runs if r.name == name and r.ok), None)
+        if acc is not None:
+            return acc - TARGET_MARGIN_PP / 100
+    return None
+
+
+def _best(tta: dict[str, float | None], names: Sequence[str]) -> tuple[str | None, float | None]:
+    got = sorted((t, n) for n, t in tta.items() if n in names and t is not None)
+    return (got[0][1], got[0][0]) if got else (None, None)
+
+
+def summarize(runs: Sequence[Run]) -> dict[str, Any]:
+    """The final JSON object (module docstring)."""
+    goal = target(runs)
+    tta = {r.name: r.tta(goal) if goal is not None else None for r in runs}
+    best_async, t_async = _best(tta, ASYNC)
+    best_sync, t_sync = _best(tta, [r.name for r in runs if r.name.startswith("dsgd")])
+    best_ddp, t_ddp = _best(tta, ("ddp_fp32", "ddp_fp16"))
+    rows = []
+    for r in runs:
+        t = tta[r.name]
+        rows.append({
+            "name": r.name,
+            "ok": r.ok,
+            "tta_s": round(t, 2) if t is not None else None,
+            "final_acc": round(r.final_acc, 4) if r.final_acc is not None else None,
+            "train_s": round(r.train_s, 2) if r.train_s is not None else None,
+            "staleness": r.detail.get("staleness", None if r.name in ASYNC else 0.0),
+            "idle_fraction": r.detail.get("idle_fraction"),
+            **{k: v for k, v in r.detail.items() if k not in ("staleness", "idle_fraction")},
+        })  # fmt: skip
+    return {
+        "benchmark": "async",
+        "tta_ratio_async_vs_sync": _ratio(t_async, t_sync),
+        "tta_ratio_async_vs_ddp": _ratio(t_async, t_ddp),
+        "best_async": best_async,
+        "best_sync": best_sync,
+        "best_ddp": best_ddp,
+        "target_acc": round(goal, 4) if goal is not None else None,
+        "contenders": rows,
+    }
+
+
+def run_all(
+    s: Settings, chosen: Sequence[Contender], log: Callable[[str], None] | None = None
+) -> list[Run]:
+    """Each contender once, DDP first (DDP fp32 sets the target); with churn, DDP fp32 first
+    without it (`REFERENCE`: a DDP that lost ranks sets no target)."""
+    runs = []
+    order = sorted(chosen, key=lambda c: (c.kind != "ddp", c.name != "ddp_fp32"))
+    if s.churn is not None and any(c.kind == "ddp" for c in chosen):
+        order.insert(0, Contender(REFERENCE, "ddp"))
+    for c in order:
+        t0 = time.monotonic()
+        where = replace(s, churn=None) if c.name == REFERENCE else s
+        run = (run_ddp if c.kind == "ddp" else run_concord)(where, c)
+        runs.append(run)
+        if log is not None:
+            acc = f"{run.final_acc:.4f}" if run.final_acc is not None else "-"
+            log(f"  {c.name:28s} ok={int(run.ok)}  final {acc}  train {run.train_s or 0:7.1f} s"
+                f"  run {time.monotonic() - t0:6.1f} s  load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    return runs
+
+
+def write_csv(path: Path, runs: Sequence[Run]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["contender", "step", "seconds", "worst_accuracy"])
+        for r in runs:
+            for step, t, acc in r.curve:
+                w.writerow([r.name, step, f"{t:.3f}", f"{acc:.4f}"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--churn", action="store_true")
+    p.add_argument("--contenders", help="comma-separated names (default: all)")
+    p.add_argument("--epochs", type=float)
+    p.add_argument("--samples", type=int)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the teardown (reap) below
+    every = {c.name: c for c in contenders()}
+    names = args.contenders.split(",") if args.contenders else [n for n in DEFAULT if n in every]
+    bad = sorted(set(names) - set(every))
+    if bad:
+        print(f"unknown contenders {bad}; valid: {sorted(every)}", file=sys.stderr)
+        return 2
+    epochs = args.epochs or (2.0 if args.quick else EPOCHS)
+    samples = args.samples or (4000 if args.quick else SAMPLES)
+    steps_per_epoch = int(samples * TRAIN_SHARE) // len(FACTORS) // BATCH
+    s = Settings(
+        out=args.out or Path(tempfile.mkdtemp(prefix="concord-async-")),
+        sets=(*base_sets(HIDDEN, epochs, 0, samples), f"optim.batch_size={BATCH}", *CONCORD_SETS),
+        factors=FACTORS,
+        total_steps=int(epochs * steps_per_epoch),
+        churn=Churn() if args.churn else None,
+    )
+    token = set_tag()
+    t0 = time.monotonic()
+    load0 = os.getloadavg()
+    print(f"{len(FACTORS)} peers ×{list(FACTORS)}, {epochs:g} epochs ({s.total_steps} steps), "
+          f"{samples} samples, MLP {HIDDEN}, churn {bool(s.churn)}, out: {s.out}, "
+          f"load {load0[0]:.1f}", flush=True)  # fmt: skip
+    try:
+        runs = run_all(s, [every[n] for n in names], log=lambda m: print(m, flush=True))
+    finally:
+        reap(tagged(token))
+    result = summarize(runs)
+    result.update(epochs=epochs, samples=samples, hidden=HIDDEN, factors=list(FACTORS),
+                  churn=bool(s.churn), wall_s=round(time.monotonic() - t0, 1),
+                  load_avg={"start": [round(x, 2) for x in load0],
+                            "end": [round(x, 2) for x in os.getloadavg()]},
+                  out=str(s.out))  # fmt: skip
+    write_csv(s.out / "async.csv", runs)
+    for key, bound in RATIO_BOUNDS.items():
+        v = result[key]
+        verdict = "n/a" if v is None else ("PASS" if v <= bound else "FAIL")
+        print(f"{verdict:4s} {key} = {v} (target ≤ {bound})")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
