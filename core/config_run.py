@@ -421,7 +421,7 @@ def _async_problems(cfg: RunConfig) -> list[str]:
         return []
     problems = cfg.asynchrony.problems(cfg.peers)
     if cfg.engine == "processes":
-        problems.extend(_async_process_problems(cfg))
+        problems.extend(async_process_problems(cfg))
     if any(m != "gossip" for m in cfg.phase_modes()):
         problems.append(
             f"plan {cfg.plan_label()!r}: algorithm {algo!r} has no common step at which to "
@@ -437,7 +437,7 @@ def _async_problems(cfg: RunConfig) -> list[str]:
     return problems
 
 
-def _async_process_problems(cfg: RunConfig) -> list[str]:
+def async_process_problems(cfg: RunConfig) -> list[str]:
     """What peer processes do not support for an asynchronous algorithm
     (`concord.peer.asynchronous`): the gRPC data plane only; no consensus control, codec,
     overlap or virtual clock (real peers have real speeds and delays)."""

@@ -56,6 +56,7 @@ import structlog
 import torch
 
 from concord.core.config import RunConfig
+from concord.core.config_run import async_process_problems
 from concord.core.graphs.topology import exponential_name, max_exponential_k
 from concord.core.loop import ControlHook, StepRunner
 from concord.core.records import JSON, PeerSummary
@@ -195,6 +196,8 @@ class PeerProcess:
         # refused here, before anything is written, unless network.insecure
         self.exposure = exposure_of(cfg, listen=self.listen, broker=self.broker)
         check_exposure(self.exposure, insecure=cfg.network.insecure, role="peer", warn=False)
+        if cfg.spec.asynchronous and (problems := async_process_problems(cfg)):
+            raise PeerConfigError("; ".join(problems))
         self.advertise = advertise
         self.out = out
         self.life = Lifecycle()

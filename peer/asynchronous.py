@@ -301,6 +301,9 @@ class AsyncSGPPeer(AsyncPeer):
         self.inbox: list[Message] = []  # filed, not yet mixed
         self.arrived: dict[int, set[int]] = {}  # round → senders whose share is here
         self.suspect: set[int] = set()  # in-neighbours not waited for
+        # an in-neighbour back from suspicion → its first round since: earlier rounds of it are
+        # not waited for (it was gone, or restarted at another step)
+        self.back_from: dict[int, int] = {}
         self.complete: int | None = None  # every round < this has been mixed or given up
 
     def weights(self) -> np.ndarray:
@@ -314,7 +317,9 @@ class AsyncSGPPeer(AsyncPeer):
         with self.cond:
             self.inbox.append(msg)
             self.arrived.setdefault(msg.step, set()).add(msg.sender)
-            self.suspect.discard(msg.sender)
+            if msg.sender in self.suspect:
+                self.suspect.discard(msg.sender)
+                self.back_from[msg.sender] = msg.step
             self.cond.notify_all()
         return Message(ACK, self.rank, msg.step)
 
@@ -329,7 +334,8 @@ class AsyncSGPPeer(AsyncPeer):
         out: dict[int, set[int]] = {}
         m = self.complete
         while m <= due:
-            gone = self._senders(m) - self.arrived.get(m, set()) - self.suspect
+            senders = {j for j in self._senders(m) if m >= self.back_from.get(j, m)}
+            gone = senders - self.arrived.get(m, set()) - self.suspect
             if gone:
                 out[m] = gone
             elif not out:
