@@ -1,6 +1,7 @@
 """``bench/async.py``: the worst-peer curve and time to accuracy, the churn schedule and its
 kill / restart against real (sleeping) processes, the per-rank slowdowns of ``bench/_ddp.py``,
-the idle fraction read from DDP ranks' summaries, the summary's ratios and JSON line (fast); one
+the curve, idle fraction and staleness read from Concord peers' records and DDP ranks' files,
+the summary's ratios and JSON line (fast); one
 ``--quick`` run of DDP fp32 and synchronous D-SGD end to end (slow: 16 processes, ~60 s)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench import _ddp  # noqa: E402
-from bench.async_runs import Churn, Settings, apply_churn, read_ddp, worst_curve  # noqa: E402
+from bench.async_runs import (  # noqa: E402
+    Churn,
+    Settings,
+    apply_churn,
+    read_concord,
+    read_ddp,
+    worst_curve,
+)
 from bench.time_to_accuracy import Run  # noqa: E402
+from tests.records import step_record  # noqa: E402
 
 bench_async: Any = importlib.import_module("bench.async")  # "async" is a keyword
 
@@ -185,3 +195,47 @@ def test_quick_sync_and_ddp_run_ends_with_the_json_line(tmp_path: Path) -> None:
     assert rows["ddp_fp32"]["tta_s"] is not None  # DDP reaches its own target by definition
     assert 0 <= rows["dsgd_exp_none_bf16"]["idle_fraction"] <= 1
     assert (tmp_path / "async.csv").is_file()
+
+
+Row = tuple[int, float, float, float, float | None]
+
+
+def _write_peer(peer_dir: Path, rows: Sequence[Row]) -> None:
+    """A peer's metrics.jsonl: per (step, end time, step_ms, wait_ms, accuracy or None) a step
+    record (``time``, ``step_ms``, ``wait_ms`` in its extra; ``staleness_mean`` 2.0) and, with
+    an accuracy, that step's evaluation."""
+    peer_dir.mkdir(parents=True)
+    lines = []
+    for step, t, step_ms, wait_ms, acc in rows:
+        extra: dict[str, Any] = {"time": t, "step_ms": step_ms, "wait_ms": wait_ms}
+        lines.append(step_record(step, extra=extra, staleness_mean=2.0).to_json())
+        if acc is not None:
+            lines.append({"kind": "eval", "version": 1, "step": step, "epoch": 0.1,
+                          "accuracy_mean_peer": acc, "loss_mean_peer": 1.0, "peer": 0})  # fmt: skip
+    (peer_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_read_concord_lines_peers_up_from_the_earliest_first_step(tmp_path: Path) -> None:
+    # peer 0 starts at 100 s (its first step: 1 s long, ending at 101), steps until 104, 1 s
+    # blocked; peer 1 starts at 101, ends at 109, 4 s blocked
+    p0 = [(0, 101.0, 1000.0, 0.0, 0.3), (1, 104.0, 3000.0, 1000.0, 0.6)]
+    p1 = [(0, 102.0, 1000.0, 0.0, 0.2), (1, 109.0, 7000.0, 4000.0, 0.7)]
+    _write_peer(tmp_path / "peer-0", p0)
+    _write_peer(tmp_path / "peer-1", p1)
+    run = Run("async_sgp", True)
+    read_concord(run, tmp_path, 2)
+    assert run.train_s == 9.0  # 100 → 109
+    # worst of the latest: (2 s: 0.3 vs 0.2), (4 s: 0.6 vs 0.2), (9 s: 0.6 vs 0.7)
+    assert run.curve == [(0, 2.0, 0.2), (1, 4.0, 0.2), (1, 9.0, 0.6)]
+    # idle: peer 0 1 s of 4, peer 1 4 s of 8 → mean 0.375 (exact binary fractions)
+    assert run.detail["idle_fraction"] == 0.375
+    assert run.detail["staleness"] == 2.0
+
+
+def test_read_concord_without_every_peer_evaluating_has_no_curve(tmp_path: Path) -> None:
+    _write_peer(tmp_path / "peer-0", [(0, 101.0, 1000.0, 0.0, 0.3)])
+    _write_peer(tmp_path / "peer-1", [(0, 102.0, 1000.0, 0.0, None)])
+    run = Run("ad_psgd", True)
+    read_concord(run, tmp_path, 2)
+    assert run.curve == []
+    assert run.detail["no_evaluations"] == [1]
