@@ -307,7 +307,7 @@ def test_every_message_exports_its_json_schema() -> None:
     assert schedule["phases"]["items"]["required"] == ["index", "topology"]
 
 
-def _stats_map(s: Stats) -> dict[str, object]:
+def _sent_stats(s: Stats) -> dict[str, object]:
     """A `Stats` as sent: its fields, without an empty ``sketch`` (left off the wire)."""
     return {k: v for k, v in dataclasses.asdict(s).items() if k != "sketch" or v}
 
@@ -329,15 +329,15 @@ def test_wire_format_is_the_plain_field_map() -> None:
         step=5,
         values={"loss": 0.5},
         event="step",
-        stats=[_stats_map(s1), _stats_map(s2)],
+        stats=[_sent_stats(s1), _sent_stats(s2)],
     )
     for message in EXAMPLES:
         body = msgpack.unpackb(encode(message), raw=False)
         fields = dataclasses.asdict(message)
         if isinstance(message, Stats | Metrics):  # an empty sketch is left off the wire
-            fields = _stats_map(message) if isinstance(message, Stats) else fields
+            fields = _sent_stats(message) if isinstance(message, Stats) else fields
             if isinstance(message, Metrics):
-                fields["stats"] = [_stats_map(s) for s in message.stats]
+                fields["stats"] = [_sent_stats(s) for s in message.stats]
         assert body == {"v": SCHEMA_VERSION, "kind": message.KIND, **fields}
 
 
