@@ -204,7 +204,8 @@ class AsyncServicer:
 
 async def push(link: Link, msg: Message, view: WireView, timeout: float) -> Message | None:
     """Send ``msg`` to the neighbour behind ``link`` and return its answer; None when it could
-    not be reached or did not answer within ``timeout`` seconds, or its answer was bad."""
+    not be reached (the link is then closed: the next message reconnects) or did not answer
+    within ``timeout`` seconds, or its answer was bad."""
     if link.channel is None and not await link.connect(timeout):
         return None
     channel = link.channel
@@ -222,6 +223,10 @@ async def push(link: Link, msg: Message, view: WireView, timeout: float) -> Mess
     except (grpc.aio.AioRpcError, RejectedError, TimeoutError, asyncio.CancelledError) as exc:
         if isinstance(exc, asyncio.CancelledError) and _cancelling():
             raise
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE:
+            # the neighbour is gone: a fresh channel and Hello on the next message, not the
+            # old channel's reconnect backoff (up to minutes) when it comes back
+            await link.close()
         return None
 
 

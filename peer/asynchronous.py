@@ -33,8 +33,11 @@ arrived, whatever its round. Push-sum mass: a share the sender could not deliver
 the deadline) is mixed back into the sender itself, as if p_ii had been larger, so Σ w = n still
 holds at quiescence (a share delivered but unacknowledged in time would be counted twice: the
 deadline is long); a share lost with a dying peer is lost mass (Σ w < n afterwards — the
-de-biased z = x / w are still averages, of fewer contributions). The last step waits for every
-share of rounds ≤ its own (τ = 0): a run whose peers all finish ends quiescent.
+de-biased z = x / w are still averages, of fewer contributions). The last step waits for the
+acknowledgements of its own shares and for every share of rounds ≤ its own (τ = 0), then
+refuses shares (CLOSED: the sender mixes them back): a run whose peers all finish ends
+quiescent. An in-neighbour back from suspicion is waited for again from the first round it
+sends after its return.
 
 Records: every step reports ``local_steps = 1``, ``virtual_time`` (wall-clock seconds since this
 stage's first step: a real peer has no virtual clock), ``staleness_mean`` / ``staleness_max`` of
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import threading
 import time
@@ -315,6 +319,8 @@ class AsyncSGPPeer(AsyncPeer):
         if msg.kind != SHARE or msg.values is None:
             return Message(CLOSED, self.rank, 0)
         with self.cond:
+            if self.closed:  # its mass goes back to the sender (it counts it returned)
+                return Message(CLOSED, self.rank, msg.step)
             self.inbox.append(msg)
             self.arrived.setdefault(msg.step, set()).add(msg.sender)
             if msg.sender in self.suspect:
@@ -362,13 +368,18 @@ class AsyncSGPPeer(AsyncPeer):
         numerators = x * torch.tensor(float(w[0]), dtype=x.dtype, device=x.device)
         numerators.sub_(d, alpha=lr)
         kept, kept_w, messages = push_split(numerators, w, self.matrix(step), [self.rank])
+        sending = []
         for _, j, p in messages:
             share = Message(SHARE, self.rank, step, float(p * w[0]), (numerators[0] * p).cpu())
-            asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop)
+            sending.append(asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop))
             self.sent(j)
         final = self.final(step)
         due = step if final else due_rounds(step, self.tau)
         t0 = time.perf_counter()
+        if final:  # a share that comes back undelivered is mixed now, not after the end
+            for future in sending:
+                with contextlib.suppress(concurrent.futures.TimeoutError):
+                    future.result(timeout=self.deadline + 5)
         with self.cond:
             while missing := self._missing(due):
                 left = self.deadline - (time.perf_counter() - t0)
@@ -378,6 +389,7 @@ class AsyncSGPPeer(AsyncPeer):
                     self.notes.lost += len(gone)
                     log.warning("async.lost", step=step, neighbours=gone, rounds=sorted(missing))
             box, self.inbox = self.inbox, []
+            self.closed = final  # from now on shares are refused (their senders keep them)
         self.notes.wait_s += time.perf_counter() - t0
         for msg in box:
             self.notes.staleness.append(max(0, step - msg.step))
