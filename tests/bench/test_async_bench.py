@@ -239,3 +239,13 @@ def test_read_concord_without_every_peer_evaluating_has_no_curve(tmp_path: Path)
     read_concord(run, tmp_path, 2)
     assert run.curve == []
     assert run.detail["no_evaluations"] == [1]
+
+
+def test_stretch_lengthens_every_sleep_and_keeps_unit_factors() -> None:
+    assert bench_async.stretched((1.0, 1.5, 6.0), 1.0) == (1.0, 1.5, 6.0)
+    assert bench_async.stretched((1.0, 1.5, 6.0), 10.0) == (1.0, 6.0, 51.0)  # 1 + 10 (F − 1)
+
+
+def test_stretch_below_one_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_async.main(["--stretch", "0.5"]) == 2
+    assert "--stretch" in capsys.readouterr().err
