@@ -37,6 +37,16 @@ two cores: a context switch per hop, Python dispatch), ~1 ms against the 5–50 
 data-centre network; so every prediction is also made with α = ``--dc-alpha-us`` (20 µs) for
 both mechanisms, the fitted β kept.
 
+**The latency term at the edge** (`WanPath`, `EdgeModel`; used by ``bench/edge.py --map``):
+on a wide-area path the per-message latency is α = h one-way delays + a per-message overhead,
+where h is what the protocol waits for per message: 1 for a gossip message (the sender does not
+wait for its Ack), 2 for a hop of gloo's ring (the receiver's "ready" notification, then the
+data). A ring all-reduce of M bytes in b DDP buckets pays b·2(n−1) sequential α and
+2(n−1)/n·M of serialization; a one-peer gossip exchange pays one α and M (every peer sends one
+message and waits for one, sent at the same moment). Serialization counts only the bytes beyond a
+token bucket's burst (``tbf`` on the emulated links lets 32 KiB or 4 ms at the rate through at
+once). The step is a floor (compute and per-message software costs) + that term, no overlap.
+
 Output: per α, a table of predicted ms/step and the crossover n (smallest n from which gossip is
 faster) per link rate; a CSV (``--csv``, both tables, column ``alpha``); as the last line a JSON
 object with the fitted constants, both sets of crossovers and the sizes measured.
