@@ -84,8 +84,8 @@ D-SGD exponential bf16 on both profiles (under 2 minutes).
 ``--map``: the crossover map instead (`bench.edge_map`): time per step of DDP fp16 and
 ``dsgd_exp_none_bf16`` over RTT (``--rtts``, default 1, 20, 80 ms) × link rate (``--rates``, 20,
 100, 1000 Mbit/s), no loss, 48 steps per run, beside the α–β model
-(`bench.cost_model.EdgeModel`); ``edge_map.csv`` and ``edge_map.png`` in ``--out`` (about 12
-minutes).
+(`bench.cost_model.EdgeModel`); ``edge_map.csv`` and ``edge_map.png`` in ``--out`` (about 14
+minutes; measured: docs/performance.md, "Crossover map").
 
     python bench/edge.py [--quick] [--profiles edge,edge-mixed] [--contenders a,b]
         [--epochs 16] [--out DIR]
