@@ -366,6 +366,8 @@ class PeerProcess:
         finally:
             if self.plane is not None:
                 self.plane.close()
+            if self.inbox is not None:
+                await self.inbox.channels.close()
             await transport.stop(grace=min(5.0, cfg.network.deadline))
             if metrics is not None:
                 await metrics.__aexit__()

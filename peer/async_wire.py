@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import math
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ import grpc
 import torch
 
 from concord.errors import RejectedError
-from concord.peer.links import Link
+from concord.peer.links import CHANNEL_OPTIONS
 from concord.peer.mailbox import Counters
 from concord.peer.tls import peer_id_of
 from concord.protos.revocation import Revocations, fingerprint_pem
@@ -202,15 +203,65 @@ class AsyncServicer:
             raise RejectedError("identity", f"Push claims peer {claimed}; certificate: {certified}")
 
 
-async def push(link: Link, msg: Message, view: WireView, timeout: float) -> Message | None:
-    """Send ``msg`` to the neighbour behind ``link`` and return its answer; None when it could
-    not be reached (the link is then closed: the next message reconnects) or did not answer
-    within ``timeout`` seconds, or its answer was bad."""
-    if link.channel is None and not await link.connect(timeout):
-        return None
-    channel = link.channel
-    if channel is None:
-        return None
+class Channels:
+    """This peer's channels for ``Push``, one per neighbour, apart from the data plane's links
+    (no Hello: the run key in every message stands in for it). A call that finds the neighbour
+    unreachable (``UNAVAILABLE``) drops its channel: the next message dials afresh — not after
+    the old channel's reconnect backoff (up to minutes) once a restarted neighbour is back — at
+    most once per `REDIAL` seconds per neighbour. Nothing here awaits, so concurrent messages
+    never close a channel under each other."""
+
+    REDIAL = 0.2
+
+    def __init__(self, credentials: grpc.ChannelCredentials | None) -> None:
+        self.credentials = credentials
+        self.open: dict[int, tuple[str, grpc.aio.Channel]] = {}
+        self.dropped: dict[int, float] = {}  # neighbour → when its channel was dropped
+        self.closing: set[asyncio.Task[None]] = set()
+
+    def get(self, j: int, address: str) -> grpc.aio.Channel:
+        held = self.open.get(j)
+        if held is not None and held[0] == address:
+            return held[1]
+        if held is not None:
+            self._close(held[1])
+        if self.credentials is not None:
+            channel = grpc.aio.secure_channel(address, self.credentials, options=CHANNEL_OPTIONS)
+        else:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.open[j] = (address, channel)
+        return channel
+
+    def unreachable(self, j: int, channel: grpc.aio.Channel) -> None:
+        """A call on ``channel`` found ``j`` unreachable."""
+        held = self.open.get(j)
+        now = time.monotonic()
+        if held is None or held[1] is not channel or now - self.dropped.get(j, 0.0) < self.REDIAL:
+            return
+        self.dropped[j] = now
+        del self.open[j]
+        self._close(channel)
+
+    def _close(self, channel: grpc.aio.Channel) -> None:
+        task = asyncio.ensure_future(channel.close(grace=None))
+        self.closing.add(task)
+        task.add_done_callback(self.closing.discard)
+
+    async def close(self) -> None:
+        """Close every channel (bounded: the peer is leaving)."""
+        for _, channel in self.open.values():
+            self._close(channel)
+        self.open.clear()
+        if self.closing:
+            await asyncio.wait(set(self.closing), timeout=5.0)
+
+
+async def push(
+    channels: Channels, j: int, address: str, msg: Message, view: WireView, timeout: float
+) -> Message | None:
+    """Send ``msg`` to neighbour ``j`` (at ``address``) and return its answer; None when it
+    could not be reached or did not answer within ``timeout`` seconds, or its answer was bad."""
+    channel = channels.get(j, address)
     call = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)
 
     async def requests() -> AsyncIterator[bytes]:
@@ -224,9 +275,7 @@ async def push(link: Link, msg: Message, view: WireView, timeout: float) -> Mess
         if isinstance(exc, asyncio.CancelledError) and _cancelling():
             raise
         if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE:
-            # the neighbour is gone: a fresh channel and Hello on the next message, not the
-            # old channel's reconnect backoff (up to minutes) when it comes back
-            await link.close()
+            channels.unreachable(j, channel)
         return None
 
 

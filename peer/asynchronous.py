@@ -37,7 +37,10 @@ de-biased z = x / w are still averages, of fewer contributions). The last step w
 acknowledgements of its own shares and for every share of rounds ≤ its own (τ = 0), then
 refuses shares (CLOSED: the sender mixes them back): a run whose peers all finish ends
 quiescent. An in-neighbour back from suspicion is waited for again from the first round it
-sends after its return.
+sends after its return. A peer whose weight has fallen below `MIN_WEIGHT` (its shares leave but
+none reach it: its in-neighbours cannot) keeps its whole numerator until shares come in again
+(``async_held``; the column of P is then e_i, still column-stochastic): z = x / w divides the
+gradient step by w, which would otherwise grow without bound.
 
 Records: every step reports ``local_steps = 1``, ``virtual_time`` (wall-clock seconds since this
 stage's first step: a real peer has no virtual clock), ``staleness_mean`` / ``staleness_max`` of
@@ -74,6 +77,7 @@ from concord.peer.async_wire import (
     REQUEST,
     SHARE,
     AsyncServicer,
+    Channels,
     Message,
     WireView,
     push,
@@ -83,6 +87,8 @@ from concord.peer.transport import Transport
 
 log = structlog.get_logger(__name__)
 EARLY_LIMIT = 256  # shares filed before this process's stage attached its peer
+# async-sgp: below this push-sum weight a peer keeps its whole numerator (sends no shares)
+MIN_WEIGHT = 0.1
 
 
 class AsyncInbox:
@@ -109,6 +115,7 @@ class AsyncInbox:
         )
         self.peer: AsyncPeer | None = None
         self.early: list[Message] = []
+        self.channels = Channels(o.channel_credentials)  # ours to the neighbours
 
     async def handle(self, msg: Message) -> Message:
         me = self.view.peer_id
@@ -135,10 +142,11 @@ class _StepNotes:
     busy: int = 0
     refused: int = 0
     returned: int = 0
+    held: int = 0
 
     def extra(self) -> dict[str, JSON]:
         out: dict[str, JSON] = {}
-        for key in ("lost", "busy", "refused", "returned"):
+        for key in ("lost", "busy", "refused", "returned", "held"):
             value = getattr(self, key)
             if value:
                 out[f"async_{key}"] = value
@@ -157,6 +165,7 @@ class AsyncPeer:
         self.n = runner.cfg.peers
         self.deadline = runner.cfg.network.deadline
         self.wire: WireView | None = None  # set by `attach`
+        self.channels: Channels | None = None
         self.cond = threading.Condition()
         self.notes = _StepNotes()
         self.closed = False  # training ended: no more averaging (loop side)
@@ -164,6 +173,7 @@ class AsyncPeer:
 
     def attach(self, inbox: AsyncInbox) -> None:
         self.wire = inbox.view
+        self.channels = inbox.channels
         inbox.attach(self)
 
     def matrix(self, k: int) -> np.ndarray:
@@ -178,11 +188,11 @@ class AsyncPeer:
     async def _send(self, j: int, msg: Message) -> Message | None:
         """``msg`` to ``j`` and its answer; None when there is none (logged: never raises, a
         neighbour's failure is data)."""
-        link = self.transport.links.get(j)
-        if link is None or self.wire is None:
+        link = self.transport.links.get(j)  # where j is (the data plane keeps it current)
+        if link is None or self.wire is None or self.channels is None:
             return None
         try:
-            return await push(link, msg, self.wire, self.deadline)
+            return await push(self.channels, j, link.address, msg, self.wire, self.deadline)
         except Exception as exc:  # whatever the link did, the message is lost
             log.warning("async.send_failed", neighbour=j, kind=msg.kind, error=repr(exc))
             return None
@@ -367,7 +377,11 @@ class AsyncSGPPeer(AsyncPeer):
             self.complete = step  # this stage's first step (a restarted peer's too)
         numerators = x * torch.tensor(float(w[0]), dtype=x.dtype, device=x.device)
         numerators.sub_(d, alpha=lr)
-        kept, kept_w, messages = push_split(numerators, w, self.matrix(step), [self.rank])
+        P = self.matrix(step)
+        if w[0] < MIN_WEIGHT:  # it has heard from nobody for a while: keep it all (p_ii = 1)
+            P = np.eye(self.n)
+            self.notes.held += 1
+        kept, kept_w, messages = push_split(numerators, w, P, [self.rank])
         sending = []
         for _, j, p in messages:
             share = Message(SHARE, self.rank, step, float(p * w[0]), (numerators[0] * p).cpu())
