@@ -47,7 +47,8 @@ HEADER = struct.Struct("<4sBBHqdI8s")
 
 REQUEST = 1  # AD-PSGD: the active peer's model, answered by a REPLY
 REPLY = 2  # AD-PSGD: the passive peer's model before it averaged
-SHARE = 3  # async-sgp: a push-sum share (p_ji x_i, p_ji w_i), answered by an ACK
+SHARE = 3  # async-sgp: a push-sum share (p_ji x_i, p_ji w_i), answered by an ACK; empty (no
+# values, weight 0) from a peer holding its mass: the round is complete, nothing to mix
 ACK = 4  # filed
 CLOSED = 5  # not averaging any more (the receiver's training has ended)
 KINDS = frozenset({REQUEST, REPLY, SHARE, ACK, CLOSED})
@@ -138,7 +139,7 @@ def _header(head: bytes, view: WireView) -> tuple[Message, int]:
         raise RejectedError("invalid", f"sender {sender} is not another peer of the run")
     if step < 0 or not math.isfinite(weight) or weight < 0:
         raise RejectedError("invalid", f"step {step} / weight {weight} out of range")
-    want = 0 if kind in BODYLESS else view.dim
+    want = 0 if kind in BODYLESS or (kind == SHARE and dim == 0 and weight == 0) else view.dim
     if dim != want:
         raise RejectedError("invalid", f"message of {dim} values; kind {kind} has {want}")
     return Message(kind, sender, step, weight), want

@@ -40,7 +40,8 @@ quiescent. An in-neighbour back from suspicion is waited for again from the firs
 sends after its return. A peer whose weight has fallen below `MIN_WEIGHT` (its shares leave but
 none reach it: its in-neighbours cannot) keeps its whole numerator until shares come in again
 (``async_held``; the column of P is then e_i, still column-stochastic): z = x / w divides the
-gradient step by w, which would otherwise grow without bound.
+gradient step by w, which would otherwise grow without bound. Its out-neighbours then get
+*empty* shares (no values, weight 0): their rounds complete, they do not wait for it.
 
 Records: every step reports ``local_steps = 1``, ``virtual_time`` (wall-clock seconds since this
 stage's first step: a real peer has no virtual clock), ``staleness_mean`` / ``staleness_max`` of
@@ -88,7 +89,7 @@ from concord.peer.transport import Transport
 log = structlog.get_logger(__name__)
 EARLY_LIMIT = 256  # shares filed before this process's stage attached its peer
 # async-sgp: below this push-sum weight a peer keeps its whole numerator (sends no shares)
-MIN_WEIGHT = 0.1
+MIN_WEIGHT = 0.01  # the start-up transient reaches (1/3)^τ on a ring: above it for τ ≤ 4
 
 
 class AsyncInbox:
@@ -326,12 +327,13 @@ class AsyncSGPPeer(AsyncPeer):
         return w
 
     def on_message(self, msg: Message) -> Message:
-        if msg.kind != SHARE or msg.values is None:
+        if msg.kind != SHARE:
             return Message(CLOSED, self.rank, 0)
         with self.cond:
             if self.closed:  # its mass goes back to the sender (it counts it returned)
                 return Message(CLOSED, self.rank, msg.step)
-            self.inbox.append(msg)
+            if msg.values is not None:  # an empty share only completes its round
+                self.inbox.append(msg)
             self.arrived.setdefault(msg.step, set()).add(msg.sender)
             if msg.sender in self.suspect:
                 self.suspect.discard(msg.sender)
@@ -368,6 +370,8 @@ class AsyncSGPPeer(AsyncPeer):
 
     async def _share(self, j: int, share: Message) -> None:
         answer = await self._send(j, share)
+        if share.values is None:
+            return  # an empty share carries no mass
         if answer is None or answer.kind != ACK:  # not delivered: the mass comes back
             self._returned(Message(SHARE, self.rank, share.step, share.weight, share.values))
 
@@ -377,16 +381,18 @@ class AsyncSGPPeer(AsyncPeer):
             self.complete = step  # this stage's first step (a restarted peer's too)
         numerators = x * torch.tensor(float(w[0]), dtype=x.dtype, device=x.device)
         numerators.sub_(d, alpha=lr)
-        P = self.matrix(step)
-        if w[0] < MIN_WEIGHT:  # it has heard from nobody for a while: keep it all (p_ii = 1)
-            P = np.eye(self.n)
+        kept, kept_w, messages = push_split(numerators, w, self.matrix(step), [self.rank])
+        hold = w[0] < MIN_WEIGHT  # it has heard from nobody for a while: keep it all
+        if hold:  # (its column of P is e_i); its out-neighbours get empty shares
+            kept, kept_w = numerators, w.copy()
             self.notes.held += 1
-        kept, kept_w, messages = push_split(numerators, w, P, [self.rank])
         sending = []
         for _, j, p in messages:
-            share = Message(SHARE, self.rank, step, float(p * w[0]), (numerators[0] * p).cpu())
+            share = Message(SHARE, self.rank, step)
+            if not hold:
+                share = Message(SHARE, self.rank, step, float(p * w[0]), (numerators[0] * p).cpu())
+                self.sent(j)
             sending.append(asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop))
-            self.sent(j)
         final = self.final(step)
         due = step if final else due_rounds(step, self.tau)
         t0 = time.perf_counter()

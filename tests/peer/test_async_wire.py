@@ -54,6 +54,8 @@ def test_messages_round_trip_in_chunks() -> None:
     assert (got.kind, got.sender, got.step, got.weight) == (SHARE, 2, 17, 0.25)
     assert got.values is not None
     assert torch.equal(got.values, values)
+    empty = _decode(list(encode(Message(SHARE, 3, 17), KEY, 1024)))  # a holding peer's
+    assert (empty.kind, empty.weight, empty.values) == (SHARE, 0.0, None)
     ack = _decode(list(encode(Message(ACK, 3, 17), KEY, 1024)))
     assert ack.kind == ACK
     assert ack.values is None
@@ -82,6 +84,7 @@ BODY = torch.zeros(1000).numpy().tobytes()
         ([_header(step=-1) + BODY], "invalid", "step -1"),
         ([_header(weight=float("nan")) + BODY], "invalid", "weight"),
         ([_header(dim=999) + BODY], "invalid", "999 values"),
+        ([_header(dim=0)], "invalid", "0 values"),  # an empty share must weigh 0
         ([_header() + BODY[:-4]], "invalid", "3996 bytes"),
         ([_header() + BODY + b"\0\0\0\0"], "too-big", "longer"),
         ([_header() + torch.full((1000,), float("inf")).numpy().tobytes()], "invalid", "finite"),
