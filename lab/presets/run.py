@@ -36,7 +36,7 @@ from typing import Any
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
-from concord.lab.presets import consensus
+from concord.lab.presets import async_report, consensus
 from concord.lab.presets.catalog import PRESETS
 from concord.lab.presets.report import environment, run_manifest, write_report
 from concord.lab.presets.spec import (
@@ -119,9 +119,10 @@ def preset_main(
 
 def studies() -> dict[str, Study]:
     """Every entry of ``concord sweep --preset`` by name: the catalog's presets
-    (`concord.lab.presets.catalog.PRESETS`, run by `run_preset`), then consensus-control."""
+    (`concord.lab.presets.catalog.PRESETS`, run by `run_preset`), then consensus-control and
+    async (`concord.lab.presets.async_report`)."""
     grids = {p.name: Study(p.name, p.title, partial(run_preset, p)) for p in PRESETS.values()}
-    return {**grids, consensus.NAME: consensus.STUDY}
+    return {**grids, consensus.NAME: consensus.STUDY, "async": async_report.study(run_preset)}
 
 
 def get_study(name: str) -> Study:
