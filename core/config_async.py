@@ -27,6 +27,7 @@ from concord.core.emulation import PROFILES
 
 _DISTRIBUTIONS = "'uniform:A:B' (0 < A ≤ B) or 'lognormal:SIGMA' (0 ≤ SIGMA ≤ 4)"
 _SPEED_SALT = 0x5EED_A5  # the speeds' random stream, apart from every other use of the seed
+MIN_STEP_S = 1e-9  # one tick of the virtual clock (`concord.sim.events`): the shortest step
 
 
 def _parse_distribution(v: str) -> tuple[str, list[float]]:
@@ -39,7 +40,7 @@ def _parse_distribution(v: str) -> tuple[str, list[float]]:
         return kind, args
     if kind == "lognormal" and len(args) == 1 and 0 <= args[0] <= 4:
         return kind, args
-    raise ValueError(f"async.speeds {v!r} is not a distribution: use {_DISTRIBUTIONS}")
+    raise ValueError(f"{v!r} is not a distribution: use {_DISTRIBUTIONS}")
 
 
 class AsyncConfig(Section):
@@ -62,8 +63,8 @@ class AsyncConfig(Section):
         default=2,
         ge=0,
         le=1000,
-        description="the staleness bound τ in steps: async-sgp waits rather than mix neighbour information older than "
-        "τ steps (0: synchronous SGP)",
+        description="the staleness bound τ in steps: async-sgp waits rather than mix neighbour "
+        "information older than τ steps (0: synchronous SGP)",
     )
 
     @field_validator("speeds")
@@ -74,11 +75,9 @@ class AsyncConfig(Section):
         elif isinstance(v, list):
             bad = [s for s in v if not 0 < s < math.inf]
             if bad or not v:
-                raise ValueError(
-                    f"async.speeds: every multiplier must be a finite float > 0; got {bad or v}"
-                )
+                raise ValueError(f"every multiplier must be a finite float > 0; got {bad or v}")
         elif not 0 < v < math.inf:
-            raise ValueError(f"async.speeds must be a finite float > 0; got {v}")
+            raise ValueError(f"must be a finite float > 0; got {v}")
         return v
 
     @field_validator("delays")
@@ -87,26 +86,37 @@ class AsyncConfig(Section):
         if isinstance(v, str):
             if v not in PROFILES:
                 raise ValueError(
-                    f"async.delays {v!r} is neither seconds nor a profile: one of "
-                    f"{', '.join(PROFILES)}"
+                    f"{v!r} is neither seconds nor a profile: one of {', '.join(PROFILES)}"
                 )
         elif isinstance(v, list):
             bad = [d for row in v for d in row if not 0 <= d < math.inf]
             if bad:
-                raise ValueError(f"async.delays: every delay must be ≥ 0 seconds; got {bad[0]}")
+                raise ValueError(f"every delay must be ≥ 0 seconds; got {bad[0]}")
         elif not 0 <= v < math.inf:
-            raise ValueError(f"async.delays must be ≥ 0 seconds; got {v}")
+            raise ValueError(f"must be ≥ 0 seconds; got {v}")
         return v
 
-    def problems(self, peers: int) -> list[str]:
-        """What does not fit a run of ``peers`` peers (list lengths, matrix shape)."""
+    def problems(self, peers: int, seed: int) -> list[tuple[str, str]]:
+        """What does not fit a run of ``peers`` peers with seed ``seed``, as (key in the
+        section, message): list lengths, the matrix shape, and step times the clock cannot
+        resolve (a step shorter than one tick would be rounded up, equalising the speeds)."""
         out = []
         if isinstance(self.speeds, list) and len(self.speeds) != peers:
-            out.append(f"async.speeds lists {len(self.speeds)} multipliers for {peers} peers")
+            out.append(("speeds", f"lists {len(self.speeds)} multipliers for {peers} peers"))
+        elif min(self.speed_list(peers, seed)) * self.compute_s < MIN_STEP_S:
+            fastest = min(self.speed_list(peers, seed)) * self.compute_s
+            out.append(
+                (
+                    "compute_s",
+                    f"the fastest peer's step, compute_s × its speed = {fastest:.3g} s, is below "
+                    f"the virtual clock's resolution of {MIN_STEP_S:g} s (1 ns); raise compute_s "
+                    "or the speeds",
+                )
+            )
         if isinstance(self.delays, list) and (
             len(self.delays) != peers or any(len(row) != peers for row in self.delays)
         ):
-            out.append(f"async.delays: a matrix must be {peers} × {peers} (row = sender)")
+            out.append(("delays", f"a matrix must be {peers} × {peers} (row = sender)"))
         return out
 
     def speed_list(self, peers: int, seed: int) -> list[float]:

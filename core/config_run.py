@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
+from concord.core.algorithms.bipartite import schedule_problems
 from concord.core.algorithms.catalog import (
     CAST_CODECS,
     CATALOG,
@@ -35,7 +37,12 @@ from concord.core.config_sections import (
     unknown_name,
 )
 from concord.core.graphs.graph import TopologyError
-from concord.core.graphs.topology import build_graph, exponential_k, topology_spec
+from concord.core.graphs.topology import (
+    build_graph,
+    exponential_k,
+    make_schedule,
+    topology_spec,
+)
 from concord.core.graphs.trees import relay_trees
 from concord.core.plugins import PluginError, is_spec
 from concord.core.specs import TOPOLOGY_SPECS, TopologySpec
@@ -274,6 +281,16 @@ class RunConfig(Section):
                 "gloo/NCCL traffic unencrypted — use it inside a trusted cluster network and "
                 "unset network.tls, or keep transport = 'grpc'"
             )
+        keyed = self.asynchrony.problems(self.peers, self.seed) if spec.asynchronous else []
+        if keyed:  # each under its own key; the cross-field problems together under the root
+            located: list[tuple[tuple[str, ...], str]] = [(("async", k), m) for k, m in keyed]
+            if problems:
+                located.append(((), "; ".join(problems)))
+            errors: list[InitErrorDetails] = [
+                {"type": "value_error", "loc": loc, "input": None, "ctx": {"error": ValueError(m)}}
+                for loc, m in located
+            ]
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -419,7 +436,7 @@ def _async_problems(cfg: RunConfig) -> list[str]:
                 f"({', '.join(map(repr, asynchronous_algorithms()))}), not {algo!r}; remove it"
             ]
         return []
-    problems = cfg.asynchrony.problems(cfg.peers)
+    problems: list[str] = []  # the section's own (list lengths, clock): under its keys, `_cross`
     if cfg.engine == "processes":
         problems.extend(async_process_problems(cfg))
     if any(m != "gossip" for m in cfg.phase_modes()):
@@ -434,6 +451,39 @@ def _async_problems(cfg: RunConfig) -> list[str]:
             f"dataset.augment: the asynchronous simulation of {algo!r} draws per-peer batches "
             "of different steps at once; augmentation is not supported (set it false)"
         )
+    if algo == "ad-psgd":
+        problems.extend(_adpsgd_problems(cfg))
+    return problems
+
+
+def _adpsgd_problems(cfg: RunConfig) -> list[str]:
+    """AD-PSGD averages pairwise with ½ – ½ between an odd and an even peer, on a schedule known
+    in advance (`concord.core.algorithms.bipartite`): checked here, before a run directory
+    exists, rather than at its first step."""
+    problems = []
+    if cfg.kappa != 1.0:
+        problems.append(
+            f"kappa: algorithm 'ad-psgd' always averages a pair ½ – ½ (its rule has no lazy "
+            f"factor); remove kappa (got {cfg.kappa})"
+        )
+    if cfg.weights is not None:
+        problems.append(
+            f"weights: algorithm 'ad-psgd' always averages a pair ½ – ½, whatever the mixing "
+            f"weights; leave weights unset (got {cfg.weights!r})"
+        )
+    for t in dict.fromkeys([cfg.topology, *(t for t in cfg.phase_topologies or () if t)]):
+        try:
+            schedule = make_schedule(t, cfg.peers, seed=cfg.seed)
+        except (TopologyError, OSError, ValueError):
+            continue  # reported when the schedule is built
+        if schedule.period is None:
+            problems.append(
+                f"topology {t!r} draws its rounds at random; algorithm 'ad-psgd' needs every "
+                "round's edges to join an odd and an even peer, which only a fixed schedule "
+                "can guarantee — use bipartite-exponential or a ring of even n"
+            )
+        else:
+            problems.extend(schedule_problems(t, schedule.matrices()))
     return problems
 
 

@@ -8,8 +8,21 @@ and `concord.core.algorithms.async_sgp`, applied to rows of the replica-stacked 
 
 One engine step (one `StepRecord`) is a *window* of virtual time as long as the fastest peer's
 local step: step t covers (t·Δ, (t + 1)·Δ]. The run has the configured number of engine steps, so
-the fastest peer takes exactly that many local steps and slower peers fewer. A peer's local step
-k uses its batch k and the learning rate of step k (the schedule of the synchronous run).
+the fastest peer takes at most that many local steps (exactly that many unless it waits:
+``async-sgp`` under its staleness bound) and slower peers fewer; a window in which no step ends has
+``loss`` None. A peer's local step k uses its batch k and the learning rate of step k (the
+schedule of the synchronous run). A record's ``rounds`` is 1 when any message was sent in its
+window (so ``rounds_total`` counts windows with communication), and ``wait_s`` counts a wait in
+the window where it ends.
+
+The end of the run (after the last window's events, `AsyncSimulation.drain`): the peers stop
+computing (steps in progress are dropped, as if never started) and the network settles — every
+message still in flight is delivered at its arrival time (AD-PSGD: a request's reply too, so
+Σ x is again Σ x⁰ minus the applied updates), then every ``async-sgp`` peer mixes what it holds:
+a waiting peer stops waiting (the wait counts up to the end of the last window, in the last
+record) and mixes its kept numerator with its inbox, a computing peer mixes its inbox into
+w_i z_i; nothing is then in flight or unmixed and Σ w = n. The final evaluation and Ξ read that
+settled state.
 
 Semantics of a local step (the papers'): the model is read when the step starts, the gradient is
 taken there, and the local optimizer's direction (momentum, weight decay at the read point) is
@@ -34,6 +47,7 @@ import torch
 
 from concord.core.algorithms.ad_psgd import absorb_reply, is_active, pairwise_average, partner
 from concord.core.algorithms.async_sgp import absorb, due_rounds, push_split
+from concord.core.algorithms.bipartite import round_partner
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.config import RunConfig
 from concord.core.loop import StepRunner
@@ -107,10 +121,15 @@ class AsyncSimulation:
         hit = self._matrices.get(k)
         if hit is None:
             phase = self.runner.plan.phase_at(min(k, self.runner.total_steps - 1))
-            hit = self._matrices[k] = self.runner.schedules.get(phase).matrix(k)
+            hit = self._matrices[k] = self.checked(k, self.runner.schedules.get(phase).matrix(k))
             if len(self._matrices) > 1024:
                 self._matrices = {k: hit}
         return hit
+
+    def checked(self, k: int, W: np.ndarray) -> np.ndarray:
+        """Round k's matrix ``W``, once when it is built (ValueError if the algorithm cannot
+        use it)."""
+        return W
 
     def start(self, now: int, peers: list[int]) -> None:
         """Peers ``peers`` start a local step at ``now``: they read their model."""
@@ -210,6 +229,8 @@ class AsyncSimulation:
         while (wave := self.queue.pop_wave(until)) is not None:
             self.now, events = wave
             self._wave(events)
+        if t == self.runner.total_steps - 1:
+            self.drain(until)
         w = self._window
         phase = self.runner.plan.phase_at(t)
         done = len(w.losses)
@@ -234,6 +255,20 @@ class AsyncSimulation:
             staleness_max=max(w.staleness) if w.staleness else None,
             wait_s=w.wait / TICKS_PER_SECOND,
         )
+
+    def drain(self, end: int) -> None:
+        """Settle the run after its last window, which ends at ``end`` (module docstring):
+        deliver every message in flight in time order (steps in progress are dropped), then
+        `settle`."""
+        while (wave := self.queue.pop_kind_wave(Kind.ARRIVE)) is not None:
+            self.now, events = wave
+            for e in events:
+                self.arrive(e)
+        self.settle(end)
+
+    def settle(self, end: int) -> None:
+        """What peers do with delivered information once nothing is in flight (nothing by
+        default)."""
 
     def _wave(self, events: list[Event]) -> None:
         arrivals = [e for e in events if e.kind == Kind.ARRIVE]
@@ -280,12 +315,16 @@ class ADPSGDSimulation(AsyncSimulation):
         rows = torch.tensor(peers, device=self.x.device)
         self.x.index_copy_(0, rows, self.scaled_sub(self.x[rows], directions, lrs))
 
+    def checked(self, k: int, W: np.ndarray) -> np.ndarray:
+        partner(W, 1, k)  # ValueError naming a same-parity pair (the config refuses it first)
+        return W
+
     def communicate(self, ended: list[int]) -> list[int]:
         for i in ended:
             if not is_active(i):
                 continue
             k = self.steps[i] - 1  # the local step that just ended
-            j = partner(self.matrix(k), i, k)
+            j = round_partner(self.matrix(k), i, k)  # the matrix is `checked`
             if j is None:
                 continue
             self.send(i, j)
@@ -415,17 +454,31 @@ class AsyncSGPSimulation(AsyncSimulation):
             self.waiting[i] = self.now
         mixing = [j for j in sorted(self.waiting) if self._ready(j)]
         for j in mixing:
-            since = self.waiting.pop(j)
-            self._window.wait += self.now - since
-            box, self.inbox[j] = self.inbox[j], []
-            k = self.steps[j] - 1
-            for m in box:
-                self.mixed(k - m.round)
-            shares = [m.share for m in box]
-            x, w = absorb(self.kept[j], float(self.kept_w[j]), shares, [m.weight for m in box])
-            self.weights[j] = w
-            self.x[j] = x / torch.tensor(w, dtype=self.x.dtype)
+            self._window.wait += self.now - self.waiting.pop(j)
+            self._mix(j, self.kept[j], float(self.kept_w[j]))
         return mixing
+
+    def _mix(self, j: int, numerator: torch.Tensor, weight: float) -> None:
+        """Peer j mixes its inbox into ``numerator`` and ``weight``: z_j = x_j / w_j."""
+        box, self.inbox[j] = self.inbox[j], []
+        k = self.steps[j] - 1
+        for m in box:
+            self.mixed(k - m.round)
+        shares = [m.share for m in box]
+        x, w = absorb(numerator, weight, shares, [m.weight for m in box])
+        self.weights[j] = w
+        self.x[j] = x / torch.tensor(w, dtype=self.x.dtype)
+
+    def settle(self, end: int) -> None:
+        """Waiting peers stop waiting (counted up to ``end``) and mix their kept numerator;
+        the others mix their inbox into w_j z_j (module docstring)."""
+        for j in sorted(self.waiting):
+            self._window.wait += end - self.waiting.pop(j)
+            self._mix(j, self.kept[j], float(self.kept_w[j]))
+        for j in range(self.n):
+            if self.inbox[j]:
+                w = float(self.weights[j])
+                self._mix(j, self.x[j] * torch.tensor(w, dtype=self.x.dtype), w)
 
 
 def make_simulation(cfg: RunConfig, runner: StepRunner, comm: VectorizedComm) -> AsyncSimulation:

@@ -62,6 +62,18 @@ class EventQueue:
         """The payloads of the scheduled events of ``kind`` (in no particular order)."""
         return [e.payload for e in self._heap if e.kind == kind]
 
+    def pop_kind_wave(self, kind: Kind) -> tuple[int, list[Event]] | None:
+        """Every event of ``kind`` at the earliest instant that has one (sorted), leaving the
+        other kinds queued; None when there is none (draining messages at the end of a run)."""
+        of_kind = [e for e in self._heap if e.kind == kind]
+        if not of_kind:
+            return None
+        now = min(e.time for e in of_kind)
+        wave = sorted(e for e in of_kind if e.time == now)
+        self._heap = [e for e in self._heap if not (e.kind == kind and e.time == now)]
+        heapq.heapify(self._heap)
+        return now, wave
+
     def pop_wave(self, until: int) -> tuple[int, list[Event]] | None:
         """Every event of the earliest instant if it is ≤ ``until`` (sorted), else None."""
         if not self._heap or self._heap[0].time > until:
@@ -87,6 +99,11 @@ class VirtualClock:
     def from_config(cls, cfg: RunConfig) -> VirtualClock:
         section = cfg.asynchrony
         speeds = section.speed_list(cfg.peers, cfg.seed)
-        compute = tuple(max(1, to_ticks(section.compute_s * s)) for s in speeds)
+        compute = tuple(to_ticks(section.compute_s * s) for s in speeds)
+        if min(compute) < 1:  # the config refuses it (`AsyncConfig.problems`): never clamp
+            raise ValueError(
+                f"async.compute_s: a step of {section.compute_s * min(speeds):.3g} s is below "
+                "the virtual clock's resolution of 1 ns"
+            )
         delay = tuple(tuple(to_ticks(d) for d in row) for row in section.delay_matrix(cfg.peers))
         return cls(compute=compute, delay=delay, window=min(compute))

@@ -9,6 +9,7 @@ import torch
 
 from concord.core.algorithms.ad_psgd import absorb_reply, is_active, pairwise_average, partner
 from concord.core.algorithms.async_sgp import absorb, due_rounds, push_split
+from concord.core.algorithms.bipartite import schedule_problems, used_edges
 from concord.core.config import ConfigError, load_config
 from concord.core.graphs.topology import make_schedule
 
@@ -72,11 +73,49 @@ def test_partner_follows_the_bipartite_matching_and_refuses_other_graphs() -> No
             assert not is_active(j)
             assert W[i, j] == 0.5
     ring = make_schedule("ring", 7).matrix(0)
-    assert partner(ring, 5, 0) in (4, 6)  # 5's neighbours are even: fine locally …
-    with pytest.raises(ValueError, match="bipartite"):
-        partner(ring, 0, 0)  # … but an odd ring closes on 6 – 0, both passive
+    for rank in (0, 3, 5):  # every edge is checked, not only the rows of the asking peer
+        with pytest.raises(ValueError, match=r"peers 0 and 6 .* both passive"):
+            partner(ring, rank, 0)  # an odd ring closes on 6 – 0, both passive
     with pytest.raises(ValueError, match="both"):
         partner(make_schedule("complete", 4).matrix(0), 1, 0)
+
+
+def test_partner_choice_is_round_robin_and_its_used_edges_must_connect() -> None:
+    ring = make_schedule("ring", 8).matrix(0)
+    assert [partner(ring, 7, k) for k in range(4)] == [0, 6, 0, 6]
+    assert schedule_problems("ring", [ring]) == []
+    assert len(used_edges([ring])) == 8  # every edge of the even ring is used
+    # a period of two rounds, the ring then nobody: round-robin at steps k ≡ 0 (mod 2) only
+    # reaches neighbour 0 of each active peer, so peer 2 never averages although the union of
+    # the rounds is connected
+    rounds = [make_schedule("ring", 4).matrix(0), np.eye(4)]
+    assert used_edges(rounds) == [(1, 0), (3, 0)]
+    (problem,) = schedule_problems("x", rounds)
+    assert "do not connect" in problem
+    assert "{2}" in problem
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["topology=star"], "peers 0 and 2 are neighbours but both passive"),
+        (["topology=ring", "peers=7"], "peers 0 and 6 are neighbours"),
+        (["topology=complete"], "peers 0 and 2"),
+        (["topology=exponential-one-peer"], "round 1: peers 0 and 2"),
+        (["topology=random-matching"], "draws its rounds at random"),
+        (["topology=bipartite-exponential", "kappa=0.5"], "kappa: algorithm 'ad-psgd'"),
+        (["topology=bipartite-exponential", "weights=uniform"], "weights: algorithm 'ad-psgd'"),
+    ],
+)
+def test_adpsgd_graph_problems_are_refused_by_the_config(
+    overrides: list[str], expected: str
+) -> None:
+    assert expected in _problem(*ASYNC, *overrides)
+
+
+def test_adpsgd_accepts_bipartite_schedules() -> None:
+    for topology in ("ring", "bipartite-exponential"):
+        assert load_config(None, [*ASYNC, f"topology={topology}"], environ={}).topology == topology
 
 
 def test_push_split_and_absorb_conserve_numerators_and_weights() -> None:
@@ -109,13 +148,23 @@ def _problem(*overrides: str) -> str:
 def test_async_config_errors_name_the_key_and_range() -> None:
     assert "async.speeds" in _problem(*ASYNC, 'async.speeds="uniform:8:1"')
     assert "lognormal:SIGMA" in _problem(*ASYNC, 'async.speeds="lognormal:9"')
-    assert "async.speeds" in _problem(*ASYNC, "async.speeds=[1.0, 2.0]")
-    assert "async.speeds" in _problem(*ASYNC, "async.speeds=0")
+    assert "async.speeds: lists 2 multipliers for 8 peers" in _problem(
+        *ASYNC, "async.speeds=[1.0, 2.0]"
+    )
+    assert "async.speeds: must be a finite float > 0" in _problem(*ASYNC, "async.speeds=0")
     assert "edge" in _problem(*ASYNC, 'async.delays="moon"')
-    assert "async.delays" in _problem(*ASYNC, "async.delays=-1")
-    assert "8 × 8" in _problem(*ASYNC, "async.delays=[[0.0, 1.0], [1.0, 0.0]]")
+    assert "async.delays: must be ≥ 0" in _problem(*ASYNC, "async.delays=-1")
+    assert "async.delays: a matrix must be 8 × 8" in _problem(
+        *ASYNC, "async.delays=[[0.0, 1.0], [1.0, 0.0]]"
+    )
     assert "async.max_staleness" in _problem(*ASYNC, "async.max_staleness=-1")
     assert "async.compute_s" in _problem(*ASYNC, "async.compute_s=0")
+    tiny = _problem(*ASYNC, "async.compute_s=1e-10")
+    assert "async.compute_s: " in tiny
+    assert "1 ns" in tiny
+    both = _problem(*ASYNC, "async.speeds=[1.0, 2.0]", "topology=star")
+    assert "async.speeds: lists 2" in both
+    assert "peers 0 and 2" in both
 
 
 def test_async_refused_combinations_say_why() -> None:

@@ -16,7 +16,7 @@ from concord.core.records import StepRecord
 from concord.lab.cli import main
 from concord.sim.asynchronous import AsyncSGPSimulation
 from concord.sim.engine import Trainer
-from concord.sim.events import Event
+from concord.sim.events import Event, Kind
 
 torch.set_num_threads(1)
 
@@ -185,3 +185,43 @@ def test_concord_sim_runs_asynchronous_algorithms(tmp_path: Path, algorithm: str
     assert len(times) == summary["steps"]
     assert times == sorted(times)
     assert times[0] > 0
+
+
+LATE = ['async.speeds="uniform:1:5"', "async.delays=2.5"]  # messages still in flight at the end
+
+
+def test_adpsgd_run_ends_with_every_reply_absorbed() -> None:
+    # Σ x after the run must be Σ x⁰ minus every applied update (lr_i d_i): the averagings
+    # preserve it once their replies are absorbed. Tolerance 1e-5: float32 roundings of 8 rows
+    # over ~40 steps (measured 2e-7); a reply left in flight moves it by ~0.1 here.
+    trainer = Trainer(load_config(None, [*SMALL, "algorithm=ad-psgd", *LATE], environ={}))
+    sim = trainer.asynchronous
+    assert sim is not None
+    x = trainer.task.x
+    before = x.double().sum(dim=0)
+    applied = torch.zeros_like(before)
+    update = sim.update
+
+    def counted(peers: list[int], directions: torch.Tensor, lrs: list[float]) -> None:
+        col = torch.tensor(lrs, dtype=torch.float64).unsqueeze(1)
+        applied.add_((directions.double() * col).sum(dim=0))
+        update(peers, directions, lrs)
+
+    sim.update = counted  # type: ignore[method-assign]
+    for s in range(trainer.total_steps):
+        trainer.train_step(s)
+    assert sim.queue.pending(Kind.ARRIVE) == 0
+    assert float(applied.abs().max()) > 0.1  # the updates are not trivial
+    torch.testing.assert_close(x.double().sum(dim=0), before - applied, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("tau", [0, 2])
+def test_async_sgp_run_ends_settled(tau: int) -> None:
+    # nothing in flight, unmixed or waiting; Σ w = n to float64 rounding (1e-12)
+    trainer, records = _train(["algorithm=async-sgp", *LATE, f"async.max_staleness={tau}"])
+    sim = trainer.asynchronous
+    assert isinstance(sim, AsyncSGPSimulation)
+    assert sim.quiescent()
+    assert not sim.waiting
+    assert abs(float(sim.weights.sum()) - 8) < 1e-12
+    assert all(r.wait_s is not None and r.wait_s >= 0 for r in records)
