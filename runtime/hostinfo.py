@@ -9,7 +9,10 @@ different flags (AVX-512 or not), so torch dispatches other kernels. `host_facts
 flat JSON object (dotted keys):
 
 - ``cpu.*``: vendor, family, model, stepping, microcode, model name (``/proc/cpuinfo``), the
-  flags as a sorted list and a short hash of them (``cpu.flags_sha``);
+  flags as a sorted list (``cpu.flags``, information), the instruction-set flags among them
+  (``cpu.isa``: `isa_flags`) and a short hash of those (``cpu.isa_sha``) — what torch's kernels
+  dispatch on; the other flags (``md_clear``, ``flush_l1d``, ``ibpb``, ``hypervisor``, …) change
+  with the kernel, the microcode or the hypervisor, not with the kernels chosen;
 - ``cores``: logical cores;
 - ``numpy.*``: the version and its BLAS / LAPACK (name, version, OpenBLAS configuration) when
   numpy is already imported (``numpy.show_config(mode="dicts")``), else only the version;
@@ -39,7 +42,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DECISIVE", "ENV_VARS", "HostDifference", "host_differences", "host_facts"]
+__all__ = [
+    "DECISIVE",
+    "ENV_VARS",
+    "HostDifference",
+    "host_differences",
+    "host_facts",
+    "isa_flags",
+]
 
 JSONValue = Any  # a JSON value (core.records.JSON, without importing core here)
 
@@ -70,7 +80,7 @@ DECISIVE = (
     "cpu.family",
     "cpu.model",
     "cpu.stepping",
-    "cpu.flags_sha",
+    "cpu.isa_sha",
     "numpy.version",
     "numpy.blas",
     "numpy.blas_config",
@@ -83,8 +93,26 @@ DECISIVE = (
     "torch.parallel_backend",
     *(f"env.{name}" for name in ENV_VARS),
 )
-"""The facts whose difference can change float results (a flags difference is shown through
-``cpu.flags``, the hash only decides)."""
+"""The facts whose difference can change float results (an instruction-set difference is shown
+through ``cpu.isa``, the hash only decides; ``cpu.flags`` is recorded to explain)."""
+
+_ISA_PREFIXES = ("sse", "avx", "amx", "sve", "sme", "asimd")
+_ISA_EXACT = frozenset({
+    "ssse3", "fma", "fma4", "f16c", "bmi1", "bmi2", "adx", "sha_ni", "aes", "pclmulqdq",
+    "popcnt", "movbe", "lzcnt", "abm", "xop", "vpclmulqdq", "vaes", "gfni", "mmx", "cx16",
+    # arm64
+    "fp", "fphp", "pmull", "sha1", "sha2", "sha3", "sha512", "crc32", "atomics", "dotprod",
+    "i8mm", "bf16", "fcma", "jscvt", "frint", "f32mm", "f64mm",
+})  # fmt: skip
+
+
+def isa_flags(flags: list[str]) -> list[str]:
+    """The flags of ``flags`` that name an instruction set kernels dispatch on (x86: sse*,
+    ssse3, avx* (avx512*, avx_vnni …), fma, f16c, bmi1/2, adx, amx*, sha_ni, aes, pclmulqdq,
+    popcnt, movbe …; arm64: fp, asimd*, sve*, sme*, dotprod, i8mm, bf16 …), sorted."""
+    return sorted(
+        f for f in set(flags) if f in _ISA_EXACT or f.startswith(_ISA_PREFIXES) or "vnni" in f
+    )
 
 
 def _sha(text: str) -> str:
@@ -101,7 +129,8 @@ def _cpu(cpuinfo: str) -> dict[str, JSONValue]:
         elif key in ("flags", "Features"):  # x86, arm64
             flags = sorted(set(value.split()))
             facts["cpu.flags"] = flags
-            facts["cpu.flags_sha"] = _sha(" ".join(flags))
+            facts["cpu.isa"] = isa_flags(flags)
+            facts["cpu.isa_sha"] = _sha(" ".join(facts["cpu.isa"]))
     return facts
 
 
@@ -165,7 +194,8 @@ def host_facts(*, cpuinfo: str | None = None) -> dict[str, JSONValue]:
         except OSError:
             cpuinfo = ""
     facts: dict[str, JSONValue] = _cpu(cpuinfo)
-    facts.setdefault("cpu.model_name", platform.processor() or platform.machine() or "unknown")
+    if "cpu.model_name" not in facts:  # platform.processor() may spawn ``uname -p``
+        facts["cpu.model_name"] = platform.processor() or platform.machine() or "unknown"
     facts["cpu.machine"] = platform.machine()
     facts["cores"] = os.cpu_count() or 1
     facts.update(_numpy())
@@ -183,21 +213,29 @@ def host_facts(*, cpuinfo: str | None = None) -> dict[str, JSONValue]:
     return {k: v for k, v in facts.items() if v is not None}
 
 
+_FLAG_LABELS: Mapping[str, str] = {"cpu.isa": "cpu flags", "cpu.flags": "cpu flags (not ISA)"}
+
+
 class HostDifference:
     """One fact that differs between a recorded host and another: its key, both values, and
     whether it is `DECISIVE`. ``str()`` is the short form a verdict shows: "numpy.version 1.26.4
-    → 2.1.0", "cpu flags +avx512f −sse4a"."""
+    → 2.1.0", "cpu flags +avx512f -sse4a" (the instruction-set flags, ``cpu.isa``), "cpu flags
+    (not ISA) +md_clear" (the others, informative)."""
 
     def __init__(self, key: str, recorded: JSONValue, other: JSONValue) -> None:
         self.key, self.recorded, self.other = key, recorded, other
-        self.decisive = key in DECISIVE or key == "cpu.flags"
+        self.decisive = key in DECISIVE or key == "cpu.isa"
 
     def __str__(self) -> str:
-        if self.key == "cpu.flags" and isinstance(self.recorded, list):
+        if self.key in _FLAG_LABELS and isinstance(self.recorded, list):
             other = self.other if isinstance(self.other, list) else []
             added = sorted(set(other) - set(self.recorded))
             removed = sorted(set(self.recorded) - set(other))
-            return "cpu flags " + " ".join([*(f"+{f}" for f in added), *(f"-{f}" for f in removed)])
+            if self.key == "cpu.flags":  # the ISA flags are their own difference
+                added, removed = [f for f in added if not isa_flags([f])], [
+                    f for f in removed if not isa_flags([f])]  # fmt: skip
+            signed = [*(f"+{f}" for f in added), *(f"-{f}" for f in removed)]
+            return " ".join([_FLAG_LABELS[self.key], *signed])
 
         def show(value: JSONValue) -> str:
             return "(not recorded)" if value is None else str(value)
@@ -208,20 +246,37 @@ class HostDifference:
         return f"HostDifference({self})"
 
 
+def _with_isa(facts: Mapping[str, JSONValue]) -> Mapping[str, JSONValue]:
+    """``facts`` with ``cpu.isa`` derived from ``cpu.flags`` when it lacks it (an older record)."""
+    flags = facts.get("cpu.flags")
+    if "cpu.isa" in facts or not isinstance(flags, list):
+        return facts
+    return {**facts, "cpu.isa": isa_flags([str(f) for f in flags])}
+
+
+def _not_isa(flags: JSONValue) -> set[str]:
+    """The flags that are not instruction sets (`isa_flags`) of a ``cpu.flags`` value."""
+    names = {str(f) for f in flags} if isinstance(flags, list) else set()
+    return names - set(isa_flags(list(names)))
+
+
 def host_differences(
     recorded: Mapping[str, JSONValue], other: Mapping[str, JSONValue], *, decisive: bool = True
 ) -> list[HostDifference]:
     """The facts of ``recorded`` and ``other`` (two `host_facts`) that differ, in a stable
-    order (``cpu.flags`` stands for its hash); ``decisive``: only the `DECISIVE` ones. A fact
+    order (``cpu.isa`` stands for its hash; a record of before ``cpu.isa``, with ``cpu.flags``
+    and ``cpu.flags_sha``, gets its ``cpu.isa`` from its flags); ``decisive``: only the
+    `DECISIVE` ones. A fact
     that only one side records counts when the other side records its group (e.g. torch facts
     of a process that had not loaded torch are not compared)."""
     out = []
+    recorded, other = _with_isa(recorded), _with_isa(other)
     groups = {k.split(".")[0] for k in recorded} & {k.split(".")[0] for k in other}
     for key in sorted(set(recorded) | set(other)):
-        if key == "cpu.flags_sha" or key.split(".")[0] not in groups | {"env"}:
+        if key in ("cpu.flags_sha", "cpu.isa_sha") or key.split(".")[0] not in groups | {"env"}:
             continue
         old, new = recorded.get(key), other.get(key)
-        if old == new:
+        if old == new or (key == "cpu.flags" and _not_isa(old) == _not_isa(new)):
             continue
         diff = HostDifference(key, old, new)
         if diff.decisive or not decisive:

@@ -47,6 +47,7 @@ from concord.lab.presets.plots import (
 from concord.lab.presets.spec import Preset, PresetGrid, Setup
 from concord.lab.report import format_duration, markdown_grid
 from concord.lab.sweep import METRICS, SweepRun
+from concord.lab.verify.paths import code_dirty
 from concord.runtime.records import read_summary
 
 _DPI = 110
@@ -103,27 +104,6 @@ def environment(
         "git_commit": git_commit(),
         "git_dirty": code_dirty(),
     }
-
-
-CODE_PATHS = ("concord", "core", "lab", "orchestrator", "peer", "protos", "runtime", "sim",
-              "pyproject.toml")  # fmt: skip
-"""The paths of the repository that hold code (what `code_dirty` and ``concord report verify``
-compare between commits); the others (docs, tests, examples) do not change a run."""
-
-
-def code_dirty() -> bool | None:
-    """Whether the code (`CODE_PATHS`) of this concord's git checkout has uncommitted changes
-    (None: not a git checkout, or git failed)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
-                              *CODE_PATHS], capture_output=True, text=True, timeout=10,
-                             cwd=root)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
 
 
 MANIFEST_VERSION = 2

@@ -34,31 +34,60 @@ each ``DIR`` or ``DIR::RUN`` (`parse_directories`; ``--run`` and ``--row/--colum
 with a single ``DIR``). ``--csv`` writes the reproducibility record, one row per directory, run
 and metric (`record_rows`, `RECORD_COLUMNS`), and ``--markdown`` a report generated from those
 rows (`render_markdown`, `concord.lab.verify.record`).
+
+Names load on first use (`__getattr__`): importing a submodule (`concord.lab.verify.paths`, which
+`concord.lab.presets.report` imports; `concord.lab.verify.diagnose`) does not load the re-run
+machinery, the plots or torch.
 """
 
-from concord.lab.verify.main import (
-    Choice,
-    command_line,
-    parse_directories,
-    verify_main,
-    verify_reports,
-)
-from concord.lab.verify.manifest import METRICS, Cell, Metric, Target, VerifyError, load_target
-from concord.lab.verify.record import (
-    RECORD_COLUMNS,
-    record_rows,
-    render_markdown,
-    summarize,
-    write_record_csv,
-)
-from concord.lab.verify.rerun import (
-    ACCURACY_TOL_PP,
-    CONTROLLED_COUNT_TOL,
-    SEED_SPREAD_K,
-    Check,
-    Outcome,
-    compare,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from concord.lab.verify.main import (
+        Choice,
+        command_line,
+        parse_directories,
+        verify_main,
+        verify_reports,
+    )
+    from concord.lab.verify.manifest import (
+        METRICS,
+        Cell,
+        Metric,
+        Target,
+        VerifyError,
+        load_target,
+    )
+    from concord.lab.verify.record import (
+        RECORD_COLUMNS,
+        record_rows,
+        render_markdown,
+        summarize,
+        write_record_csv,
+    )
+    from concord.lab.verify.rerun import (
+        ACCURACY_TOL_PP,
+        CONTROLLED_COUNT_TOL,
+        SEED_SPREAD_K,
+        Check,
+        Outcome,
+        compare,
+    )
+
+_MODULES = {
+    "concord.lab.verify.main": (
+        "Choice", "command_line", "parse_directories", "verify_main", "verify_reports"),
+    "concord.lab.verify.manifest": (
+        "METRICS", "Cell", "Metric", "Target", "VerifyError", "load_target"),
+    "concord.lab.verify.record": (
+        "RECORD_COLUMNS", "record_rows", "render_markdown", "summarize", "write_record_csv"),
+    "concord.lab.verify.rerun": (
+        "ACCURACY_TOL_PP", "CONTROLLED_COUNT_TOL", "SEED_SPREAD_K", "Check", "Outcome", "compare"),
+}  # fmt: skip
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     "ACCURACY_TOL_PP",
@@ -84,3 +113,17 @@ __all__ = [
     "verify_reports",
     "write_record_csv",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'concord.lab.verify' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,14 +9,19 @@ compares both with this machine and checkout:
   that predates host facts, the torch / CPU / threads it records (a model name such as
   "AMD EPYC" says little: two hosts with that name can expose different flags);
 - the code (`compare_code`): "same" when ``git diff`` between the report's commit and this
-  checkout touches none of the code paths (`concord.lab.presets.report.CODE_PATHS`), "differs"
-  (with the commits and how many files), "unknown" without git or a commit. A report without
-  ``git_commit`` is taken at the commit that last changed its table (said so).
+  checkout touches none of the code paths (`concord.lab.verify.paths.CODE_PATHS`) and no new
+  untracked file lies under them, "differs" (with the commits and how many files), "unknown"
+  without git or a commit, or when the report was made with uncommitted code changes (its
+  ``git_dirty``: no commit holds the code that produced it). A report without ``git_commit`` is
+  taken at the commit that last changed its table (said so).
 
 When both differ, only a re-run of the report's own code on this host separates them
 (`rerun_at_commit`, ``--at-commit``): the report's commit is checked out in a temporary
-``git worktree`` and the cell re-run there with that commit's own ``concord report verify``. If
-it gives this re-run's values, the host is the reason; if it gives the committed ones, the code.
+``git worktree`` of this checkout's repository (where `compare_code` found the commit) and the
+cell re-run there with that commit's own ``concord report verify``, reading the report directory
+itself (the report is data: at its recorded commit — HEAD when it was generated, before it was
+committed — the worktree's copy is missing or older). If it gives this re-run's values, the host
+is the reason; if it gives the committed ones, the code.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from concord.core.records import RunSummary
-from concord.lab.presets.report import CODE_PATHS
 from concord.lab.verify.manifest import Target, VerifyError
+from concord.lab.verify.paths import CODE_PATHS, LAYER_DIRS, ROOT_PACKAGE
 from concord.runtime.hostinfo import host_differences
 from concord.runtime.records import read_summary
 
@@ -130,16 +135,26 @@ def repo_root(path: Path) -> Path | None:
     return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
 
 
+def code_checkout(code_root: Path | None = None) -> Path:
+    """The checkout whose code runs here: ``code_root``, default this concord's."""
+    return code_root or Path(__file__).resolve().parents[2]
+
+
 def compare_code(target: Target, code_root: Path | None = None) -> CodeState:
     """The code of the report in ``target`` against the code at ``code_root`` (default: this
     concord's checkout): the report's ``git_commit``, else the commit that last changed its table;
     "same" when ``git diff`` from that commit to the working tree of ``code_root`` changes no
-    code path."""
-    root = code_root or Path(__file__).resolve().parents[2]
+    code path and no untracked file is new under them; "unknown" when the report records
+    ``git_dirty`` (made with uncommitted changes: its commit is not its code)."""
+    root = code_checkout(code_root)
     if repo_root(root) is None:
         return CodeState("unknown", detail="this concord is not a git checkout")
     recorded = target.recorded.get("git_commit")
     how = "recorded in preset.json"
+    if recorded and target.recorded.get("git_dirty") is True:
+        return CodeState("unknown", str(recorded), how,
+                         "the report was made with uncommitted changes to its code "
+                         f"(git_dirty) on top of {str(recorded)[:10]}")  # fmt: skip
     if not recorded:
         where = repo_root(target.directory)
         if where is None:
@@ -156,10 +171,15 @@ def compare_code(target: Target, code_root: Path | None = None) -> CodeState:
     if out.returncode != 0:
         return CodeState("unknown", str(recorded), how, f"git diff failed: {out.stderr.strip()}")
     changed = [line for line in out.stdout.splitlines() if line.strip()]
+    status = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS)
+    untracked = [line[3:] for line in status.stdout.splitlines() if line.startswith("?? ")]
+    changed += [f"{name} (untracked)" for name in untracked]
     if not changed:
         return CodeState("same", str(recorded), how)
     head = _git(root, "rev-parse", "HEAD").stdout.strip()[:10]
-    dirty = _git(root, "diff", "--quiet", "HEAD", "--", *CODE_PATHS).returncode != 0
+    dirty = bool(untracked) or (
+        _git(root, "diff", "--quiet", "HEAD", "--", *CODE_PATHS).returncode != 0
+    )
     shown = ", ".join(changed[:3]) + (f", … ({len(changed)} files)" if len(changed) > 3 else "")
     moved = f"{str(recorded)[:10]} → {head}" + (" with uncommitted changes" if dirty else "")
     return CodeState("differs", str(recorded), how, f"{moved}: {shown}")
@@ -197,25 +217,33 @@ def _layout(worktree: Path, dest: Path) -> Path:
     farm = dest / "concord"
     farm.mkdir(parents=True)
     (dest / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
-    for entry in (worktree / "concord").iterdir():
+    for entry in (worktree / ROOT_PACKAGE).iterdir():
         (farm / entry.name).symlink_to(entry)
-    for layer in CODE_PATHS[1:-1]:
+    for layer in LAYER_DIRS:
         if (worktree / layer).is_dir():
             (farm / layer).symlink_to(worktree / layer)
     return dest
 
 
 def rerun_at_commit(
-    target: Target, commit: str, out_dir: Path, *, timeout: float = 3600
+    target: Target,
+    commit: str,
+    out_dir: Path,
+    *,
+    code_root: Path | None = None,
+    timeout: float = 3600,
 ) -> tuple[RunSummary | None, str]:
     """Re-run ``target``'s cell with the code of ``commit`` on this host: check ``commit`` out in
-    a temporary ``git worktree`` of the report's repository, run that commit's ``concord report
-    verify`` on its own copy of the report directory into ``out_dir``, and return the re-run's
-    summary (None: it failed) with the tail of its output. The worktree is removed at the end."""
-    root = repo_root(target.directory)
+    a temporary ``git worktree`` of the repository of ``code_root`` (`code_checkout`: where
+    `compare_code` found the commit), run that commit's ``concord report verify`` on the report
+    directory itself into ``out_dir``, and return the re-run's summary (None: it failed) with the
+    tail of its output. The worktree is removed at the end. `VerifyError`: no git checkout at
+    ``code_root``, the commit cannot be checked out, or ``out_dir`` already holds the run."""
+    root = repo_root(code_checkout(code_root))
     if root is None:
-        raise VerifyError(f"--at-commit: {target.directory} is not in a git checkout")
-    rel = target.directory.resolve().relative_to(root.resolve())
+        raise VerifyError(f"--at-commit: {code_checkout(code_root)} is not a git checkout")
+    if (out_dir / "runs" / target.run.name).exists():
+        raise VerifyError(f"--at-commit: {out_dir} already holds runs/{target.run.name}")
     tmp = Path(tempfile.mkdtemp(prefix="concord-at-commit-"))
     worktree = tmp / "worktree"
     added = _git(root, "worktree", "add", "--detach", str(worktree), commit, timeout=300)
@@ -226,7 +254,7 @@ def rerun_at_commit(
     try:
         layout = _layout(worktree, tmp / "layout")
         env = {**os.environ, "PYTHONPATH": str(layout)}
-        args = [str(worktree / rel), "--run", target.run.name, "--out", str(out_dir)]
+        args = [str(target.directory.resolve()), "--run", target.run.name, "--out", str(out_dir)]
         try:
             done = subprocess.run([sys.executable, "-c", _RUNNER, str(worktree), *args],
                                   cwd=layout, env=env, capture_output=True, text=True,

@@ -208,11 +208,11 @@ def verify_reports(
         out_dirs = []
         for i, (_, target, _, _) in enumerate(prepared, 1):
             out_dir = root / f"{i}-{_slug(target.directory)}" if several else root
-            if (out_dir / "runs" / target.run.name).exists():
-                where = f"--out {root}" + (f": {out_dir}" if several else "")
-                raise VerifyError(
-                    f"{where} already holds runs/{target.run.name}; choose another directory"
-                )
+            for sub in ("", "at-commit/") if at_commit else ("",):
+                if (out_dir / sub / "runs" / target.run.name).exists():
+                    where = f"--out {root}" + (f": {out_dir}" if several else "")
+                    raise VerifyError(f"{where} already holds {sub}runs/{target.run.name}; "
+                                      "choose another directory")  # fmt: skip
             out_dirs.append(out_dir)
         outcomes = []
         for i, ((choice, target, base, cfg), out_dir) in enumerate(

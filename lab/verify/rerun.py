@@ -184,9 +184,10 @@ class Outcome:
     failed have no re-run values; ``error`` says why), the relative tolerance of its rounds and
     bytes, this machine (`environment`), the host's state (`_state`: "same", "differs: <facts>",
     "not recorded"), the host and code comparisons (`compare_hosts`, `compare_code`) and the
-    conclusion: "reproduces", "host" (the host explains the difference), "code" (the code
-    does), "regression" (neither differs), "undecided" (both differ), "unknown" (the report
-    records neither), "failed"."""
+    conclusion (`cause_of`): "reproduces", "host" (the host explains the difference), "code"
+    (the code does), "regression" (neither differs), "undecided" (two explanations remain),
+    "unknown" (the report does not record its host, and the code is not known to differ),
+    "failed"."""
 
     given: str
     target: Target
@@ -204,19 +205,32 @@ class Outcome:
         return self.error is None and bool(self.checks) and all(c.ok for c in self.checks)
 
 
-def _cause(host: HostState, code: CodeState) -> str:
+def cause_of(host: HostState, code: CodeState) -> str:
+    """The cause of a difference from the host's and the code's states (rows: the host):
+
+    ============  =========  ==========  =========
+    host, code    differs    same        unknown
+    ============  =========  ==========  =========
+    differs       undecided  host        host
+    same          code       regression  undecided
+    not recorded  undecided  unknown     unknown
+    ============  =========  ==========  =========
+
+    "undecided": the host or the code (``--at-commit`` can decide when the code differs), or on
+    the same host the code or a regression (the code unknown); "unknown": the host is not
+    recorded and the code not known to differ."""
     if host.state == "differs":
         return "undecided" if code.state == "differs" else "host"
     if host.state == "same":
-        return "code" if code.state == "differs" else "regression"
-    return "code" if code.state == "differs" else "unknown"
+        return {"differs": "code", "same": "regression"}.get(code.state, "undecided")
+    return "undecided" if code.state == "differs" else "unknown"
 
 
 def _verdict_lines(name: str, failed: Sequence[str], host: HostState, code: CodeState) -> str:
     """The verdict of a cell that differs, from what differs: the host, the code, both or
-    neither (`_cause`)."""
+    neither (`cause_of`)."""
     text = f"verdict: {name} DIFFERS in {', '.join(failed)}"
-    cause = _cause(host, code)
+    cause = cause_of(host, code)
     if cause == "host":
         same = "the same code as the report" if code.state == "same" else "code not compared"
         return (
@@ -224,13 +238,19 @@ def _verdict_lines(name: str, failed: Sequence[str], host: HostState, code: Code
             "machine-dependent (BLAS summation order, CPU kernels, amplified by training): the "
             "host is the likely reason — not a regression, not by itself an error in the report."
         )
-    if cause == "undecided":
+    if cause == "undecided" and host.state == "differs":
         return (
             f"{text}: {host.describe()}; and {code.describe()}. Both differ: the host alone can "
             "explain it; --at-commit re-runs the cell with the report's code on this host to "
             "decide."
         )
-    if cause == "code" and host.state == "same":
+    if cause == "undecided" and host.state == "same":
+        return (
+            f"{text}, on the recorded torch, CPU and thread count: not explained by the machine "
+            f"({host.describe()}); {code.describe()}: undecided — a change of the code or a "
+            "regression."
+        )
+    if cause == "code":
         return (
             f"{text}, on the recorded torch, CPU and thread count: not explained by the machine "
             f"({host.describe()}); {code.describe()} — the code change is the reason (a "
@@ -242,11 +262,11 @@ def _verdict_lines(name: str, failed: Sequence[str], host: HostState, code: Code
             f"({host.describe()}), and {code.describe()}: a real regression (the data, the "
             "configuration or nondeterminism changed since the report?)."
         )
-    if cause == "code":
+    if cause == "undecided":
         return (
             f"{text}. The report records no host facts (the same host is not established), "
-            f"and {code.describe()}: the host or the code; --at-commit re-runs the cell with "
-            "the report's code on this host to decide."
+            f"and {code.describe()}: undecided — the host or the code; --at-commit re-runs the "
+            "cell with the report's code on this host to decide."
         )
     return (
         f"{text}. The report records no host facts: if it came from another host (CPU flags, "
@@ -255,12 +275,38 @@ def _verdict_lines(name: str, failed: Sequence[str], host: HostState, code: Code
     )
 
 
-def _close(a: float | None, b: float | None, accuracy: bool, tol: float, count_tol: float) -> bool:
-    if a is None or b is None:
+def _within(value: float | None, other: float | None, check: Check) -> bool:
+    """``value`` within ``check``'s own tolerance of ``other`` (the table's: pp for accuracies,
+    relative to ``other`` for counts)."""
+    if value is None or other is None:
         return False
-    if accuracy:
-        return 100 * abs(a - b) <= tol + 1e-9
-    return abs(a - b) <= count_tol * abs(b) + 1e-9
+    if check.metric.accuracy:
+        return 100 * abs(value - other) <= check.tolerance + 1e-9
+    return abs(value - other) <= check.tolerance * abs(other) + 1e-9
+
+
+def decide_at_commit(
+    checks: Sequence[Check], values: Sequence[float | None]
+) -> tuple[str | None, str]:
+    """What the report's commit re-run here (``values``, one per check) says: "host" when it
+    gives this re-run's values, "code" when it gives the committed ones, None (undecided) when
+    neither or both; with the reason. An exact (bitwise) match decides first: the same code on
+    the same host gives the same bits; else each value is compared, against both, within its
+    check's tolerance (the table's: `compare`)."""
+    pairs = list(zip(checks, values, strict=True))
+    if pairs and all(v is not None and v == c.rerun for c, v in pairs):
+        return "host", "bitwise this re-run's values"
+    if pairs and all(v is not None and v == c.committed for c, v in pairs):
+        return "code", "exactly the committed values"
+    here = bool(pairs) and all(_within(v, c.rerun, c) for c, v in pairs)
+    committed = bool(pairs) and all(_within(v, c.committed, c) for c, v in pairs)
+    if here and committed:
+        return None, "within tolerance of both this re-run's and the committed values"
+    if here:
+        return "host", "this re-run's values within tolerance"
+    if committed:
+        return "code", "the committed values within tolerance"
+    return None, "neither the committed values nor this re-run's"
 
 
 def _at_commit(
@@ -269,34 +315,38 @@ def _at_commit(
     code: CodeState,
     out_dir: Path,
     peers: int,
-    tol: float,
-    count_tol: float,
     echo: Callable[[str], None],
-) -> str | None:
-    """Re-run the cell with the report's commit (`rerun_at_commit`) and decide: "host" (it gives
-    this re-run's values), "code" (it gives the committed values), None (neither, or it failed)."""
+    code_root: Path | None,
+) -> tuple[str | None, str]:
+    """Re-run the cell with the report's commit (`rerun_at_commit`) and decide
+    (`decide_at_commit`): "host", "code" or None (undecided), with the reason — also when the
+    re-run could not be made (no git checkout, the commit cannot be checked out, a stale
+    output directory) or failed."""
     commit = str(code.recorded)
     echo(f"--at-commit: re-running {target.run.name} with the report's code ({commit[:10]}) in a "
          "temporary git worktree …")  # fmt: skip
-    summary, output = rerun_at_commit(target, commit, out_dir / "at-commit")
+    try:
+        summary, output = rerun_at_commit(target, commit, out_dir / "at-commit",
+                                          code_root=code_root)  # fmt: skip
+    except (VerifyError, OSError) as exc:
+        echo(f"--at-commit: not run: {exc}")
+        return None, f"the re-run at {commit[:10]} could not be made: {exc}"
     if summary is None:
         echo(f"--at-commit: the re-run at {commit[:10]} failed:")
         for line in output.splitlines()[-15:]:
             echo(f"  {line}")
-        return None
-    body, as_here, as_committed = [], True, True
-    for c in checks:
-        value = c.metric.read(summary, peers)
-        here_ok = _close(value, c.rerun, c.metric.accuracy, tol, count_tol)
-        committed_ok = _close(value, c.committed, c.metric.accuracy, c.tolerance, count_tol)
-        as_here, as_committed = as_here and here_ok, as_committed and committed_ok
-        body.append([c.metric.label, _fmt_value(c.metric, c.committed),
-                     _fmt_value(c.metric, c.rerun), _fmt_value(c.metric, value)])  # fmt: skip
+        return None, f"the re-run at {commit[:10]} failed"
+    values = [c.metric.read(summary, peers) for c in checks]
+    body = [
+        [c.metric.label, _fmt_value(c.metric, c.committed), _fmt_value(c.metric, c.rerun),
+         _fmt_value(c.metric, v)]
+        for c, v in zip(checks, values, strict=True)
+    ]  # fmt: skip
     for line in _table(["metric", "committed", "re-run here", f"at {commit[:10]}"], body):
         echo(line)
-    if as_here:
-        return "host"
-    return "code" if as_committed else None
+    echo("(compared exactly first, else within each metric's tolerance of the table above)")
+    decided, why = decide_at_commit(checks, values)
+    return decided, f"the report's commit gives {why}"
 
 
 def rerun(
@@ -406,10 +456,10 @@ def rerun(
         if host.state == "differs":
             echo(f"(on another host — {host.describe()}; float results are machine-dependent)")
         return result("reproduces")
-    cause = _cause(host, code)
+    cause = cause_of(host, code)
     echo(_verdict_lines(name, failed, host, code))
     if at_commit and code.state == "differs":
-        decided = _at_commit(target, checks, code, out_dir, peers, tol, count_tol, echo)
+        decided, why = _at_commit(target, checks, code, out_dir, peers, echo, code_root)
         if decided == "host":
             cause = "host"
             echo(f"verdict after --at-commit: {name} differs because the HOST differs, not the "
@@ -421,8 +471,10 @@ def rerun(
                  f"report's commit {str(code.recorded)[:10]} reproduces the committed values "
                  "on this host (a regression, or an intended change).")  # fmt: skip
         else:
-            echo("verdict after --at-commit: undecided (the report's commit gives neither the "
-                 "committed values nor this re-run's).")  # fmt: skip
+            cause = "undecided"
+            echo(f"verdict after --at-commit: undecided ({why}).")
+    elif at_commit and code.state == "unknown":
+        echo(f"(--at-commit: not run, {code.describe()})")
     elif at_commit:
         echo(f"(--at-commit: not needed, {code.describe()})")
     echo(f"(the re-run: {out_dir / 'runs' / name})")

@@ -26,9 +26,11 @@ from rich.console import Console
 from concord.core.config import load_config
 from concord.core.control.runplan import make_lr_schedule, make_plan
 from concord.lab.presets import preset_main
-from concord.lab.presets.report import CODE_PATHS
 from concord.lab.verify import Choice, compare, load_target, verify_reports
-from concord.lab.verify.diagnose import compare_hosts
+from concord.lab.verify.diagnose import CodeState, HostState, compare_code, compare_hosts
+from concord.lab.verify.manifest import VerifyError
+from concord.lab.verify.paths import CODE_PATHS
+from concord.lab.verify.rerun import Check, cause_of, decide_at_commit
 from concord.orchestrator.admission import PeerInfo
 from concord.orchestrator.records import manifest
 from concord.runtime.hostinfo import host_differences, host_facts
@@ -60,9 +62,11 @@ def test_host_facts_parse_cpuinfo_and_name_the_differences() -> None:
         "AuthenticAMD", "25", "1")  # fmt: skip
     assert (facts["cpu.stepping"], facts["cpu.microcode"]) == ("1", "0xa0011d1")
     assert facts["cpu.flags"] == ["avx2", "avx512f", "fpu", "sse2"]  # sorted
-    assert len(str(facts["cpu.flags_sha"])) == 12
+    assert facts["cpu.isa"] == ["avx2", "avx512f", "sse2"]  # fpu is no instruction set
+    assert len(str(facts["cpu.isa_sha"])) == 12
     other = {**facts, "cpu.flags": ["avx2", "fpu", "sse2", "sse4a"], "cpu.flags_sha": "x",
              "numpy.version": "9.9.9", "cpu.microcode": "0x1", "os.kernel": "other"}  # fmt: skip
+    del other["cpu.isa"], other["cpu.isa_sha"]  # a record of before cpu.isa: from its flags
     shown = [str(d) for d in host_differences(other, facts)]
     # microcode and the kernel are recorded, not decisive
     assert shown == ["cpu flags +avx512f -sse4a", f"numpy.version 9.9.9 → {facts['numpy.version']}"]
@@ -132,13 +136,15 @@ def _report(tiny: Path, dest: Path, *, host: str, commit: str | None) -> Path:
         meta.pop("host", None)
     elif host == "other":
         facts = dict(meta["host"])
-        facts["cpu.flags"] = sorted({*facts.get("cpu.flags", []), "fakeflag"} - {"avx512f"})
+        facts["cpu.flags"] = sorted({*facts.get("cpu.flags", []), "avx512fake"} - {"avx512f"})
+        facts.pop("cpu.isa", None)  # derived from the flags, as for a record of before cpu.isa
         facts["numpy.version"] = "1.26.4"
         meta["host"] = facts
     if commit is None:
         meta.pop("git_commit", None)
     else:
         meta["git_commit"] = commit
+    meta["git_dirty"] = False  # the tiny report's own checkout may be dirty
     (dest / "preset.json").write_text(json.dumps(meta))
     return dest
 
@@ -168,7 +174,7 @@ def test_another_host_with_the_same_code_says_host_differs(tiny: Path, tmp_path:
     assert code == 1, out
     verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
     assert "DIFFERS in accuracy (averaged model): host differs: cpu flags " in verdict
-    assert "-fakeflag" in verdict
+    assert "-avx512fake" in verdict
     assert f"numpy.version 1.26.4 → {host_facts()['numpy.version']}" in verdict
     assert "the same code as the report" in verdict
     assert "the host is the likely reason — not a regression" in verdict
@@ -215,11 +221,15 @@ def test_host_and_code_differ_at_commit_blames_the_host(tiny: Path, tmp_path: Pa
         if (REPO / name).is_file():
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(REPO / name, repo / name)
-    _report(tiny, repo / "docs" / "results" / "tiny", host="other", commit=None)
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
-    _git(repo, "commit", "-q", "-m", "the report")
+    _git(repo, "commit", "-q", "-m", "the code")
     first = _git(repo, "rev-parse", "HEAD")
+    # as `concord preset` does it: the report records HEAD, and is committed after it (so at
+    # its recorded commit the report directory does not exist: --at-commit reads it from here)
+    _report(tiny, repo / "docs" / "results" / "tiny", host="other", commit=first)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "the report")
     with open(repo / "lab" / "report.py", "a", encoding="utf-8") as f:
         f.write("# a later change of the code\n")
     _git(repo, "commit", "-q", "-am", "later code")
@@ -230,7 +240,7 @@ def test_host_and_code_differ_at_commit_blames_the_host(tiny: Path, tmp_path: Pa
     verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
     assert "host differs: cpu flags" in verdict
     assert "numpy.version 1.26.4" in verdict
-    assert "the commit that last changed table.csv" in verdict
+    assert "recorded in preset.json" in verdict
     assert "Both differ" in verdict
     after = next(line for line in out.splitlines() if line.startswith("verdict after"))
     assert "differs because the HOST differs, not the code" in after, out
@@ -242,7 +252,7 @@ def test_host_and_code_differ_at_commit_blames_the_host(tiny: Path, tmp_path: Pa
 def test_both_engines_record_the_host_in_their_manifest(tiny: Path) -> None:
     here = host_facts()
     vectorized = json.loads((tiny / "runs" / RUN / "manifest.json").read_text())
-    assert vectorized["host"]["cpu.flags_sha"] == here["cpu.flags_sha"]
+    assert vectorized["host"]["cpu.isa_sha"] == here["cpu.isa_sha"]
     assert vectorized["host"]["torch.cpu_capability"] == here["torch.cpu_capability"]
     meta = json.loads((tiny / "preset.json").read_text())  # the report's metadata
     assert meta["host"]["cpu.flags"] == here["cpu.flags"]
@@ -252,7 +262,7 @@ def test_both_engines_record_the_host_in_their_manifest(tiny: Path) -> None:
     peers = {i: PeerInfo(address=f"h:{i}", fingerprint="fp") for i in range(2)}
     m = manifest(cfg, "r1", plan, 4, topologies={}, peers=peers)
     assert m.host is not None
-    assert m.host["cpu.flags_sha"] == here["cpu.flags_sha"]
+    assert m.host["cpu.isa_sha"] == here["cpu.isa_sha"]
 
 
 def test_the_audited_choco_cell_is_within_its_seed_spread_on_an_unknown_host() -> None:
@@ -288,3 +298,131 @@ def test_an_old_report_with_changed_code_is_not_blamed_on_the_code(
     assert "records no host facts (the same host is not established), and code differs" in verdict
     assert "the host or the code; --at-commit re-runs the cell" in verdict
     assert "not explained by the machine" not in out
+
+
+def test_only_instruction_set_flags_decide() -> None:
+    """Kernel, microcode and hypervisor flags (mitigations, ``hypervisor``) do not change the
+    kernels torch dispatches to: recorded, shown without ``decisive``, never deciding."""
+    base = CPUINFO.replace("avx2 avx512f", "avx2 avx512f avx512_vnni fma md_clear")
+    other = base.replace("md_clear", "flush_l1d ibpb ssbd hypervisor arch_capabilities")
+    a, b = host_facts(cpuinfo=base), host_facts(cpuinfo=other)
+    assert a["cpu.isa"] == b["cpu.isa"] == ["avx2", "avx512_vnni", "avx512f", "fma", "sse2"]
+    assert a["cpu.isa_sha"] == b["cpu.isa_sha"]
+    assert host_differences(a, b) == []
+    shown = [str(d) for d in host_differences(a, b, decisive=False)]
+    assert (
+        "cpu flags (not ISA) +arch_capabilities +flush_l1d +hypervisor +ibpb +ssbd -md_clear"
+        in (shown)
+    )
+    fewer = host_facts(cpuinfo=base.replace(" avx512_vnni", ""))
+    assert [str(d) for d in host_differences(a, fewer)] == ["cpu flags -avx512_vnni"]
+
+
+@pytest.mark.parametrize(
+    ("host", "code", "cause"),
+    [
+        ("differs", "differs", "undecided"),
+        ("differs", "same", "host"),
+        ("differs", "unknown", "host"),
+        ("same", "differs", "code"),
+        ("same", "same", "regression"),
+        ("same", "unknown", "undecided"),  # was "regression": the code is not known to be same
+        ("not recorded", "differs", "undecided"),  # was "code": the host may be the reason
+        ("not recorded", "same", "unknown"),
+        ("not recorded", "unknown", "unknown"),
+    ],
+)
+def test_the_cause_table(host: str, code: str, cause: str) -> None:
+    assert cause_of(HostState(host), CodeState(code, "c" * 40, "recorded")) == cause
+
+
+def _check(committed: float, rerun: float, tolerance: float = 0.5) -> Check:
+    from concord.lab.verify.manifest import METRICS
+
+    metric = next(m for m in METRICS.values() if m.accuracy)
+    return Check(metric, committed, rerun, tolerance, abs(rerun - committed) * 100 <= tolerance)
+
+
+def test_at_commit_prefers_a_bitwise_match_and_is_undecided_within_both() -> None:
+    # seed-spread tolerance 2 pp: 0.90 committed, 0.925 here, both within 2 pp of 0.91
+    checks = [_check(0.90, 0.925, tolerance=2.0)]
+    assert decide_at_commit(checks, [0.91])[0] is None
+    assert "both" in decide_at_commit(checks, [0.91])[1]
+    assert decide_at_commit(checks, [0.925]) == ("host", "bitwise this re-run's values")
+    assert decide_at_commit(checks, [0.90]) == ("code", "exactly the committed values")
+    tight = [_check(0.90, 0.92)]  # one tolerance (0.5 pp, the table's) for both comparisons
+    assert decide_at_commit(tight, [0.918])[0] == "host"
+    assert decide_at_commit(tight, [0.903])[0] == "code"
+    assert decide_at_commit(tight, [0.95])[0] is None
+
+
+def _target(report: Path) -> Any:
+    return load_target(report, run=RUN)
+
+
+def test_a_report_made_with_uncommitted_code_has_unknown_code(tiny: Path, tmp_path: Path) -> None:
+    root, first = _code_repo(tmp_path / "code")
+    report = _report(tiny, tmp_path / "report", host="same", commit=first)
+    meta = json.loads((report / "preset.json").read_text())
+    meta["git_dirty"] = True
+    (report / "preset.json").write_text(json.dumps(meta))
+    code = compare_code(_target(report), root)
+    assert code.state == "unknown"
+    assert "uncommitted changes" in code.describe()
+    status, out = _verify(report, tmp_path / "re", root, at_commit=True)
+    assert status == 1, out
+    assert "--at-commit: not run, code: unknown (the report was made with uncommitted" in out
+    assert "same as the report's commit" not in out
+
+
+def test_new_untracked_code_files_make_the_code_differ(tiny: Path, tmp_path: Path) -> None:
+    root, first = _code_repo(tmp_path / "code")
+    report = _report(tiny, tmp_path / "report", host="same", commit=first)
+    assert compare_code(_target(report), root).state == "same"
+    (root / "lab" / "new.py").write_text("B = 1\n")
+    code = compare_code(_target(report), root)
+    assert code.state == "differs"
+    assert "lab/new.py (untracked)" in code.detail
+    assert "with uncommitted changes" in code.detail
+
+
+def test_at_commit_of_a_report_outside_git_keeps_the_verdict(tiny: Path, tmp_path: Path) -> None:
+    """A copy of a report outside git, recording a commit of the code checkout: the worktree
+    comes from the code's repository; a re-run that cannot be made is "undecided", and the
+    record is still written (it was exit 2 with no CSV)."""
+    root, first = _code_repo(tmp_path / "code")
+    (root / "lab" / "x.py").write_text("A = 2\n")
+    _git(root, "commit", "-q", "-am", "second")
+    report = _report(tiny, tmp_path / "report", host="other", commit=first)
+    lines: list[str] = []
+    record = tmp_path / "record.csv"
+    status = verify_reports([Choice(str(report), RUN)], out=tmp_path / "re", echo=lines.append,
+                            console=Console(file=io.StringIO()), code_root=root, at_commit=True,
+                            csv_path=record)  # fmt: skip
+    out = "\n".join(lines)
+    assert status == 1, out
+    after = next(line for line in out.splitlines() if line.startswith("verdict after"))
+    assert after.startswith("verdict after --at-commit: undecided ("), out
+    rows = list(csv.DictReader(record.open(encoding="utf-8")))
+    assert rows
+    assert {r["cause"] for r in rows} == {"undecided"}
+    assert _git(root, "worktree", "list").count("\n") == 0  # the worktree is gone
+
+
+def test_a_stale_at_commit_run_is_refused(tiny: Path, tmp_path: Path) -> None:
+    root, first = _code_repo(tmp_path / "code")
+    report = _report(tiny, tmp_path / "report", host="other", commit=first)
+    (tmp_path / "re" / "at-commit" / "runs" / RUN).mkdir(parents=True)
+    with pytest.raises(VerifyError, match="already holds at-commit/runs/"):
+        _verify(report, tmp_path / "re", root, at_commit=True)
+
+
+def test_importing_the_diagnosis_loads_no_rerun_machinery() -> None:
+    code = (
+        "import sys\n"
+        "import concord.lab.verify.paths, concord.lab.verify\n"
+        "assert 'concord.lab.verify.rerun' not in sys.modules, 'rerun'\n"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
