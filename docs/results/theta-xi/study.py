@@ -406,12 +406,13 @@ n = 64 and 100× at n = 128), and the calibrated target is one Θ meets after on
 constant cancels), and a spectral correction would have to know how the disagreement spreads over
 the modes, which changes within a step. The sketch statistic measures Ξ itself: Ξ̂/Ξ stays near 1
 (mean 1.01) with a per-round standard deviation of about 4–5 % (the accuracy lines above),
-whatever the round of the step. Its target lands within the 25 % asked for of the exact-Ξ target's
-Ξ (the checks above); the remaining offset (Ξ on average 12 % above the exact target's at n = 64, 7 % at n = 128) comes from the
-calibration's max, which picks the upward noise of Ξ̂ among the phase's steps (max Ξ̂ / max Ξ in
-the calibration tables: 1.04–1.14), so the target itself sits that much higher — and the rounds
-follow: 0.86 × the exact target's at n = 64, 0.92 × at n = 128, far more than Θ's two per step. A larger sketch (k)
-or a calibration that smooths Ξ̂ over steps before taking the max would shrink that offset.
+whatever the round of the step. Its target lands within the 25 % asked for of the exact-Ξ
+target's Ξ (the checks above); the remaining offset (Ξ on average 12 % above the exact target's
+at n = 64, 7 % at n = 128) comes from the calibration's max, which picks the upward noise of Ξ̂
+among the phase's steps (max Ξ̂ / max Ξ in the calibration tables: 1.04–1.14), so the target
+itself sits that much higher — and the rounds follow: 0.86 × the exact target's at n = 64,
+0.92 × at n = 128, far more than Θ's two per step. A larger sketch (k) or a calibration that
+smooths Ξ̂ over steps before taking the max would shrink that offset.
 
 **Same runs as the consensus-control report.** At n = 64 the uncontrolled, ¼ · max Θ and
 ¼ · max Ξ cells give that report's phase-1 rounds (480, 926, 2 867 on average) and late Ξ (5.65,
