@@ -37,11 +37,11 @@ de-biased z = x / w are still averages, of fewer contributions). The last step w
 acknowledgements of its own shares and for every share of rounds ≤ its own (τ = 0), then
 refuses shares (CLOSED: the sender mixes them back): a run whose peers all finish ends
 quiescent. An in-neighbour back from suspicion is waited for again from the first round it
-sends after its return. A peer whose weight has fallen below `MIN_WEIGHT` (its shares leave but
-none reach it: its in-neighbours cannot) keeps its whole numerator until shares come in again
-(``async_held``; the column of P is then e_i, still column-stochastic): z = x / w divides the
-gradient step by w, which would otherwise grow without bound. Its out-neighbours then get
-*empty* shares (no values, weight 0): their rounds complete, they do not wait for it.
+sends after its return. A peer keeps the share of a neighbour that is suspect or that its last
+share did not reach (``async_held``: p_ii += p_ji, the column still sums to 1) and sends it an
+*empty* share (no values, weight 0) that only completes its round: mass sent to a neighbour that
+sends none back would drain the sender's weight, and z = x / w divides its gradient steps by
+that weight.
 
 Records: every step reports ``local_steps = 1``, ``virtual_time`` (wall-clock seconds since this
 stage's first step: a real peer has no virtual clock), ``staleness_mean`` / ``staleness_max`` of
@@ -88,8 +88,6 @@ from concord.peer.transport import Transport
 
 log = structlog.get_logger(__name__)
 EARLY_LIMIT = 256  # shares filed before this process's stage attached its peer
-# async-sgp: below this push-sum weight a peer keeps its whole numerator (sends no shares)
-MIN_WEIGHT = 0.01  # the start-up transient reaches (1/3)^τ on a ring: above it for τ ≤ 4
 
 
 class AsyncInbox:
@@ -319,6 +317,7 @@ class AsyncSGPPeer(AsyncPeer):
         # an in-neighbour back from suspicion → its first round since: earlier rounds of it are
         # not waited for (it was gone, or restarted at another step)
         self.back_from: dict[int, int] = {}
+        self.unreachable: set[int] = set()  # out-neighbours our last share did not reach
         self.complete: int | None = None  # every round < this has been mixed or given up
 
     def weights(self) -> np.ndarray:
@@ -370,9 +369,13 @@ class AsyncSGPPeer(AsyncPeer):
 
     async def _share(self, j: int, share: Message) -> None:
         answer = await self._send(j, share)
-        if share.values is None:
-            return  # an empty share carries no mass
-        if answer is None or answer.kind != ACK:  # not delivered: the mass comes back
+        delivered = answer is not None and answer.kind == ACK
+        with self.cond:
+            if delivered:
+                self.unreachable.discard(j)
+            else:
+                self.unreachable.add(j)
+        if share.values is not None and not delivered:  # the mass comes back
             self._returned(Message(SHARE, self.rank, share.step, share.weight, share.values))
 
     def end_step(self, step: int, x: torch.Tensor, d: torch.Tensor, lr: float) -> int:
@@ -382,14 +385,16 @@ class AsyncSGPPeer(AsyncPeer):
         numerators = x * torch.tensor(float(w[0]), dtype=x.dtype, device=x.device)
         numerators.sub_(d, alpha=lr)
         kept, kept_w, messages = push_split(numerators, w, self.matrix(step), [self.rank])
-        hold = w[0] < MIN_WEIGHT  # it has heard from nobody for a while: keep it all
-        if hold:  # (its column of P is e_i); its out-neighbours get empty shares
-            kept, kept_w = numerators, w.copy()
-            self.notes.held += 1
+        with self.cond:
+            away = self.suspect | self.unreachable
         sending = []
         for _, j, p in messages:
-            share = Message(SHARE, self.rank, step)
-            if not hold:
+            if j in away:  # keep its share (p_ii += p_ji); an empty share completes its round
+                kept[0].add_(numerators[0], alpha=p)
+                kept_w[0] += p * w[0]
+                share = Message(SHARE, self.rank, step)
+                self.notes.held += 1
+            else:
                 share = Message(SHARE, self.rank, step, float(p * w[0]), (numerators[0] * p).cpu())
                 self.sent(j)
             sending.append(asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop))
