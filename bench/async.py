@@ -56,6 +56,32 @@ thread nor in the emulated slowdown ÷ wall time, mean over ranks (it includes w
 restarted (its collective breaks: reported as it is — no torchrun elastic restart is set up), so
 DDP fp32 runs once more first without churn (``ddp_fp32_no_churn``) to set the target.
 
+**Measured** (12 epochs, 2-core machine shared with other jobs; load average beside each run;
+TTA / final worst-peer accuracy; target 0.668 = DDP fp32's 0.673 − 0.5 pp):
+
+==========================  =====================  =====================  ======================
+ contender                   default (load 20–33)   --stretch 10 (6–14)    --churn (11–18)
+==========================  =====================  =====================  ======================
+ ddp_fp32                    28.7 s / 0.673         46.2 s / 0.673         stopped at step 112
+ ddp_fp16                    28.8 s / 0.672         66.2 s / 0.672         —
+ dsgd_exp_none_bf16          **22.4 s** / 0.678     56.3 s / 0.677         47.3 s / 0.668
+ dsgd_exp_none_bf16_overlap  35.8 s / 0.678         59.0 s / 0.679         —
+ ad_psgd                     25.5 s / 0.673         never / 0.642          never / 0.641
+ async_sgp (τ = 2)           29.9 s / 0.676         **53.0 s** / 0.676     never / 0.638
+ async_sgp_tau16             diverged at step 45    —                      —
+==========================  =====================  =====================  ======================
+
+``tta_ratio_async_vs_sync`` 1.14 and ``tta_ratio_async_vs_ddp`` 0.89 (default), 0.94 and 1.15
+(``--stretch 10``): neither target (≤ 0.6, ≤ 0.5) is met. Why: (1) without the stretch the
+machine, not the stragglers, sets the pace — the 6× peer's sleeps were 9.5 s of D-SGD's 40 s and
+every peer of AD-PSGD took 29–36 s; (2) every asynchronous peer stops after its own 372 steps,
+so the fast ones finish first and the slow ones then train alone (AD-PSGD's partners answer
+"closed"): with the stretch its 51× peer ends at 0.641 and the fast peer 0 at 0.647;
+async-sgp with τ = 2 waits for the slow peer almost as D-SGD does (idle 0.61 against 0.60).
+Under churn every Concord contender finishes (the restarted peers fetch a neighbour's
+parameters: D-SGD's rejoined at step 265 from checkpoint 104), DDP stops with the killed ranks;
+async-sgp loses the push-sum mass the killed peers held (all peers end at 0.638–0.640).
+
 Last stdout line, JSON: ``tta_ratio_async_vs_sync`` (best asynchronous TTA ÷ best synchronous
 D-SGD's; target ≤ 0.6), ``tta_ratio_async_vs_ddp`` (÷ the faster DDP's; target ≤ 0.5),
 ``best_async``, ``best_sync``, ``target_acc`` and ``contenders`` (a row per run); ``async.csv``
@@ -191,6 +217,7 @@ def run_all(
         t0 = time.monotonic()
         where = replace(s, churn=None) if c.name == REFERENCE else s
         run = (run_ddp if c.kind == "ddp" else run_concord)(where, c)
+        run.detail["load_avg_1m"] = round(os.getloadavg()[0], 2)  # the machine is shared
         runs.append(run)
         if log is not None:
             acc = f"{run.final_acc:.4f}" if run.final_acc is not None else "-"
