@@ -203,8 +203,8 @@ def summarize(curves: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     (``final``, ``worst``), ``horizon`` (virtual seconds), ``epochs``, ``s_per_epoch``,
     ``at_h`` (accuracy at the asynchronous horizon of that (n, spread): the fastest peer's
     steps, where every run of the cell was measured), ``ttt`` (virtual seconds to the target)
-    and ``reached`` / ``runs``, ``staleness``, and ``dsgd_same_epochs`` (for AD-PSGD: D-SGD's
-    accuracy at AD-PSGD's epochs, same seed)."""
+    and ``reached`` / ``runs``, ``staleness``, and ``dsgd_same_epochs`` (asynchronous rows: D-SGD's
+    accuracy at the asynchronous row's epochs, same seed)."""
     cells = _runs(curves)
     targets: dict[tuple[int, str], float] = {}
     for (row, n, _, data), runs in cells.items():
@@ -225,7 +225,7 @@ def summarize(curves: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         dsgd = {r[0]["seed"]: r for r in cells.get(("dsgd", n, spread, data), [])}
         same = [
             _interp(float(r[-1]["epochs"]), *_xy(dsgd[r[0]["seed"]], "epochs"))
-            if row == "ad-psgd" and r[0]["seed"] in dsgd else None
+            if row in spec.ASYNC_ROWS and r[0]["seed"] in dsgd else None
             for r in runs
         ]  # fmt: skip
         out.append({
@@ -326,6 +326,12 @@ def reading(summary: Sequence[Mapping[str, Any]]) -> list[str]:
                 parts.append(f"virtual s/epoch {ad['s_per_epoch'].mean:.0f} vs "
                              f"{ds['s_per_epoch'].mean:.0f}")  # fmt: skip
         sgp = here.get("async-sgp")
+        if sgp is not None and sgp["dsgd_same_epochs"].values:
+            parts.append(
+                f"async SGP does {sgp['epochs'].mean:.2f} epochs ({sgp['s_per_epoch'].mean:.0f} "
+                f"s/epoch), {_pp(sgp['final'], sgp['dsgd_same_epochs'])} against D-SGD at "
+                "equal samples"
+            )
         if sgp is not None and sgp["staleness"].values and ad is not None:
             st = ad["staleness"].mean if ad["staleness"].values else math.nan
             parts.append(f"mean staleness AD-PSGD {st:.2f}, async SGP "

@@ -153,6 +153,7 @@ def test_summary_and_reading_of_a_synthetic_table() -> None:
     assert "n = 16, iid, 8×: at equal virtual time best is ad-psgd (60.00 %)" in text
     assert "AD-PSGD +0.00 pp against D-SGD (within tolerance)" in text
     assert "held in 1 of 1 settings" in text
+    assert "async SGP does 1.00 epochs (100 s/epoch), -5.00 pp against D-SGD at equal" in text
     assert "fewer virtual seconds per epoch in 1 of the 1 with unequal speeds" in text
     # AD-PSGD 5 pp below D-SGD at equal samples: staleness costs
     worse = [
