@@ -28,8 +28,8 @@ at 0.670, so the target is 0.665; all-reduce reaches it at step 207 of 372, goss
 at step 199 (it ends at 0.677). (With batch 16 and 5,000 samples, 12 epochs: 224 / 288 steps; 8
 epochs: gossip's worst peer never reaches it.)
 
-Contenders (`contenders`; `DEFAULT` runs all but ``async_sgp_tau16``, which diverged at
-step 45 in the run measured below):
+Contenders (`contenders`; `DEFAULT` runs all but ``async_sgp_tau16``, which diverged in the
+runs measured below):
 
 * ``ddp_fp32``, ``ddp_fp16``: ``DistributedDataParallel`` over gloo, without / with
   ``fp16_compress_hook`` (``bench/_ddp.py``);
@@ -56,31 +56,33 @@ thread nor in the emulated slowdown ÷ wall time, mean over ranks (it includes w
 restarted (its collective breaks: reported as it is — no torchrun elastic restart is set up), so
 DDP fp32 runs once more first without churn (``ddp_fp32_no_churn``) to set the target.
 
-**Measured** (12 epochs, 2-core machine shared with other jobs; load average beside each run;
-TTA / final worst-peer accuracy; target 0.668 = DDP fp32's 0.673 − 0.5 pp):
+**Measured** (12 epochs, on a 2-core machine shared with other jobs: load average per run in
+brackets; TTA in seconds / final worst-peer accuracy; target 0.668 = DDP fp32's 0.673 − 0.5 pp):
 
-==========================  =====================  =====================  ======================
- contender                   default (load 20–33)   --stretch 10 (6–14)    --churn (11–18)
-==========================  =====================  =====================  ======================
- ddp_fp32                    28.7 s / 0.673         46.2 s / 0.673         stopped at step 112
- ddp_fp16                    28.8 s / 0.672         66.2 s / 0.672         —
- dsgd_exp_none_bf16          **22.4 s** / 0.678     56.3 s / 0.677         47.3 s / 0.668
- dsgd_exp_none_bf16_overlap  35.8 s / 0.678         59.0 s / 0.679         —
- ad_psgd                     25.5 s / 0.673         never / 0.642          never / 0.641
- async_sgp (τ = 2)           29.9 s / 0.676         **53.0 s** / 0.676     never / 0.638
- async_sgp_tau16             diverged at step 45    —                      —
-==========================  =====================  =====================  ======================
+=================  ===========  ===========  ===========  ===========  ===========  ===========
+ run                ddp_fp32     ddp_fp16     dsgd bf16    + overlap    ad_psgd      async_sgp
+=================  ===========  ===========  ===========  ===========  ===========  ===========
+ default (2–12)     13.0/.673    14.8/.672    16.3/.676    16.3/.679    18.5/.670    25.0/.669
+ default (20–33)    28.7/.673    28.8/.672    22.4/.678    35.8/.678    25.5/.673    29.9/.676
+ stretch 10 (6–14)  46.2/.673    66.2/.672    56.3/.677    59.0/.679    never/.642   53.0/.676
+ churn (11–18)      stopped      —            47.3/.668    —            never/.641   never/.638
+=================  ===========  ===========  ===========  ===========  ===========  ===========
 
-``tta_ratio_async_vs_sync`` 1.14 and ``tta_ratio_async_vs_ddp`` 0.89 (default), 0.94 and 1.15
-(``--stretch 10``): neither target (≤ 0.6, ≤ 0.5) is met. Why: (1) without the stretch the
-machine, not the stragglers, sets the pace — the 6× peer's sleeps were 9.5 s of D-SGD's 40 s and
-every peer of AD-PSGD took 29–36 s; (2) every asynchronous peer stops after its own 372 steps,
-so the fast ones finish first and the slow ones then train alone (AD-PSGD's partners answer
-"closed"): with the stretch its 51× peer ends at 0.641 and the fast peer 0 at 0.647;
-async-sgp with τ = 2 waits for the slow peer almost as D-SGD does (idle 0.61 against 0.60).
-Under churn every Concord contender finishes (the restarted peers fetch a neighbour's
-parameters: D-SGD's rejoined at step 265 from checkpoint 104), DDP stops with the killed ranks;
-async-sgp loses the push-sum mass the killed peers held (all peers end at 0.638–0.640).
+(the whole default matrix: 244 s at load 2–12, 482 s at 20–33). ``async_sgp_tau16`` diverged
+(step 45; again at steps 4–13 after the async-sgp change of the same day).
+
+``tta_ratio_async_vs_sync`` 1.14 and ``tta_ratio_async_vs_ddp`` 1.43 / 0.89 (default, quiet /
+loaded), 0.94 and 1.15 (``--stretch 10``): neither target (≤ 0.6, ≤ 0.5) is met. Why:
+(1) without the stretch the machine, not the stragglers, sets the pace — at load 20–33 the 6×
+peer's sleeps were 9.5 s of D-SGD's 40 s and every peer of AD-PSGD took 29–36 s; (2) every
+asynchronous peer stops after its own 372 steps, so the fast ones finish first and the slow
+ones then train alone (AD-PSGD's partners answer "closed"): with the stretch its 51× peer ends
+at 0.641 and the fast peer 0 at 0.647; async-sgp with τ = 2 waits for the slow peer almost as
+D-SGD does (idle 0.61 against 0.60). Under churn every Concord contender finishes (each
+restarted peer resumed from its checkpoint, steps 80–112, then adopted a neighbour's
+parameters and step, 265–361: the others went on while a fresh interpreter started), DDP stops
+with the killed ranks; async-sgp loses the push-sum mass the killed peers held (all peers end
+at 0.638–0.640).
 
 Last stdout line, JSON: ``tta_ratio_async_vs_sync`` (best asynchronous TTA ÷ best synchronous
 D-SGD's; target ≤ 0.6), ``tta_ratio_async_vs_ddp`` (÷ the faster DDP's; target ≤ 0.5),
