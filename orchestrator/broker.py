@@ -22,6 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -221,6 +222,36 @@ def _broker_class(base: Any) -> Any:
     from amqtt.contexts import Action
 
     class SnapshotBroadcastBroker(base):  # type: ignore[misc]  # amqtt is untyped
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            table: dict[str, Any] = self._subscriptions
+            self._subscriptions: dict[str, Any] = _SnapshotFilters(table)
+
+        async def _publish_retained_messages_for_subscription(
+            self, subscription: tuple[str, int], session: Any
+        ) -> None:
+            """amqtt 0.12 sends a connecting client the retained messages of *every* filter
+            anybody subscribed to, without asking the ACL: a client of one run would receive
+            another run's retained schedule and plan. Here each retained message goes only
+            where the ACL lets the session read its topic."""
+            topic_filter, qos = subscription
+            handler = self._get_handler(session)
+            if handler is None:
+                return
+            tasks = []
+            for topic, retained in list(self._retained_messages.items()):
+                if not self._matches(topic, topic_filter):
+                    continue
+                # read access to the topic itself (RECEIVE is granted on a checked subscription,
+                # and this session never subscribed to the filter)
+                if not await self._topic_filtering(session, topic=topic, action=Action.SUBSCRIBE):
+                    continue
+                level = min(qos, retained.qos or qos)
+                publish = handler.mqtt_publish(retained.topic, retained.data, level, retain=True)
+                tasks.append(asyncio.ensure_future(publish))
+            if tasks:
+                await asyncio.wait(tasks)
+
         async def _run_broadcast(self, running_tasks: Any) -> None:
             broadcast = await self._broadcast_queue.get()
             topic = broadcast["topic"]
@@ -257,6 +288,17 @@ def _broker_class(base: Any) -> Any:
     SnapshotBroadcastBroker.__module__ = __name__
     _BROKER = (base, SnapshotBroadcastBroker)
     return SnapshotBroadcastBroker
+
+
+class _SnapshotFilters(dict[str, Any]):
+    """amqtt's subscription table (filter → subscribers). Iterating it walks a snapshot of its
+    filters: amqtt awaits inside ``for topic in self._subscriptions`` (a connecting client's
+    retained messages, per filter), and a client subscribing meanwhile raised ``dictionary
+    changed size during iteration`` in the connecting client's handler, which then never
+    received anything."""
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(super().keys()))
 
 
 _BROKER: tuple[Any, Any] | None = None

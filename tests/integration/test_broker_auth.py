@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import ssl
@@ -518,3 +519,42 @@ def test_an_observer_watches_beside_the_launcher_s_monitor(kind: str, creds: Bro
                                     listener=auth(creds, "monitor", ca=creds.ca))  # fmt: skip
 
     _run(kind, creds, body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_connecting_client_gets_no_retained_message_it_may_not_read(
+    kind: str, creds: BrokerFiles, tmp_path: Path
+) -> None:
+    """amqtt 0.12 hands a connecting client the retained messages of every filter anybody
+    subscribed to, without the ACL: here peer-0 and peer-1 are confined to their own subtrees
+    (two tenants of one broker), peer-0 keeps a retained message under its subtree subscribed,
+    and peer-1, connecting afterwards, must hear nothing of it — while it still receives its
+    own retained message."""
+    acl = tmp_path / "acl"
+    acl.write_text(
+        "user peer-0\ntopic readwrite tenant/a/#\n\nuser peer-1\ntopic readwrite tenant/b/#\n"
+    )
+    confined = dataclasses.replace(creds, acl=acl)
+
+    async def body(url: str) -> None:
+        peer0 = auth(creds, "peer-0", ca=creds.ca)
+        peer1 = auth(creds, "peer-1", ca=creds.ca)
+        async with client(url, session_client_id("p0", peer0), auth=peer0) as owner:
+            await owner.publish("tenant/a/secret", b"a", qos=1, retain=True)
+            await owner.subscribe("tenant/a/#", qos=1)
+            async with client(url, session_client_id("p1", peer1), auth=peer1) as other:
+                await other.publish("tenant/b/own", b"b", qos=1, retain=True)
+            async with client(url, session_client_id("p1", peer1), auth=peer1) as other:
+                await other.subscribe("tenant/b/#", qos=1)
+                heard: list[str] = []
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.5):
+                        async for m in other.messages:
+                            heard.append(str(m.topic))  # noqa: PERF401 - ended by the timeout
+                assert heard == ["tenant/b/own"]
+
+    async def main() -> None:
+        async with _broker(kind, confined) as url:
+            await body(url)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
