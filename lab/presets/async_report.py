@@ -362,7 +362,9 @@ LIMITS = (
     "model), which the records do not count. Asynchronous SGP's is the age of the shares it "
     "mixes (bounded by τ = 2 by waiting).",
     "- One untuned lr (0.1) for every row, 4 epochs of the fastest peer, the `mlp`: short "
-    "runs, far from converged; the orderings are about this budget.",
+    "runs, far from converged; the orderings are about this budget. Epochs count samples, so "
+    "at n = 64 the same 4 epochs are 60 steps of a global batch of 1 024 (248 of 256 at "
+    "n = 16), and every row ends lower there.",
     "- An asynchronous run has the synchronous run's number of engine steps: at a spread > 1 "
     "it ends earlier in virtual time and with fewer samples. The equal-time comparison is at "
     "its horizon; the synchronous rows' time to target is beyond it.",
