@@ -97,7 +97,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import signal
 import sys
@@ -113,7 +112,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._procs import reap, set_tag, tagged
 from bench.async_runs import Churn, Settings, run_concord, run_ddp
 from bench.edge_budget import base_sets
-from bench.time_to_accuracy import Contender, Run, _dsgd, overlap_key
+from bench.time_to_accuracy import Contender, Run, _dsgd, overlap_key, report_targets
 
 TARGET_MARGIN_PP = 0.5
 FACTORS = (1.0, 1.0, 1.5, 2.0, 2.0, 3.0, 4.0, 6.0)
@@ -285,11 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                             "end": [round(x, 2) for x in os.getloadavg()]},
                   out=str(s.out))  # fmt: skip
     write_csv(s.out / "async.csv", runs)
-    for key, bound in RATIO_BOUNDS.items():
-        v = result[key]
-        verdict = "n/a" if v is None else ("PASS" if v <= bound else "FAIL")
-        print(f"{verdict:4s} {key} = {v} (target ≤ {bound})")
-    print(json.dumps(result))
+    report_targets(result, RATIO_BOUNDS)
     return 0
 
 

@@ -119,6 +119,7 @@ from bench.time_to_accuracy import (
     Run,
     _dsgd,
     overlap_key,
+    report_targets,
 )
 
 TARGET_MARGIN_PP = 0.5
@@ -341,11 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                   slow={"peers": list(SLOW_PEERS), "factor": SLOW_FACTOR},
                   wall_s=round(time.monotonic() - t0, 1), out=str(s.out))  # fmt: skip
     write_csv(s.out / "edge.csv", by_profile)
-    for key, bound in (("tta_ratio_vs_ddp_fp16_edge", 0.5), ("tta_ratio_vs_ddp_fp16_mixed", 0.4)):
-        v = result[key]
-        verdict = "n/a" if v is None else ("PASS" if v <= bound else "FAIL")
-        print(f"{verdict:4s} {key} = {v} (target ≤ {bound})")
-    print(json.dumps(result))
+    report_targets(result, {"tta_ratio_vs_ddp_fp16_edge": 0.5, "tta_ratio_vs_ddp_fp16_mixed": 0.4})
     return 0
 
 
