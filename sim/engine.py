@@ -34,7 +34,7 @@ import torch
 from concord.core.algorithms import Algorithm, RoundControl, StepReport
 from concord.core.config import RunConfig, apply_overrides
 from concord.core.control.calibration import read_calibration
-from concord.core.control.consensus import consensus_distance, theta
+from concord.core.control.consensus import consensus_distance, round_statistic, sketch_xi
 from concord.core.control.controller import Calibration, CalibrationRecorder, ConsensusController
 from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules, control_config, make_lr_schedule, make_plan
@@ -179,7 +179,10 @@ class VectorizedControl:
         return self.target
 
     def after_round(self, round_index: int, x: torch.Tensor, theta_local: torch.Tensor) -> bool:
-        value = self.meter(x) if self.statistic == "xi" else theta(theta_local)
+        if self.statistic == "xi":
+            value = self.meter(x)
+        else:
+            value = round_statistic(self.statistic, self.step, x, theta_local)
         self.values.append(value)
         if self.planned is not None:
             return round_index < self.planned
@@ -358,6 +361,8 @@ def calibrate(cfg: RunConfig, cache_dir: Path | None = None) -> Calibration:
     for step in range(last):
         rec = trainer.train_step(step)
         value = rec.xi if cfg.control.statistic == "xi" else rec.theta
+        if cfg.control.statistic == "sketch" and rec.theta is not None:
+            value = sketch_xi(trainer.task.x, step)  # after the step's round, as rec.theta
         if value is not None and rec.phase is not None:
             recorder.observe(step, rec.phase, value)
     result = recorder.result()
