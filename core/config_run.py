@@ -224,7 +224,8 @@ class RunConfig(Section):
             if self.control.statistic == "xi" and self.engine == "processes":
                 problems.append(
                     "control.statistic 'xi' (exact consensus distance) is only known in the "
-                    "vectorized engine; real peers control on the estimator 'theta'"
+                    "vectorized engine; real peers control on the estimator 'theta' or on "
+                    "'sketch' (Ξ estimated from 64-float random sketches of the models)"
                 )
         codec = self.compression.codec
         if not spec.admits(codec) and codec not in CAST_CODECS:
