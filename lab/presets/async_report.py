@@ -276,6 +276,10 @@ def _first_at(points: Sequence[Mapping[str, Any]], target: float | None) -> floa
 # The reading, generated from the summary
 
 
+def _where(labels: Sequence[str]) -> str:
+    return f"{len(labels)} ({'; '.join(labels)})" if labels else "0"
+
+
 def _pp(a: CellStats, b: CellStats) -> str:
     return f"{100 * (a.mean - b.mean):+.2f} pp"
 
@@ -294,6 +298,8 @@ def reading(summary: Sequence[Mapping[str, Any]]) -> list[str]:
     groups = sorted({(s["n"], s["data"], s["spread"]) for s in summary})
     lines: list[str] = []
     same_holds, same_total, faster, hetero = 0, 0, 0, 0
+    ahead: list[str] = []
+    behind: list[str] = []
     for n, data, spread in groups:
         here = {row: cell[(row, n, spread, data)] for row in (*spec.SYNC_ROWS, *spec.ASYNC_ROWS)
                 if (row, n, spread, data) in cell}  # fmt: skip
@@ -313,6 +319,8 @@ def reading(summary: Sequence[Mapping[str, Any]]) -> list[str]:
             same_total += 1
             holds = _close(ad["final"], same, CLAIM_TOL)
             same_holds += holds
+            if not holds:
+                (ahead if ad["final"].mean > same.mean else behind).append(label)
             parts.append(
                 f"at equal samples ({ad['epochs'].mean:.2f} epochs) AD-PSGD "
                 f"{_pp(ad['final'], same)} against D-SGD ("
@@ -342,7 +350,8 @@ def reading(summary: Sequence[Mapping[str, Any]]) -> list[str]:
             "",
             f"AD-PSGD's claim (Lian et al., ICML 2018), per epoch: the same accuracy as D-SGD at "
             f"the same number of samples held in {same_holds} of {same_total} settings (within "
-            f"{100 * CLAIM_TOL:g} pp or the seed spread); fewer virtual seconds per epoch in "
+            f"{100 * CLAIM_TOL:g} pp or the seed spread; AD-PSGD ahead beyond it in "
+            f"{_where(ahead)}, behind in {_where(behind)}); fewer virtual seconds per epoch in "
             f"{faster} of the {hetero} with unequal speeds (at 1× both take one step per second "
             "by construction).",
         ]
@@ -489,7 +498,9 @@ def write_async_report(out: Path, *, console: Any = None) -> Path:
         f"time {format_duration(float(meta['wall_seconds']))} on {meta.get('cores')} core(s), "
         f"mean per run {format_duration(statistics.fmean(walls)) if walls else '—'}.",
         "",
-        "Regenerate (then copy `report.md`, `table.csv`, `curves.csv`, `preset.json` and `*.png`):",
+        "Regenerate (then copy `report.md`, `table.csv`, `curves.csv`, `preset.json`, "
+        "`time-*.png` and `epochs-*.png`; `--report-only --out DIR` rewrites the report of a "
+        "copied directory from its CSVs):",
         "",
         "```bash",
         str(meta["command"]),
@@ -537,6 +548,9 @@ def study(run_preset: Callable[[Preset, PresetRequest], Path]) -> Study:
 
     def main(request: PresetRequest) -> Path:
         out = run_preset(spec.ASYNC, request)
+        generic = ["metric.png", "bytes.png", *(f"curves-{c.key}.png" for c in spec.COLUMNS)]
+        for name in generic:  # the generic report's plots, of a report replaced below
+            (out / name).unlink(missing_ok=True)
         write_async_report(out, console=request.console)
         return out
 

@@ -163,3 +163,4 @@ def test_summary_and_reading_of_a_synthetic_table() -> None:
     text = "\n".join(reading(summarize(worse)))
     assert "AD-PSGD -5.00 pp against D-SGD (staleness costs)" in text
     assert "held in 0 of 1 settings" in text
+    assert "ahead beyond it in 0, behind in 1 (n = 16, iid, 8×)" in text
