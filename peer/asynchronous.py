@@ -26,8 +26,9 @@ within ``network.deadline`` seconds (dead, unreachable) only means no averaging 
 async-sgp (`AsyncSGPPeer`). When step k ends: numerator x = w z − η d, split by column i of P^k
 (`push_split`): the kept part stays, each out-neighbour j gets (p_ji x, p_ji w) as a SHARE
 tagged k, sent by the event loop (the training thread does not wait for the ack). Then it waits
-only if a share of a round ≤ k − τ (`due_rounds`) from an in-neighbour has not arrived, at most
-``network.deadline`` seconds; an in-neighbour that misses it becomes *suspect* (not waited for
+only if a share of a round ≤ k − τ (`due_rounds`; round 0 at the end of step 0: a start-up
+barrier) from an in-neighbour has not arrived, at most ``network.deadline`` seconds
+(``network.startup_timeout`` at step 0: the neighbours may still be starting); an in-neighbour that misses it becomes *suspect* (not waited for
 until one of its shares arrives again; ``async_lost``). It mixes (`absorb`) every share that has
 arrived, whatever its round. Push-sum mass: a share the sender could not deliver (no ack within
 the deadline) is mixed back into the sender itself, as if p_ii had been larger, so Σ w = n still
@@ -400,6 +401,9 @@ class AsyncSGPPeer(AsyncPeer):
             sending.append(asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop))
         final = self.final(step)
         due = step if final else due_rounds(step, self.tau)
+        # step 0 waits for the in-neighbours' first shares as long as the start-up barrier would
+        # (they may still be connecting); later steps at most one deadline
+        limit = self.runner.cfg.network.startup_timeout if step == 0 else self.deadline
         t0 = time.perf_counter()
         if final:  # a share that comes back undelivered is mixed now, not after the end
             for future in sending:
@@ -407,7 +411,7 @@ class AsyncSGPPeer(AsyncPeer):
                     future.result(timeout=self.deadline + 5)
         with self.cond:
             while missing := self._missing(due):
-                left = self.deadline - (time.perf_counter() - t0)
+                left = limit - (time.perf_counter() - t0)
                 if left <= 0 or not self.cond.wait(timeout=left):
                     gone = sorted({j for senders in missing.values() for j in senders})
                     self.suspect.update(gone)

@@ -14,7 +14,8 @@ x_i = w_i z_i. When peer i's local step k ends (its gradient taken at z_i when t
 neighbour information it has not mixed would exceed τ (``async.max_staleness``). A message sent
 for round m (the sender's local step m) has staleness k − m when mixed at the receiver's step k;
 so at the end of step k peer i waits until every message addressed to it for rounds ≤ k − τ has
-arrived (`due_rounds`). τ = 0 is a barrier: synchronous ``sgp`` on the same matrices.
+arrived (`due_rounds`); round 0 is always due at the end of step 0 (every peer starts with its
+in-neighbours). τ = 0 is a barrier: synchronous ``sgp`` on the same matrices.
 
 Column stochasticity keeps Σ_i x_i + (x in flight) and Σ_i w_i + (w in flight) = n constant,
 whatever the peers' rates: at every quiescent point (no message in flight) Σ w_i = n, and the
@@ -64,9 +65,13 @@ def absorb(
 
 
 def due_rounds(step: int, max_staleness: int) -> int:
-    """Rounds m ≤ this (−1: none) must be mixed when a peer's step ``step`` ends, so that no
-    mixed message is older than ``max_staleness`` steps."""
-    return step - max_staleness
+    """Rounds m ≤ this (negative: none) must be mixed when a peer's step ``step`` ends, so that
+    no mixed message is older than ``max_staleness`` steps.
+
+    Round 0 is due at the end of step 0 whatever τ (a start-up barrier): a peer that started
+    before its in-neighbours would otherwise push away half its weight at each of its first τ
+    steps while receiving nothing, and its gradient steps on z = x / w grow as η / w = η 2^k."""
+    return 0 if step == 0 else step - max_staleness
 
 
 @register_algorithm

@@ -153,6 +153,18 @@ def _sim_weights(sim: Trainer) -> np.ndarray:
     return weights
 
 
+def _together(net: Network, k: int) -> None:
+    """Every peer runs step ``k`` in a thread of its own, shares delivered at once (a barrier
+    step waits for the others' shares, like peer processes)."""
+    before, net.immediate = net.immediate, True
+    threads = [threading.Thread(target=r.run_step, args=(k,)) for r in net.runners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    net.immediate = before
+
+
 @contextlib.contextmanager
 def _network(
     cfg: RunConfig, x0: list[torch.Tensor] | None = None, *, learn: bool = True
@@ -181,7 +193,13 @@ def test_forced_interleaving_equals_the_simulator(algorithm: str, topology: str)
     sim_records = [sim.train_step(k) for k in range(steps)]
     with _network(cfg) as net:
         order = sorted(range(cfg.peers), key=lambda i: (i % 2, i))  # passive peers first
-        for k in range(steps):
+        # async-sgp's first step ends 0.2 later in the simulator (it waits for the first
+        # shares): by the end of its window `steps − 1`, local step `steps − 1` has not ended
+        done = steps - 1 if algorithm == "async-sgp" else steps
+        for k in range(done):
+            if k == 0 and algorithm == "async-sgp":  # a barrier: the first shares are mixed now
+                _together(net, 0)
+                continue
             for i in order:
                 net.step(i, k)
             net.deliver()
@@ -207,7 +225,8 @@ def test_adpsgd_preserves_the_mean_under_random_interleavings(seed: int) -> None
     with _network(cfg, x0, learn=False) as net:
         mean0 = net.models().double().mean(0)
         spread0 = float((net.models() - net.models().mean(0)).norm())
-        done = [0] * cfg.peers
+        _together(net, 0)  # the start-up barrier: every first share is mixed at step 0
+        done = [1] * cfg.peers
         total = net.runners[0].total_steps
         while min(done) < total:  # random peer order, replies waited for or not
             i = rng.choice([j for j in range(cfg.peers) if done[j] < total])
@@ -230,7 +249,8 @@ def test_async_sgp_conserves_weight_and_mass_at_quiescence() -> None:
     with _network(cfg, x0, learn=False) as net:
         net.immediate = True
         mass0 = net.models().double().sum(0)
-        done = [0] * cfg.peers
+        _together(net, 0)  # the start-up barrier: every first share is mixed at step 0
+        done = [1] * cfg.peers
         total = net.runners[0].total_steps
         # τ = 2: a peer waits for shares two rounds old, so random order never more than one
         # step ahead of the slowest; the last steps drain every share of every round and wait
@@ -253,3 +273,26 @@ def test_async_sgp_conserves_weight_and_mass_at_quiescence() -> None:
         numerators = (net.models().double() * torch.from_numpy(w).unsqueeze(1)).sum(0)
         # float32 numerators split and summed: 1e-4 relative over the run
         torch.testing.assert_close(numerators, mass0, rtol=0, atol=1e-3)
+
+
+def test_async_sgp_first_step_waits_for_the_in_neighbours() -> None:
+    # the start-up barrier (`due_rounds`: round 0 is due at the end of step 0, whatever τ): a
+    # peer that starts alone does not run ahead pushing its weight away (w would halve at each
+    # of its first τ steps, and its steps on z = x / w grow as η / w)
+    over = [*SMALL, "algorithm=async-sgp", "topology=ring", "async.max_staleness=16"]
+    cfg = load_config(None, over, environ={})
+    with _network(cfg) as net:
+        net.immediate = True
+        alone = threading.Thread(target=net.runners[0].run_step, args=(0,))
+        alone.start()
+        alone.join(timeout=0.5)
+        assert alone.is_alive()  # still waiting for peers 1 and 3's first shares
+        others = [threading.Thread(target=r.run_step, args=(0,)) for r in net.runners[1:]]
+        for t in others:
+            t.start()
+        for t in [alone, *others]:
+            t.join(timeout=60)
+        assert not alone.is_alive()
+        # the ring's matrix is doubly stochastic: after a complete round every weight is 1
+        # again (float64 sums of three terms: 1e-12)
+        np.testing.assert_allclose(_weights(net), np.ones(cfg.peers), rtol=0, atol=1e-12)
