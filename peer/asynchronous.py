@@ -28,8 +28,9 @@ async-sgp (`AsyncSGPPeer`). When step k ends: numerator x = w z − η d, split 
 tagged k, sent by the event loop (the training thread does not wait for the ack). Then it waits
 only if a share of a round ≤ k − τ (`due_rounds`; round 0 at the end of step 0: a start-up
 barrier) from an in-neighbour has not arrived, at most ``network.deadline`` seconds
-(``network.startup_timeout`` at step 0: the neighbours may still be starting); an in-neighbour that misses it becomes *suspect* (not waited for
-until one of its shares arrives again; ``async_lost``). It mixes (`absorb`) every share that has
+(``network.startup_timeout`` at step 0: the neighbours may still be starting); an in-neighbour
+that misses it becomes *suspect* (not waited for until one of its shares arrives again;
+``async_lost``). It mixes (`absorb`) every share that has
 arrived, whatever its round. Push-sum mass: a share the sender could not deliver (no ack within
 the deadline) is mixed back into the sender itself, as if p_ii had been larger, so Σ w = n still
 holds at quiescence (a share delivered but unacknowledged in time would be counted twice: the
