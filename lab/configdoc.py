@@ -114,8 +114,9 @@ DESCRIPTIONS: dict[str, str] = {
     "`lagged = true`).",
     "control.ema": "EMA coefficient of the adaptive target's gradient-norm average "
     "(0: no smoothing).",
-    "control.statistic": "What the controller is fed: `theta` (the estimator Θ) or `xi` (exact "
-    "Ξ, vectorized engine only).",
+    "control.statistic": "What the controller is fed: `theta` (the estimator Θ), `sketch` (Ξ "
+    "estimated from 64-float random sketches the peers send with θ_i) or `xi` (exact Ξ, "
+    "vectorized engine only).",
     "eval": "Evaluation schedule.",
     "eval.every": "Evaluate every this many epochs.",
     "eval.peers": "Also evaluate every replica (on the first `peer_samples` test samples) at "
