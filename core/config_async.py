@@ -12,7 +12,10 @@ docs/algorithms.md#asynchronous-simulation). Torch-free, like the whole config.
   (`concord.core.emulation.PROFILES`), whose peer-to-peer one-way delay is 2 × ``delay_ms``
   (a message crosses two access links; jitter and loss are not simulated);
 * ``max_staleness``: τ, in steps: ``async-sgp`` waits rather than mix neighbour information
-  older than τ steps (0: a barrier, synchronous SGP). AD-PSGD never waits.
+  older than τ steps (0: a barrier, synchronous SGP). AD-PSGD never waits;
+* ``min_weight``: ``async-sgp`` only — a peer whose push-sum weight is below it keeps its shares
+  at that step (empty shares complete the round), so its weight stays ≥ ``min_weight`` / 2 on
+  one-peer graphs (0: off). Both engines, peer processes too.
 """
 
 from __future__ import annotations
@@ -65,6 +68,15 @@ class AsyncConfig(Section):
         le=1000,
         description="the staleness bound τ in steps: async-sgp waits rather than mix neighbour "
         "information older than τ steps (0: synchronous SGP)",
+    )
+
+    min_weight: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="async-sgp: a peer whose push-sum weight is below this keeps its whole "
+        "numerator at that step and sends empty shares (0: off); bounds its gradient steps on "
+        "z = x / w, which grow as η / w when it runs ahead of its in-neighbours",
     )
 
     @field_validator("speeds")

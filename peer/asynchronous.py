@@ -386,12 +386,17 @@ class AsyncSGPPeer(AsyncPeer):
             self.complete = step  # this stage's first step (a restarted peer's too)
         numerators = x * torch.tensor(float(w[0]), dtype=x.dtype, device=x.device)
         numerators.sub_(d, alpha=lr)
-        kept, kept_w, messages = push_split(numerators, w, self.matrix(step), [self.rank])
+        kept, kept_w, messages = push_split(
+            numerators, w, self.matrix(step), [self.rank], self.runner.cfg.asynchrony.min_weight
+        )
         with self.cond:
             away = self.suspect | self.unreachable
         sending = []
         for _, j, p in messages:
-            if j in away:  # keep its share (p_ii += p_ji); an empty share completes its round
+            if p == 0:  # below async.min_weight: push_split kept it all; the round completes
+                share = Message(SHARE, self.rank, step)
+                self.notes.held += 1
+            elif j in away:  # keep its share (p_ii += p_ji); an empty share completes its round
                 kept[0].add_(numerators[0], alpha=p)
                 kept_w[0] += p * w[0]
                 share = Message(SHARE, self.rank, step)

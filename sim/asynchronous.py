@@ -379,6 +379,7 @@ class AsyncSGPSimulation(AsyncSimulation):
             raise TypeError(f"{type(runner.algorithm).__name__} has no push-sum weights")
         self.weights: np.ndarray = weights
         self.tau = cfg.asynchrony.max_staleness
+        self.min_weight = cfg.asynchrony.min_weight
         n = runner.task.x.shape[0]
         self.kept = torch.zeros_like(runner.task.x)  # numerators kept at the last step end
         self.kept_w = np.zeros(n, dtype=np.float64)
@@ -411,7 +412,7 @@ class AsyncSGPSimulation(AsyncSimulation):
             senders = [peers[p] for p in positions]
             before = self.weights[senders].copy()
             kept, kept_w, messages = push_split(
-                numerators[positions], before, self.matrix(k), senders
+                numerators[positions], before, self.matrix(k), senders, self.min_weight
             )
             self.kept.index_copy_(0, rows[positions], kept)
             self.kept_w[senders] = kept_w
@@ -419,7 +420,8 @@ class AsyncSGPSimulation(AsyncSimulation):
             for row, j, p in messages:
                 i = senders[row]
                 msg = _Message(i, k, numerators[positions[row]] * p, float(p * before[row]))
-                self.send(i, j)
+                if p:  # p = 0: an empty share below async.min_weight (no model on the wire)
+                    self.send(i, j)
                 delay = self.clock.delay[i][j]
                 if delay == 0:
                     self.deliver(j, msg)

@@ -33,17 +33,29 @@ from concord.core.algorithms.sgp import SGP
 
 
 def push_split(
-    numerators: torch.Tensor, weights: np.ndarray, P: np.ndarray, senders: list[int]
+    numerators: torch.Tensor,
+    weights: np.ndarray,
+    P: np.ndarray,
+    senders: list[int],
+    min_weight: float = 0.0,
 ) -> tuple[torch.Tensor, np.ndarray, list[tuple[int, int, float]]]:
     """Split the numerators ``[m, d]`` and weights ``[m]`` of peers ``senders`` by the columns of
     the column-stochastic ``P``: returns what each keeps (p_ii x_i, p_ii w_i) and the messages
     ``(row in numerators, destination j, p_ji)``; the x-share of a message is p_ji · numerators[row]
-    and its w-share p_ji · weights[row]."""
-    keep = np.array([P[i, i] for i in senders], dtype=np.float64)
+    and its w-share p_ji · weights[row].
+
+    A sender whose weight is below ``min_weight`` (``async.min_weight``) keeps everything this
+    round — its column is e_i, still stochastic, so Σ x and Σ w are unchanged — and its messages
+    carry p = 0: empty shares that only complete the round. Its weight then never falls below
+    ``min_weight`` × min p_ii, which bounds its gradient steps on z = x / w by η / that."""
+    hold = weights < min_weight
+    keep = np.array(
+        [1.0 if h else P[i, i] for i, h in zip(senders, hold, strict=True)], dtype=np.float64
+    )
     factors = torch.from_numpy(keep).to(device=numerators.device, dtype=numerators.dtype)
     kept = numerators * factors.unsqueeze(1)
     messages = [
-        (row, int(j), float(P[j, i]))
+        (row, int(j), 0.0 if hold[row] else float(P[j, i]))
         for row, i in enumerate(senders)
         for j in np.nonzero(P[:, i])[0]
         if j != i

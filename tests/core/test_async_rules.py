@@ -190,3 +190,17 @@ def test_async_config_defaults_and_draws() -> None:
     assert delays[3][3] == 0
     plain = load_config(None, ["algorithm=dsgd"], environ={})
     assert "async" not in plain.to_dict()  # other algorithms' files are unchanged
+
+
+def test_push_split_below_min_weight_keeps_everything() -> None:
+    # sender 0 (w = 0.1 < 0.25) keeps its whole numerator and weight and sends p = 0 messages;
+    # sender 1 (w = 1.9) splits by its column of P as usual. Exact: products by 1 and ½
+    P = np.array([[0.5, 0.5], [0.5, 0.5]])
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    w = np.array([0.1, 1.9])
+    kept, kept_w, messages = push_split(x, w, P, [0, 1], min_weight=0.25)
+    assert torch.equal(kept[0], x[0])
+    assert kept_w[0] == 0.1
+    assert torch.equal(kept[1], x[1] * 0.5)
+    assert kept_w[1] == 0.95
+    assert messages == [(0, 1, 0.0), (1, 0, 0.5)]

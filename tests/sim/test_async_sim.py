@@ -225,3 +225,31 @@ def test_async_sgp_run_ends_settled(tau: int) -> None:
     assert not sim.waiting
     assert abs(float(sim.weights.sum()) - 8) < 1e-12
     assert all(r.wait_s is not None and r.wait_s >= 0 for r in records)
+
+
+def test_async_sgp_min_weight_bounds_the_weights() -> None:
+    # τ = 16 with unequal speeds: fast peers run ahead of their in-neighbours and push weight
+    # away faster than it comes back. With async.min_weight = 0.25 a peer below it keeps its
+    # shares, so no weight falls below 0.25 × p_ii = 0.125 (one-peer graph: p_ii = ½); without
+    # it they do. Σ w = n at the end either way (holding keeps the columns stochastic; float64
+    # rounding: 1e-12).
+    lows = {}
+    for floor in (0.0, 0.25):
+        over = ["algorithm=async-sgp", "topology=exponential-one-peer-directed", *UNEQUAL]
+        trainer = Trainer(
+            load_config(
+                None,
+                [*SMALL, *over, "async.max_staleness=16", f"async.min_weight={floor}"],
+                environ={},
+            )
+        )
+        sim = trainer.asynchronous
+        assert isinstance(sim, AsyncSGPSimulation)
+        low = 1.0
+        for s in range(trainer.total_steps):
+            trainer.train_step(s)
+            low = min(low, float(sim.weights.min()))
+        lows[floor] = low
+        assert abs(float(sim.weights.sum()) - 8) < 1e-12
+    assert lows[0.0] < 0.125
+    assert lows[0.25] >= 0.125 - 1e-12
