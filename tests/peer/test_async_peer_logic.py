@@ -296,3 +296,19 @@ def test_async_sgp_first_step_waits_for_the_in_neighbours() -> None:
         # the ring's matrix is doubly stochastic: after a complete round every weight is 1
         # again (float64 sums of three terms: 1e-12)
         np.testing.assert_allclose(_weights(net), np.ones(cfg.peers), rtol=0, atol=1e-12)
+
+
+def test_async_sgp_below_min_weight_sends_empty_shares() -> None:
+    # ring of 4, P = ⅓ everywhere on the band: peer 0 at w = 0.1 < async.min_weight keeps its
+    # whole numerator and weight; its neighbours' rounds still complete (empty shares: nothing
+    # lost, nobody waits) and Σ w is unchanged. float64 sums of three terms: 1e-12
+    over = [*SMALL, "algorithm=async-sgp", "topology=ring", "async.min_weight=0.25"]
+    cfg = load_config(None, over, environ={})
+    with _network(cfg) as net:
+        sgp = [p for p in net.peers if isinstance(p, AsyncSGPPeer)]
+        sgp[0].weights()[0] = 0.1
+        _together(net, 0)
+        np.testing.assert_allclose(
+            _weights(net), [0.1 + 2 / 3, 2 / 3, 1.0, 2 / 3], rtol=0, atol=1e-12
+        )
+        assert all(not p.suspect for p in sgp)
