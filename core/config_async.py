@@ -15,7 +15,7 @@ docs/algorithms.md#asynchronous-simulation). Torch-free, like the whole config.
   older than τ steps (0: a barrier, synchronous SGP). AD-PSGD never waits;
 * ``min_weight``: ``async-sgp`` only — a peer whose push-sum weight is below it keeps its shares
   at that step (empty shares complete the round), so its weight stays ≥ ``min_weight`` / 2 on
-  one-peer graphs (0: off). Both engines, peer processes too.
+  one-peer graphs (default 0.25; 0: off). Both engines, peer processes too.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class AsyncConfig(Section):
     )
 
     min_weight: float = Field(
-        default=0.0,
+        default=0.25,
         ge=0,
         le=1,
         description="async-sgp: a peer whose push-sum weight is below this keeps its whole "
