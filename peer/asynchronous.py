@@ -43,7 +43,9 @@ sends after its return. A peer keeps the share of a neighbour that is suspect or
 share did not reach (``async_held``: p_ii += p_ji, the column still sums to 1) and sends it an
 *empty* share (no values, weight 0) that only completes its round: mass sent to a neighbour that
 sends none back would drain the sender's weight, and z = x / w divides its gradient steps by
-that weight.
+that weight. For the same reason a peer whose weight is below ``async.min_weight`` keeps all its
+shares at that step (`push_split` gives them p = 0; empty shares go out, counted ``async_held``):
+a peer L steps ahead of its in-neighbours would otherwise hold w ≈ 2^−L.
 
 Records: every step reports ``local_steps = 1``, ``virtual_time`` (wall-clock seconds since this
 stage's first step: a real peer has no virtual clock), ``staleness_mean`` / ``staleness_max`` of
