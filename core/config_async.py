@@ -71,12 +71,13 @@ class AsyncConfig(Section):
     )
 
     min_weight: float = Field(
-        default=0.25,
+        default=0.0,
         ge=0,
         le=1,
         description="async-sgp: a peer whose push-sum weight is below this keeps its whole "
         "numerator at that step and sends empty shares (0: off); bounds its gradient steps on "
-        "z = x / w, which grow as η / w when it runs ahead of its in-neighbours",
+        "z = x / w, which grow as η / w when it runs ahead of its in-neighbours (0.25 keeps "
+        "peer processes with a loose max_staleness stable)",
     )
 
     @field_validator("speeds")
