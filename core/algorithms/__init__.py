@@ -52,6 +52,7 @@ _SUBMODULES = frozenset(
         "allreduce",
         "async_sgp",
         "base",
+        "bipartite",
         "buffers",
         "choco",
         "correction",

@@ -8,11 +8,11 @@ statistic the controller is fed. Cells: uncontrolled (which is also the calibrat
 max of each statistic over phase 1), and ¼ · max of Θ, Ξ and Ξ̂.
 
     python docs/results/theta-xi/study.py run --peers 64 --seeds 0,1,2,3,4 --out DIR
-    python docs/results/theta-xi/study.py tables DIR [DIR ...]  # → runs.csv, rounds.csv here
+    python docs/results/theta-xi/study.py tables DIR [DIR ...]  # → cells.csv, rounds.csv here
     python docs/results/theta-xi/study.py report                # report.md from those two
 
 ``run`` writes DIR/steps.csv (one row per step: cell, seed, step, rounds, Ξ after the step) and
-DIR/rounds.csv (one row per round: Θ, Ξ, Ξ̂); ``tables`` reduces them to this folder's runs.csv
+DIR/rounds.csv (one row per round: Θ, Ξ, Ξ̂); ``tables`` reduces them to this folder's cells.csv
 (one row per run) and rounds.csv (late-phase means per round index within a step); ``report``
 writes report.md from those two CSVs alone.
 """
@@ -153,7 +153,7 @@ def _argmax(rows: Sequence[dict[str, str]], column: str) -> dict[str, str]:
 
 
 def cmd_tables(dirs: Sequence[Path]) -> None:
-    """Reduce the raw logs of ``run`` to runs.csv and rounds.csv in this folder."""
+    """Reduce the raw logs of ``run`` to cells.csv and rounds.csv in this folder."""
     runs: list[dict[str, Any]] = []
     late: dict[tuple[int, str, int], list[tuple[float, float, float]]] = defaultdict(list)
     for d in dirs:
@@ -199,7 +199,7 @@ def cmd_tables(dirs: Sequence[Path]) -> None:
             "theta_over_xi": statistics.fmean(a / b for a, b, _ in v),
             "sketch_over_xi": statistics.fmean(c / b for _, b, c in v),
         })  # fmt: skip
-    for name, fields, table in (("runs.csv", RUN_FIELDS, runs), ("rounds.csv", LATE_FIELDS, rows)):
+    for name, fields, table in (("cells.csv", RUN_FIELDS, runs), ("rounds.csv", LATE_FIELDS, rows)):
         with open(HERE / name, "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
             w.writeheader()
@@ -229,7 +229,7 @@ LABELS = {
 
 
 def cmd_report() -> None:
-    runs = _read(HERE / "runs.csv")
+    runs = _read(HERE / "cells.csv")
     late = _read(HERE / "rounds.csv")
     by: dict[tuple[int, str], dict[int, dict[str, str]]] = defaultdict(dict)
     for r in runs:
@@ -248,7 +248,7 @@ def cmd_report() -> None:
         "target is ¼ × the max of its statistic over phase 1 of the same seed's uncontrolled run "
         "(the preset's calibration). *Late*: the second half of phase 1.",
         "",
-        "Every number below comes from [`runs.csv`](runs.csv) (one row per run) and "
+        "Every number below comes from [`cells.csv`](cells.csv) (one row per run) and "
         "[`rounds.csv`](rounds.csv) (late-phase means per round index within a step), written by:",
         "",
         "```bash",
@@ -263,6 +263,9 @@ def cmd_report() -> None:
         f"python docs/results/theta-xi/study.py tables {dirs}",
         "python docs/results/theta-xi/study.py report",
         "```",
+        "",
+        "This is not a preset study: `concord report verify` does not re-run its cells (it reads "
+        "preset manifests); the commands above do.",
         "",
     ]
     for n in ns:
