@@ -15,7 +15,13 @@ docs/algorithms.md#asynchronous-simulation). Torch-free, like the whole config.
   older than τ steps (0: a barrier, synchronous SGP). AD-PSGD never waits;
 * ``min_weight``: ``async-sgp`` only — a peer whose push-sum weight is below it keeps its shares
   at that step (empty shares complete the round), so its weight stays ≥ ``min_weight`` / 2 on
-  one-peer graphs (default 0.25; 0: off). Both engines, peer processes too.
+  one-peer graphs (0: off, the default). Both engines, peer processes too;
+* ``budget``: how the run's T = ``epochs`` × steps-per-epoch steps are counted. ``"global"``
+  (default, Lian et al. 2018: the peers together process the epochs): the run ends when the
+  peers' local steps add up to n·T, and the learning rate, ``epoch`` and evaluations follow the
+  global progress g = Σ_i k_i / n (peer processes estimate it from the progress vectors their
+  messages carry). ``"per-peer"``: peer processes each take T local steps; the simulation runs
+  T windows of the fastest peer's step (slower peers take fewer).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from concord.core.emulation import PROFILES
 
 _DISTRIBUTIONS = "'uniform:A:B' (0 < A ≤ B) or 'lognormal:SIGMA' (0 ≤ SIGMA ≤ 4)"
 _SPEED_SALT = 0x5EED_A5  # the speeds' random stream, apart from every other use of the seed
+BUDGETS = ("global", "per-peer")
 MIN_STEP_S = 1e-9  # one tick of the virtual clock (`concord.sim.events`): the shortest step
 
 
@@ -79,6 +86,28 @@ class AsyncConfig(Section):
         "z = x / w, which grow as η / w when it runs ahead of its in-neighbours (0.25 keeps "
         "peer processes with a loose max_staleness stable)",
     )
+
+    budget: str = Field(
+        default="global",
+        description="'global': the run ends when the peers' local steps add up to n × T (T = "
+        "epochs × steps per epoch) and the LR, epoch and evaluations follow g = Σ local steps / "
+        "n; 'per-peer': each peer process takes T local steps (the simulation: T windows of the "
+        "fastest peer's step)",
+    )
+
+    @field_validator("budget")
+    @classmethod
+    def _budget(cls, v: str) -> str:
+        if v not in BUDGETS:
+            raise ValueError(
+                f"{v!r} is not a budget: 'global' (the peers' local steps add up to n × T) or "
+                "'per-peer' (each peer takes T local steps)"
+            )
+        return v
+
+    @property
+    def global_budget(self) -> bool:
+        return self.budget == "global"
 
     @field_validator("speeds")
     @classmethod

@@ -56,6 +56,8 @@ from concord.core.records import StepRecord
 from concord.sim.events import TICKS_PER_SECOND, Event, EventQueue, Kind, VirtualClock
 from concord.sim.vectorized import VectorizedComm
 
+_NEVER = 2**62  # ticks: no deadline (`EventQueue.pop_wave`)
+
 
 @dataclass
 class _Window:
@@ -110,6 +112,11 @@ class AsyncSimulation:
         self._idx = self.task.sampler.batch_indices(0).to(self.x.device).clone()
         self._matrices: dict[int, np.ndarray] = {}
         self.gradient_batches = 0  # batched forward/backward passes (the cost driver)
+        # async.budget = "global": the run is n·T local steps in all, window t ends at the wave
+        # that brings them to n·(t + 1), and the learning rate follows Σ k / n
+        self.global_budget = cfg.asynchrony.global_budget
+        self.budget = self.n * runner.total_steps
+        self.total = 0  # local steps completed, all peers together
         self.now = 0
         self._window = _Window()
         self.start(0, list(range(self.n)))
@@ -198,8 +205,12 @@ class AsyncSimulation:
         return m.clone()
 
     def lrs(self, peers: list[int]) -> list[float]:
-        """The learning rate of each peer's ending step (its local step index)."""
+        """The learning rate of each peer's ending step: of its local step index, or with the
+        global budget of the global progress ⌊Σ k / n⌋ before this instant's step ends (equal
+        speeds: step t of the synchronous run)."""
         last = self.runner.total_steps - 1
+        if self.global_budget:
+            return [self.runner.schedule.lr(min(self.total // self.n, last))] * len(peers)
         return [self.runner.schedule.lr(min(self.steps[i], last)) for i in peers]
 
     @staticmethod
@@ -225,10 +236,20 @@ class AsyncSimulation:
     def step(self, t: int) -> StepRecord:
         """Run every event of window t (virtual time (tΔ, (t + 1)Δ]); its record."""
         self._window = _Window()
-        until = (t + 1) * self.clock.window
-        while (wave := self.queue.pop_wave(until)) is not None:
-            self.now, events = wave
-            self._wave(events)
+        if self.global_budget:  # until the local steps add up to n·(t + 1)
+            goal = min(self.n * (t + 1), self.budget)
+            while self.total < goal:
+                wave = self.queue.pop_wave(_NEVER)
+                if wave is None:  # cannot happen: a peer that waits is owed a message in flight
+                    raise RuntimeError(f"asynchronous simulation: no event left at step {t}")
+                self.now, events = wave
+                self._wave(events)
+            until = self.now
+        else:
+            until = (t + 1) * self.clock.window
+            while (wave := self.queue.pop_wave(until)) is not None:
+                self.now, events = wave
+                self._wave(events)
         if t == self.runner.total_steps - 1:
             self.drain(until)
         w = self._window
@@ -273,6 +294,8 @@ class AsyncSimulation:
     def _wave(self, events: list[Event]) -> None:
         arrivals = [e for e in events if e.kind == Kind.ARRIVE]
         ends = sorted(e.peer for e in events if e.kind == Kind.END)
+        if self.global_budget and self.total + len(ends) > self.budget:
+            ends = ends[: self.budget - self.total]  # the rest are in progress at the end
         for e in arrivals:
             self.arrive(e)
         if ends:
@@ -289,6 +312,7 @@ class AsyncSimulation:
             self.update(ends, self.directions(ends), self.lrs(ends))
             for i in ends:
                 self.steps[i] += 1
+            self.total += len(ends)
         self.start(self.now, self.communicate(ends))
 
     # -- the algorithm -------------------------------------------------------------------------

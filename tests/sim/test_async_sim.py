@@ -40,6 +40,7 @@ def _train(overrides: list[str], steps: int | None = None) -> tuple[Trainer, lis
     return trainer, [trainer.train_step(s) for s in range(total)]
 
 
+@pytest.mark.parametrize("budget", ["global", "per-peer"])
 @pytest.mark.parametrize(
     ("asynchronous", "synchronous", "topology"),
     [
@@ -48,11 +49,12 @@ def _train(overrides: list[str], steps: int | None = None) -> tuple[Trainer, lis
     ],
 )
 def test_equal_speeds_and_no_delay_is_the_synchronous_run(
-    asynchronous: str, synchronous: str, topology: str
+    asynchronous: str, synchronous: str, topology: str, budget: str
 ) -> None:
     # bit for bit: the same batches, gradients and elementwise optimizer arithmetic, and a mix of
-    # two terms p_ii x_i + p_ij x_j with p = ½ (exact products, one rounding) in both engines
-    a, ra = _train([f"algorithm={asynchronous}", f"topology={topology}"])
+    # two terms p_ii x_i + p_ij x_j with p = ½ (exact products, one rounding) in both engines;
+    # either budget (global: every instant is n step ends, Σ k / n = t)
+    a, ra = _train([f"algorithm={asynchronous}", f"topology={topology}", f"async.budget={budget}"])
     s, rs = _train([f"algorithm={synchronous}", f"topology={topology}"])
     assert len(ra) > 10
     assert torch.equal(a.task.x, s.task.x)
@@ -79,7 +81,8 @@ def test_same_seed_same_run_bit_for_bit(algorithm: str) -> None:
     assert ra == rb
     c, _ = _train([f"algorithm={algorithm}", *UNEQUAL, "seed=1"])
     assert not torch.equal(a.task.x, c.task.x)
-    assert len({r.local_steps for r in ra}) > 1  # the speeds really differ
+    assert a.asynchronous is not None
+    assert len(set(a.asynchronous.steps)) > 1  # the speeds really differ
 
 
 @pytest.mark.parametrize("tau", [0, 1, 3])
@@ -253,3 +256,52 @@ def test_async_sgp_min_weight_bounds_the_weights() -> None:
         assert abs(float(sim.weights.sum()) - 8) < 1e-12
     assert lows[0.0] < 0.125
     assert lows[0.25] >= 0.125 - 1e-12
+
+
+@pytest.mark.parametrize("algorithm", ["ad-psgd", "async-sgp"])
+def test_global_budget_is_n_times_t_local_steps(algorithm: str) -> None:
+    # async.budget = "global": window t ends at the instant the local steps reach n·(t + 1) (at
+    # most n − 1 more when several steps end at that instant), the run at exactly n·T; the
+    # learning rate of a step is the schedule's at ⌊Σ k / n⌋ before it ends
+    overrides = [f"algorithm={algorithm}", *UNEQUAL, "async.budget=global", "optim.warmup=0.3"]
+    trainer = Trainer(load_config(None, [*SMALL, *overrides], environ={}))
+    sim = trainer.asynchronous
+    assert sim is not None
+    n, total = 8, trainer.total_steps
+    seen: list[tuple[int, list[float]]] = []
+    update = sim.update
+
+    def watched(peers: list[int], directions: torch.Tensor, lrs: list[float]) -> None:
+        seen.append((sim.total, lrs))
+        update(peers, directions, lrs)
+
+    sim.update = watched  # type: ignore[method-assign]
+    done = []
+    records = []
+    for s in range(total):
+        records.append(trainer.train_step(s))
+        done.append(sum(sim.steps))
+    assert done[-1] == n * total
+    assert all(n * (t + 1) <= d < n * (t + 2) for t, d in enumerate(done[:-1]))
+    assert all(r.loss is not None and r.local_steps for r in records)
+    assert sum(r.local_steps or 0 for r in records) == n * total
+    assert len(set(sim.steps)) > 1  # unequal speeds: unequal shares of the budget
+    assert max(sim.steps) > total > min(sim.steps)  # fast peers went past T, slow ones not
+    schedule = trainer.runner.schedule
+    assert len({lr for _, lrs in seen for lr in lrs}) > 3  # the warm-up moves it
+    for before, lrs in seen:
+        assert lrs == [schedule.lr(min(before // n, total - 1))] * len(lrs)
+    times = [r.virtual_time or 0.0 for r in records]
+    assert times == sorted(times)
+
+
+def test_global_budget_async_sgp_ends_settled() -> None:
+    # the last instant may end more steps than the budget has left: those are dropped (in
+    # progress at the end); the run still settles with Σ w = n (float64 rounding: 1e-12)
+    trainer, _ = _train(["algorithm=async-sgp", *LATE, "async.budget=global"])
+    sim = trainer.asynchronous
+    assert isinstance(sim, AsyncSGPSimulation)
+    assert sum(sim.steps) == 8 * trainer.total_steps
+    assert sim.quiescent()
+    assert not sim.waiting
+    assert abs(float(sim.weights.sum()) - 8) < 1e-12
