@@ -34,12 +34,25 @@ import torch
 from concord.core.config import load_config
 from concord.core.control.calibration import Calibration
 from concord.core.control.consensus import round_statistic
-from concord.lab.presets.consensus import BASE
+from concord.lab.presets.consensus import BASE, read_runs_csv, summarize
+from concord.lab.presets.consensus_separation import paired_accuracy, separated
 from concord.sim.engine import Trainer
 
 HERE = Path(__file__).resolve().parent
 CELLS = ("none", "theta", "xi", "sketch")  # uncontrolled, then ¼ · max of each statistic
 FACTOR = 0.25
+_STUDY = "python docs/results/theta-xi/study.py"
+COMMANDS = (
+    f"{_STUDY} run --peers 64 --seeds 0,1,2,3,4 --out runs/theta-xi/n64",
+    f"{_STUDY} run --peers 128 --seeds 0,1,2 --out runs/theta-xi/n128",
+    f"{_STUDY} tables runs/theta-xi/n64 runs/theta-xi/n128",
+    f"{_STUDY} run --peers 128 --seeds 3,4 --out runs/theta-xi/n128-s34",
+    f"{_STUDY} tables --merge runs/theta-xi/n128-s34",
+    f"{_STUDY} report",
+)
+"""The commands that wrote cells.csv and rounds.csv, in order (the report's header)."""
+CONSENSUS = HERE.parent / "consensus-control" / "runs.csv"
+"""The consensus-control report's runs: the accuracy of the same cells, trained to the end."""
 ROUND_FIELDS = ("n", "cell", "seed", "step", "round", "rounds", "theta", "xi", "sketch")
 STEP_FIELDS = ("n", "cell", "seed", "step", "rounds", "xi", "target")
 
@@ -152,8 +165,9 @@ def _argmax(rows: Sequence[dict[str, str]], column: str) -> dict[str, str]:
     return max(rows, key=lambda r: float(r[column]))
 
 
-def cmd_tables(dirs: Sequence[Path]) -> None:
-    """Reduce the raw logs of ``run`` to cells.csv and rounds.csv in this folder."""
+def reduce_dirs(dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The raw logs of ``run`` in ``dirs`` → (one row per run, late-phase means per
+    (n, cell, round index) with their count): the rows of cells.csv and rounds.csv."""
     runs: list[dict[str, Any]] = []
     late: dict[tuple[int, str, int], list[tuple[float, float, float]]] = defaultdict(list)
     for d in dirs:
@@ -199,12 +213,64 @@ def cmd_tables(dirs: Sequence[Path]) -> None:
             "theta_over_xi": statistics.fmean(a / b for a, b, _ in v),
             "sketch_over_xi": statistics.fmean(c / b for _, b, c in v),
         })  # fmt: skip
+    return runs, rows
+
+
+MEANS = ("theta", "xi", "theta_over_xi", "sketch_over_xi")
+"""The columns of rounds.csv that are means over its ``count`` rounds."""
+
+
+def merge_tables(
+    old_runs: Sequence[dict[str, Any]],
+    old_late: Sequence[dict[str, Any]],
+    new_runs: Sequence[dict[str, Any]],
+    new_late: Sequence[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """cells.csv and rounds.csv with the runs of other seeds added: the run rows side by side,
+    the late-phase means of a (n, cell, round) weighted by their counts (a mean over the union
+    of the rounds, as if ``tables`` had read every run at once). A run already in ``old_runs``
+    is an error: its rounds would count twice."""
+
+    def key(r: dict[str, Any]) -> tuple[int, str, int]:
+        return int(r["n"]), str(r["cell"]), int(r["seed"])
+
+    have = {key(r) for r in old_runs}
+    again = sorted(key(r) for r in new_runs if key(r) in have)
+    if again:
+        raise ValueError(f"runs already in cells.csv (n, cell, seed): {again}")
+    runs = sorted([*old_runs, *new_runs], key=key)
+    late: dict[tuple[int, str, int], dict[str, Any]] = {}
+    for r in [*old_late, *new_late]:
+        k = (int(r["n"]), str(r["cell"]), int(r["round"]))
+        prev = late.get(k)
+        if prev is None:
+            late[k] = dict(r)
+            continue
+        a, b = int(prev["count"]), int(r["count"])
+        merged: dict[str, Any] = {"n": k[0], "cell": k[1], "round": k[2], "count": a + b}
+        for m in MEANS:
+            merged[m] = (a * float(prev[m]) + b * float(r[m])) / (a + b)
+        late[k] = merged
+    return runs, [late[k] for k in sorted(late)]
+
+
+def write_tables(runs: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> None:
+    """This folder's cells.csv and rounds.csv (floats to 6 significant digits)."""
     for name, fields, table in (("cells.csv", RUN_FIELDS, runs), ("rounds.csv", LATE_FIELDS, rows)):
         with open(HERE / name, "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
             w.writeheader()
             for row in table:
                 w.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+
+
+def cmd_tables(dirs: Sequence[Path], merge: bool = False) -> None:
+    """Reduce the raw logs of ``run`` to cells.csv and rounds.csv in this folder (``merge``:
+    add them to the runs those two files already hold)."""
+    runs, rows = reduce_dirs(dirs)
+    if merge:
+        runs, rows = merge_tables(_read(HERE / "cells.csv"), _read(HERE / "rounds.csv"), runs, rows)
+    write_tables(runs, rows)
 
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
@@ -249,19 +315,16 @@ def cmd_report() -> None:
         "(the preset's calibration). *Late*: the second half of phase 1.",
         "",
         "Every number below comes from [`cells.csv`](cells.csv) (one row per run) and "
-        "[`rounds.csv`](rounds.csv) (late-phase means per round index within a step), written by:",
+        "[`rounds.csv`](rounds.csv) (late-phase means per round index within a step), written by "
+        "(in this order; `tables --merge` adds runs to the two CSVs, weighting the late-phase "
+        "means by their counts), and the accuracies from the consensus-control report's "
+        "[`runs.csv`](../consensus-control/runs.csv):",
         "",
         "```bash",
     ]
     seeds_by_n = {n: sorted({int(r["seed"]) for r in runs if int(r["n"]) == n}) for n in ns}
-    for n in ns:
-        seeds = ",".join(str(s) for s in seeds_by_n[n])
-        out.append(f"python docs/results/theta-xi/study.py run --peers {n} --seeds {seeds} "
-                   f"--out runs/theta-xi/n{n}")  # fmt: skip
-    dirs = " ".join(f"runs/theta-xi/n{n}" for n in ns)
+    out += list(COMMANDS)
     out += [
-        f"python docs/results/theta-xi/study.py tables {dirs}",
-        "python docs/results/theta-xi/study.py report",
         "```",
         "",
         "This is not a preset study: `concord report verify` does not re-run its cells (it reads "
@@ -337,8 +400,11 @@ def cmd_report() -> None:
             f"{max(float(r['sketch_over_xi_p99']) for r in allr):.3f}.",
             "",
         ]
+    consensus = _consensus_rows()
+    acc_lines, same = _accuracy(ns, by, consensus)
+    out += acc_lines
     out += _claims(ns, by, late)
-    out += _reading()
+    out += _reading(ns, by, late, consensus, same)
     (HERE / "report.md").write_text("\n".join(out), encoding="utf-8")
 
 
@@ -388,48 +454,201 @@ def _claims(
     return out
 
 
-READING = """## Reading
-
-**Why a target on Θ stops at two rounds.** A step's local updates inject a disagreement that is
-nearly independent across peers — spread over all modes of W, so mostly over the many fast ones,
-which Θ weighs by (1 − λ)². Round 1 of the step sees it whole: Θ after round 1 is about the same
-whether Ξ is large or small (compare round 1 of the uncontrolled and the ¼ · max Ξ runs in the
-tables). One round of the ring removes the fast part, and Θ after round 2 drops about 3.4× while Ξ
-drops about 1 %: what is left sits in the ring's slow modes (λ₂ = ⅓ + ⅔ cos(2π/n), so
-1 − λ₂ ≈ 0.0032 at n = 64 and 0.0008 at n = 128), which carry nearly all of Ξ and almost none of Θ.
-The calibration takes max Θ from round 1 of uncontrolled steps, early in the phase (the table of
-maxima: max Θ falls on an early step, at the highest learning rate; max Ξ on a late one), so
-¼ · max Θ and ⅛ · max Θ both lie between Θ after round 2 and Θ after round 1: the stop rule fires
-after round 2 on essentially every step, whatever the factor — the 1.93–1.98× of the
-consensus-control report. Both hypotheses hold, and they compound: Θ/Ξ shrinks within a step as
-the disagreement concentrates in slow modes (it falls 25× over the rounds of a ¼ · max Ξ step at
-n = 64 and 100× at n = 128), and the calibrated target is one Θ meets after one repeat.
-
-**What tracks Ξ.** No rescaling of Θ by a constant helps (a calibrated target is relative, so a
-constant cancels), and a spectral correction would have to know how the disagreement spreads over
-the modes, which changes within a step. The sketch statistic measures Ξ itself: Ξ̂/Ξ stays near 1
-(mean 1.01) with a per-round standard deviation of about 4–5 % (the accuracy lines above),
-whatever the round of the step. Its target lands within the 25 % asked for of the exact-Ξ
-target's Ξ (the checks above); the remaining offset (Ξ on average 12 % above the exact target's
-at n = 64, 7 % at n = 128) comes from the calibration's max, which picks the upward noise of Ξ̂
-among the phase's steps (max Ξ̂ / max Ξ in the calibration tables: 1.04–1.14), so the target
-itself sits that much higher — and the rounds follow: 0.86 × the exact target's at n = 64,
-0.92 × at n = 128, far more than Θ's two per step. A larger sketch (k) or a calibration that
-smooths Ξ̂ over steps before taking the max would shrink that offset.
-
-**Same runs as the consensus-control report.** At n = 64 the uncontrolled, ¼ · max Θ and
-¼ · max Ξ cells give that report's phase-1 rounds (480, 926, 2 867 on average) and late Ξ (5.65,
-3.48, 1.44): the same seeds and recipe on the same machine; logging the other statistics does not
-change the trajectory.
-
-**Not measured here.** Accuracy (the runs stop at the end of phase 1; the consensus-control report
-has the exact-Ξ target's accuracy), the processes engine at this scale (the engines' agreement is
-tested on a small run: tests/integration/test_orchestrated_sketch.py), and the other phases.
-"""
+PRESET_CELLS = {"none": ("none", ""), "theta": ("1/4", "theta"), "xi": ("1/4", "xi"),
+                "sketch": ("1/4", "sketch")}  # fmt: skip
+"""This study's cells → (target, statistic) of the consensus-control preset's phase-1 rows."""
 
 
-def _reading() -> list[str]:
-    return READING.splitlines()
+def _consensus_rows() -> list[dict[str, Any]]:
+    return read_runs_csv(CONSENSUS) if CONSENSUS.is_file() else []
+
+
+def _accuracy(
+    ns: Sequence[int],
+    by: dict[tuple[int, str], dict[int, dict[str, str]]],
+    rows: Sequence[dict[str, Any]],
+) -> tuple[list[str], dict[tuple[int, str], tuple[int, int]]]:
+    """The accuracy section (from the consensus-control runs of the same cells) and, per
+    (n, cell), (seeds whose phase-1 rounds there equal this study's, seeds compared)."""
+    same: dict[tuple[int, str], tuple[int, int]] = {}
+    body = []
+    for n in ns:
+        acc_all = {r["seed"]: 100 * r["accuracy_avg_model"] for r in rows
+                   if r["n"] == n and r["phase"] == "all" and r["status"] == "ok"}  # fmt: skip
+        for cell in CELLS:
+            target, stat = PRESET_CELLS[cell]
+            mine = {
+                r["seed"]: r
+                for r in rows
+                if (r["n"], r["phase"], r["target"], r["statistic"]) == (n, "1", target, stat)
+                and r["status"] == "ok"
+            }
+            if not mine:
+                continue
+            ss = sorted(mine)
+            study = by.get((n, cell), {})
+            seen = [s for s in ss if s in study]
+            equal = sum(
+                int(study[s]["rounds"]) == mine[s]["gossip_rounds"]
+                and mine[s]["late_xi"] is not None
+                and math.isclose(float(study[s]["late_xi"]), mine[s]["late_xi"], rel_tol=1e-4)
+                for s in seen
+            )
+            same[(n, cell)] = (equal, len(seen))
+            acc = [100 * mine[s]["accuracy_avg_model"] for s in ss]
+            d_all = [100 * mine[s]["accuracy_avg_model"] - acc_all[s] for s in ss if s in acc_all]
+            if cell == "xi":
+                vs_xi = ""
+            else:
+                k, mean, half = paired_accuracy(rows, n, (target, stat), ("1/4", "xi"))
+                sep = separated(mean, half)
+                vs_xi = f"{mean:+.2f} ± {half:.2f} ({'separated' if sep else 'not separated'})"
+                vs_xi = vs_xi if len(k) >= 2 else ""
+            body.append(
+                f"| {n} | {LABELS[cell]} | {len(ss)} | {_pm2(acc)} | "
+                f"{_pm2(d_all) if d_all else ''} | {vs_xi} | {equal} of {len(seen)} |"
+            )
+    if not body:
+        return [], same
+    return [
+        "## Accuracy (the consensus-control runs of the same cells)",
+        "",
+        "The same seeds and recipe trained to the end (phases 2–3 at exact averaging) by the "
+        "consensus-control preset (its rows `p1-none`, `p1-1over4-theta`, `p1-1over4-xi`, "
+        "`p1-1over4-sketch`): test accuracy of the averaged model, mean ± 95 % CI; Δ paired on "
+        "the seed, *separated* when the interval excludes 0. The last column counts the seeds "
+        "whose phase-1 gossip rounds and late Ξ there equal this study's (Ξ to the 6 digits "
+        "cells.csv keeps): the same trajectory.",
+        "",
+        "| n | cell | seeds | accuracy (%) | Δ vs all-reduce (pp) | Δ vs ¼ · max Ξ (pp) | "
+        "same phase 1 |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        *body,
+        "",
+    ], same
+
+
+def _pm2(values: Sequence[float]) -> str:
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{m:.2f}"
+    h = T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / math.sqrt(len(values))
+    return f"{m:.2f} ± {h:.2f}"
+
+
+def _late(late: Sequence[dict[str, str]], n: int, cell: str) -> dict[int, dict[str, str]]:
+    return {int(r["round"]): r for r in late if int(r["n"]) == n and r["cell"] == cell}
+
+
+def _span(values: Sequence[float], fmt: str, sep: str = "–") -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}{sep}{hi:{fmt}}"
+
+
+def _reading(
+    ns: Sequence[int],
+    by: dict[tuple[int, str], dict[int, dict[str, str]]],
+    late: Sequence[dict[str, str]],
+    rows: Sequence[dict[str, Any]],
+    same: dict[tuple[int, str], tuple[int, int]],
+) -> list[str]:
+    """The reading; every number computed from the tables (and the consensus-control runs)."""
+    drop_t, drop_x, fall = [], [], []
+    for n in ns:
+        th = _late(late, n, "theta")
+        if 1 in th and 2 in th:
+            drop_t.append(float(th[1]["theta"]) / float(th[2]["theta"]))
+            drop_x.append(100 * (1 - float(th[2]["xi"]) / float(th[1]["xi"])))
+        xi = _late(late, n, "xi")
+        if len(xi) >= 2:
+            last = max(k for k, r in xi.items() if int(r["count"]) >= int(xi[1]["count"]) // 2)
+            fall.append(f"{float(xi[1]['theta_over_xi']) / float(xi[last]['theta_over_xi']):.0f}× "
+                        f"at n = {n}")  # fmt: skip
+    cells = {(c["n"], c["target"], c["statistic"]): c for c in summarize(rows) if c["phase"] == "1"}
+    theta_ratios = [c["rounds_ratio"] for (n, t, st), c in cells.items()
+                    if n in ns and st == "theta" and t in ("1/4", "1/8")]  # fmt: skip
+    gaps = "".join(f", {1 - 2 * math.cos(2 * math.pi / n) / 3 - 1 / 3:.2g} at n = {n}" for n in ns)
+    p1 = (
+        "**Why a target on Θ stops at two rounds.** A step's local updates inject a disagreement "
+        "that is nearly independent across peers — spread over all modes of W, so mostly over "
+        "the many fast ones, which Θ weighs by (1 − λ)². Round 1 of the step sees it whole: Θ "
+        "after round 1 is about the same whether Ξ is large or small (compare round 1 of the "
+        "uncontrolled and the ¼ · max Ξ runs in the tables). One round of the ring removes the "
+        f"fast part, and Θ after round 2 drops {_span(drop_t, '.2f')}× while Ξ drops "
+        f"{_span(drop_x, '.1f')} % (the ¼ · max Θ rows, late): what is left sits in the ring's "
+        f"slow modes (λ₂ = ⅓ + ⅔ cos(2π/n), so 1 − λ₂ ≈ {gaps[2:]}), which carry nearly all of "
+        "Ξ and almost none of Θ. The calibration takes max Θ from round 1 of uncontrolled steps, "
+        "early in the phase (the table of maxima: max Θ falls on an early step, at the highest "
+        "learning rate; max Ξ on a late one), so ¼ · max Θ and ⅛ · max Θ both lie between Θ "
+        "after round 2 and Θ after round 1: the stop rule fires after round 2 on essentially "
+        "every step, whatever the factor"
+        + (
+            f" — the {_span(theta_ratios, '.2f')}× the uncontrolled rounds of the consensus-"
+            "control report's ¼ and ⅛ · max Θ cells"
+            if theta_ratios
+            else ""
+        )
+        + ". Both hypotheses hold, and they compound: Θ/Ξ shrinks within a step as the "
+        "disagreement concentrates in slow modes (over the rounds of a late ¼ · max Ξ step it "
+        f"falls {', '.join(fall)}), and the calibrated target is one Θ meets after one repeat."
+    )
+    rel, cost, cal, sd = {}, {}, [], []
+    within: dict[int, bool] = {}
+    for n in ns:
+        ref, sk = by.get((n, "xi"), {}), by.get((n, "sketch"), {})
+        seeds = sorted(set(ref) & set(sk))
+        if seeds:
+            within[n] = all(
+                abs(float(sk[s]["late_xi"]) / float(ref[s]["late_xi"]) - 1) <= 0.25 for s in seeds
+            )
+            rel[n] = statistics.fmean(float(sk[s]["late_xi"]) / float(ref[s]["late_xi"])
+                                      for s in seeds)  # fmt: skip
+            cost[n] = statistics.fmean(int(sk[s]["rounds"]) / int(ref[s]["rounds"]) for s in seeds)
+        cal += [
+            float(r["max_sketch"]) / float(r["max_xi"]) for r in by.get((n, "none"), {}).values()
+        ]
+        sd += [float(r["sketch_over_xi_sd"]) for (nn, _), d in by.items() if nn == n
+               for r in d.values()]  # fmt: skip
+    means = [float(r["sketch_over_xi_mean"]) for d in by.values() for r in d.values()]
+    p2 = (
+        "**What tracks Ξ.** No rescaling of Θ by a constant helps (a calibrated target is "
+        "relative, so a constant cancels), and a spectral correction would have to know how the "
+        "disagreement spreads over the modes, which changes within a step. The sketch statistic "
+        f"measures Ξ itself: Ξ̂/Ξ stays near 1 (per-run means {_span(means, '.3f')}) with a "
+        f"per-round standard deviation of {_span([100 * v for v in sd], '.0f')} % (the accuracy "
+        "lines above), whatever the round of the step. Its target "
+        + (
+            "lands within the 25 % asked for of the exact-Ξ target's Ξ on every seed"
+            if within and all(within.values())
+            else "does not land within the 25 % asked for of the exact-Ξ target's Ξ on every seed "
+            "at " + ", ".join(f"n = {n}" for n, ok in within.items() if not ok)
+        )
+        + " (the checks above); the remaining offset (Ξ on average "
+        + ", ".join(
+            f"{100 * (v - 1):.0f} % above the exact target's at n = {n}" for n, v in rel.items()
+        )
+        + ") comes from the calibration's max, which picks the upward noise of Ξ̂ among the "
+        "phase's steps (max Ξ̂ / max Ξ in the calibration tables: "
+        f"{_span(cal, '.2f') if cal else '—'}), so the target itself sits that much higher — and "
+        "the rounds follow: "
+        + ", ".join(f"{v:.2f} × the exact target's at n = {n}" for n, v in cost.items())
+        + ", far more than Θ's two per step. A larger sketch (k) or a calibration that smooths "
+        "Ξ̂ over steps before taking the max would shrink that offset."
+    )
+    agree = [f"n = {n}, {LABELS[c]}: {e} of {k}" for (n, c), (e, k) in sorted(same.items())]
+    p3 = (
+        "**Same runs as the consensus-control report.** Seeds whose phase-1 gossip rounds and "
+        "late Ξ in that report's runs equal this study's (the last column of the accuracy "
+        "table; logging the other statistics does not change the trajectory): "
+        + ("; ".join(agree) if agree else "none compared")
+        + "."
+    )
+    p4 = (
+        "**Not measured here.** The processes engine at this scale (the engines' agreement is "
+        "tested on a small run: tests/integration/test_orchestrated_sketch.py) and the other "
+        "phases" + ("" if same else "; accuracy (the runs stop at the end of phase 1)") + "."
+    )
+    return ["## Reading", "", p1, "", p2, "", p3, "", p4, ""]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -443,12 +662,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--out", required=True)
     t = sub.add_parser("tables")
     t.add_argument("dirs", nargs="+")
+    t.add_argument("--merge", action="store_true", help="add to this folder's cells/rounds.csv")
     sub.add_parser("report")
     args = p.parse_args(argv)
     if args.cmd == "run":
         cmd_run(args)
     elif args.cmd == "tables":
-        cmd_tables([Path(d) for d in args.dirs])
+        cmd_tables([Path(d) for d in args.dirs], merge=args.merge)
     else:
         cmd_report()
 
