@@ -7,9 +7,10 @@ local batch 16, Nesterov 0.9, weight decay 1e-4, 5 % warm-up, LR ×0.1 at 50 % a
 n (``--columns n32,n64``; default both) and each seed, the all-reduce baseline and, for each
 phase k (``dec-phase-k``: gossip in phase k only, exact averaging elsewhere), the uncontrolled
 run and constant targets ½, ¼ (and ⅛) × the max of the statistic over phase k of an uncontrolled
-calibration pass — the exact consensus distance Ξ (``xi``) and its estimator Θ (``theta``) side
-by side — plus the paper's adaptive target (factor × an EMA of the gradient norm). Cells are
-rows (``--rows``; `CELLS`); seeds are paired (every cell runs on the same seeds as all-reduce).
+calibration pass — the exact consensus distance Ξ (``xi``), its estimator Θ (``theta``) and the
+sketch estimate Ξ̂ (``sketch``) side by side — plus the paper's adaptive target (factor × an EMA
+of the gradient norm). Cells are rows (``--rows``; `CELLS`); seeds are paired (every cell runs on
+the same seeds as all-reduce).
 
 Output (``--out``): ``runs.csv`` (one row per run: n, phase, target, statistic, seed, accuracy,
 gossip_rounds, bytes_per_peer, …), ``report.md`` (mean ± 95 % confidence interval per cell, the
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
+from concord.lab.presets.consensus_separation import separation
 from concord.lab.presets.recipes import BASELINE_FIX, MNIST1D_RECIPE
 from concord.lab.presets.report import environment, reproducibility_section, run_manifest
 from concord.lab.presets.spec import PresetRequest, RunList, Study, command_line
@@ -47,8 +49,8 @@ NAME = "consensus-control"
 TITLE = "Consensus control, Table 2 shape (MNIST-1D, ring, n = 16 to 128)"
 BASE = (*MNIST1D_RECIPE, *BASELINE_FIX, "topology=ring", "algorithm=dsgd", "control.max_rounds=50")
 SEEDS = (0, 1, 2, 3, 4)
-COLUMNS = {"n16": 16, "n32": 32, "n64": 64, "n128": 128}
-DEFAULT_COLUMNS = ("n32", "n64")  # n16 and n128 for the scaling in n (``--columns``)
+COLUMNS = {"n16": 16, "n32": 32, "n64": 64, "n128": 128, "n256": 256}
+DEFAULT_COLUMNS = ("n32", "n64")  # n16, n128, n256 for the scaling in n (``--columns``)
 RUNS_CSV = (
     "n", "phase", "target", "statistic", "seed", "accuracy_avg_model", "gossip_rounds",
     "bytes_per_peer", "mode", "factor", "accuracy_worst_peer", "final_xi", "late_rounds_per_step",
@@ -91,7 +93,7 @@ def _cells() -> list[Cell]:
     cells = [Cell("allreduce", "all", "allreduce", "", "none", None)]
     for k in ("1", "2", "3"):
         cells.append(Cell(f"p{k}-none", k, "none", "", "none", None))
-        for stat in ("xi", "theta"):
+        for stat in ("xi", "theta", "sketch"):
             for label, factor in (("1/2", 0.5), ("1/4", 0.25), ("1/8", 0.125)):
                 key = f"p{k}-{label.replace('/', 'over')}-{stat}"
                 cells.append(Cell(key, k, label, stat, "constant", factor))
@@ -213,12 +215,16 @@ def _ci(values: Sequence[float]) -> tuple[float, float]:
     return stats.mean, stats.ci95
 
 
+STATISTICS = {"xi": "Ξ (exact)", "theta": "Θ (estimator)", "sketch": "Ξ̂ (sketch)"}
+"""Control statistic → its name in the report (``control.statistic``)."""
+
+
 def _label(r: Mapping[str, Any]) -> str:
     if r["target"] == "allreduce":
         return "all-reduce"
     if r["target"] == "none":
         return f"phase {r['phase']}, uncontrolled"
-    stat = {"xi": "Ξ (exact)", "theta": "Θ (estimator)"}[r["statistic"]]
+    stat = STATISTICS[r["statistic"]]
     if r["target"] == "adaptive":
         return f"phase {r['phase']}, adaptive (¼ · EMA ‖g‖, on {stat})"
     return f"phase {r['phase']}, {r['target']} · max {stat}"
@@ -326,7 +332,7 @@ def _plots(
     for i, n in enumerate(ns):
         ax = fig.add_subplot(1, len(ns), i + 1)
         for c in (c for c in cells if c["n"] == n):
-            marker = {"xi": "o", "theta": "s", "": "D"}[c["statistic"]]
+            marker = {"xi": "o", "theta": "s", "sketch": "^", "": "D"}[c["statistic"]]
             ax.errorbar(c["rounds"], c["acc"][0], yerr=c["acc"][1], fmt=marker, capsize=3,
                         label=c["label"])  # fmt: skip
         _annotate(
@@ -398,10 +404,16 @@ counting one round for every all-reduce step of phases 2–3."""
 OTHER_PHASE1_RATIO = 5.8
 """The same ratio measured by an independent implementation of the setting, over phase 1
 alone (its gossip rounds only): what this report's ratio compares with."""
+COMPARED_N = 64
+"""The n this report's ratio is compared with `OTHER_PHASE1_RATIO` at (the largest n of the
+grid when the comparison was written; the ratio grows with n on a ring)."""
 
 
-def reading(cells: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Findings computed from the cells (so that every number of the report is the CSV's)."""
+def reading(
+    cells: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]] = ()
+) -> list[str]:
+    """Findings computed from the cells (so that every number of the report is the CSV's) and,
+    for the paired tests between cells (`separation`), from the rows of ``runs.csv``."""
     by = {(c["n"], c["phase"], c["target"], c["statistic"]): c for c in cells}
     ns = sorted({c["n"] for c in cells})
     out = ["## Reading (computed from the table)", ""]
@@ -445,18 +457,22 @@ def reading(cells: Sequence[Mapping[str, Any]]) -> list[str]:
             )
         )
     with_xi = [n for n in ns if (n, "1", "1/4", "xi") in by]
-    big = max(with_xi) if with_xi else None  # the largest n the ¼ Ξ target ran at
+    # the n of the comparison with OTHER_PHASE1_RATIO; else the largest n the ¼ Ξ target ran at
+    big = COMPARED_N if COMPARED_N in with_xi else (max(with_xi) if with_xi else None)
     xi, none = by.get((big, "1", "1/4", "xi")), by.get((big, "1", "none", ""))
     if xi is not None and none is not None:
         ratio = xi["rounds_ratio"]
         near = abs(ratio - OTHER_PHASE1_RATIO) <= 0.15 * OTHER_PHASE1_RATIO  # within 15 %
         agree = "in line with" if near else "against"
+        others = ", ".join(f"n = {n}: {by[(n, '1', '1/4', 'xi')]['rounds_ratio']:.2f}×"
+                           for n in with_xi if n != big)  # fmt: skip
         out.append(
             f"- **Rounds of the ¼ Ξ target.** The paper's about {PAPER_RATIO}× the uncontrolled "
             "rounds counted one round for every all-reduce step of phases 2–3 as well; counted "
             f"over phase 1 alone, an independent implementation of the same setting costs "
-            f"{OTHER_PHASE1_RATIO}×, {agree} this table's n = {big}: {ratio:.2f}×. The cost is "
-            "steady, not a warm-up effect: late in "
+            f"{OTHER_PHASE1_RATIO}×, {agree} this table's n = {big}: {ratio:.2f}×"
+            + (f" (the other sizes: {others})" if others else "")
+            + ". The cost is steady, not a warm-up effect: late in "
             f"phase 1 it takes {xi['late_rounds']:.1f} rounds per step (the first steps need "
             "one: Ξ starts at 0, every replica at x⁰). The uncontrolled Ξ grows through the "
             f"phase toward the maximum the target is ¼ of (late in phase 1 it averages "
@@ -477,6 +493,8 @@ def reading(cells: Sequence[Mapping[str, Any]]) -> list[str]:
             "fast-mixing components are gone, so a lower Θ target is met after about the same "
             "rounds while the slow components of Ξ stay."
         )
+    for n in ns:
+        out += separation(rows, n)
     out.append("")
     return out
 
@@ -537,7 +555,13 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         "uncontrolled calibration pass of the same seed — **Ξ** the exact consensus distance "
         "(vectorized engine only), **Θ** the estimator real peers use; the adaptive target is "
         "¼ × an EMA of the gradient norm (the paper's practical guideline), controlled on Θ. "
-        "Accuracy: the averaged model on the 4 000 test samples after the last step. "
+        + (
+            "**Ξ̂** the sketch estimate of Ξ (`control.statistic = 'sketch'`, the "
+            "[theta-xi study](../theta-xi/report.md)). "
+            if any(r["statistic"] == "sketch" for r in rows)
+            else ""
+        )
+        + "Accuracy: the averaged model on the 4 000 test samples after the last step. "
         "Cells: mean ± 95 % confidence interval (Student's t) over the seeds; Δ: the paired "
         "difference to all-reduce on the same seed; *late*: means over the second half of the "
         "gossip phase (rounds per step, and the exact Ξ after the step — measured for every "
@@ -581,7 +605,7 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
             verdict = {True: "holds", False: "**does not hold**", None: "not measured"}[holds]
             lines.append(f"- {claim}: {verdict} ({numbers})")
         lines.append("")
-    lines += reading(cells)
+    lines += reading(cells, rows)
     lines += before_after(out, cells)
     lines += [f"![accuracy against rounds]({p})" for p in plots if p == "accuracy-rounds.png"]
     lines += [f"![degradation against n]({p})" for p in plots if p == "scaling.png"]
