@@ -368,15 +368,19 @@ def _plots(
         _save(fig, out, "scaling.png", written)
     for n in ns:
         seed = min(r["seed"] for r in rows if r["n"] == n)
+        drawn = [r for r in rows if (r["n"], r["seed"]) == (n, seed) and r["phase"] == "1"
+                 and r["status"] == "ok"]  # fmt: skip
+        have = [(out / "runs" / str(r["run"]) / "metrics.jsonl").is_file() for r in drawn]
+        if not all(have) and (out / f"xi-n{n}.png").is_file():
+            # a report rebuilt from runs.csv alone, or resumed with only some of the runs here:
+            # keep the old plot rather than draw a part of its lines
+            written.append(f"xi-n{n}.png")
+            continue
         fig = _figure(7)
         ax = fig.add_subplot(1, 1, 1)
-        for r in rows:
-            if (r["n"], r["seed"]) != (n, seed) or r["phase"] not in ("1", "all"):
-                continue
-            if r["status"] != "ok" or r["target"] == "allreduce":
-                continue
+        for r in drawn:
             path = out / "runs" / str(r["run"]) / "metrics.jsonl"
-            if not path.is_file():  # a report rebuilt from runs.csv alone: keep the old plot
+            if not path.is_file():
                 continue
             pts = [(d["step"], d["xi"]) for d in map(json.loads, path.read_text().splitlines())
                    if d.get("kind") == "step" and d.get("xi") is not None]  # fmt: skip
