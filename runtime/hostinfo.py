@@ -22,7 +22,12 @@ flat JSON object (dotted keys):
   threads;
 - ``env.*``: the thread and dispatch environment variables that are set (``OMP_NUM_THREADS``,
   ``MKL_NUM_THREADS``, ``ATEN_CPU_CAPABILITY``, …);
-- ``python.*``: version, implementation, build, compiler; ``os.*``: system, kernel release, libc.
+- ``python.*``: version, implementation, build, compiler; ``os.*``: system, kernel release, libc;
+- ``data.<dataset>.*`` (only when a dataset built from this host's files was read in this
+  process: ``data.pystdlib-chars.*``, `concord.core.data.pystdlib.corpus_host_facts`): the
+  corpus's file count, bytes and its ``files_sha256`` / ``corpus_sha256`` — the standard library
+  of another Python build is other training data, which `concord.lab.verify` tells apart from
+  another host ("corpus differs").
 
 It reads files and already-loaded modules only (a few milliseconds; no import of torch or numpy).
 `DECISIVE` names the facts that change float results; the others (microcode, kernel, Python
@@ -43,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CORPUS_DECISIVE",
+    "CORPUS_MODULES",
     "DECISIVE",
     "ENV_VARS",
     "HostDifference",
@@ -75,6 +82,14 @@ _CPU_FIELDS = {
     "model name": "cpu.model_name",
 }
 
+CORPUS_MODULES = ("concord.core.data.pystdlib",)
+"""Modules of datasets read from this host's files; each has ``corpus_host_facts()``."""
+CORPUS_DECISIVE = (
+    "data.pystdlib-chars.files_sha256",
+    "data.pystdlib-chars.corpus_sha256",
+)
+"""The corpus facts that decide (other data, other results)."""
+
 DECISIVE = (
     "cpu.vendor",
     "cpu.family",
@@ -92,6 +107,7 @@ DECISIVE = (
     "torch.openmp",
     "torch.parallel_backend",
     *(f"env.{name}" for name in ENV_VARS),
+    *CORPUS_DECISIVE,
 )
 """The facts whose difference can change float results (an instruction-set difference is shown
 through ``cpu.isa``, the hash only decides; ``cpu.flags`` is recorded to explain)."""
@@ -184,6 +200,16 @@ def _torch() -> dict[str, JSONValue]:
     return facts
 
 
+def _corpora() -> dict[str, JSONValue]:
+    """``data.*`` facts of the corpora read in this process (`CORPUS_MODULES` already loaded)."""
+    facts: dict[str, JSONValue] = {}
+    for name in CORPUS_MODULES:
+        read = getattr(sys.modules.get(name), "corpus_host_facts", None)
+        if callable(read):
+            facts.update(read())
+    return facts
+
+
 def host_facts(*, cpuinfo: str | None = None) -> dict[str, JSONValue]:
     """This host's facts (see the module's docstring), a flat JSON object with dotted keys;
     ``cpuinfo``: the text of ``/proc/cpuinfo`` (None: read it; absent on other systems: the
@@ -210,6 +236,7 @@ def host_facts(*, cpuinfo: str | None = None) -> dict[str, JSONValue]:
     facts["os.system"] = platform.system()
     facts["os.kernel"] = platform.release()
     facts["os.libc"] = " ".join(platform.libc_ver()).strip()
+    facts.update(_corpora())
     return {k: v for k, v in facts.items() if v is not None}
 
 

@@ -78,6 +78,10 @@ PINNED: dict[str, dict[str, str | int]] = {
 """Measured corpora: ``"<implementation> <version>"`` → files, bytes and the two hashes
 (`corpus_facts`). Informative: a run checks its corpus only against ``expected_sha256``."""
 
+_LOADED: dict[str, str | int] = {}
+"""`corpus_facts` of the corpus this process last read (`read_corpus`; empty: none), which
+`corpus_host_facts` gives the host facts of the run (`concord.runtime.hostinfo`)."""
+
 
 def _byte_table() -> np.ndarray:
     table = np.full(256, UNK, dtype=np.uint8)
@@ -160,7 +164,7 @@ def read_corpus(root: Path | None = None) -> Corpus:
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     raw = np.frombuffer(b"".join(blobs), dtype=np.uint8)
     names, group = _groups(files, lengths)
-    return Corpus(
+    corpus = Corpus(
         root=base,
         files=files,
         codes=BYTE_TO_CODE[raw],
@@ -171,6 +175,18 @@ def read_corpus(root: Path | None = None) -> Corpus:
         files_sha256=hashlib.sha256("\n".join(files).encode()).hexdigest(),
         corpus_sha256=corpus_hash.hexdigest(),
     )
+    _LOADED.clear()
+    _LOADED.update(corpus_facts(corpus))
+    return corpus
+
+
+def corpus_host_facts() -> dict[str, str | int]:
+    """The corpus this process read (`read_corpus`), as host facts with dotted keys
+    ``data.pystdlib-chars.<fact>`` (`corpus_facts`: files, bytes, groups, ``files_sha256``,
+    ``corpus_sha256``); empty when it read none. `concord.runtime.hostinfo.host_facts` records
+    them when this module is loaded, so a run's manifest and a report's ``preset.json`` name the
+    corpus, and ``concord report verify`` can tell a different corpus from another host."""
+    return {f"data.{NAME}.{key}": value for key, value in _LOADED.items()}
 
 
 def _groups(files: list[str], lengths: np.ndarray) -> tuple[list[str], np.ndarray]:
@@ -312,3 +328,32 @@ def load_pystdlib_chars(
         meta=meta,
         groups_train=torch.from_numpy(groups[tr].astype(np.int64)),
     )
+
+
+def reference_scores(dataset: Dataset, test_samples: int | None = None) -> dict[str, float]:
+    """What a model without the transformer's context reaches on ``dataset``'s first
+    ``test_samples`` test windows (None: all): the **unigram** reference (always the training
+    labels' most frequent character; loss of their add-one-smoothed frequencies) and the
+    **bigram** reference (the most frequent successor of the window's last character; loss of
+    add-one-smoothed successor frequencies), both counted over every character pair of the
+    training windows. Keys ``unigram_accuracy``, ``unigram_loss``, ``bigram_accuracy``,
+    ``bigram_loss`` (accuracy a fraction, loss in nats: perplexity = exp(loss))."""
+    x_tr = dataset.x_train.numpy().astype(np.int64)
+    y_tr = dataset.y_train.numpy().astype(np.int64)
+    stop = None if test_samples is None else check_positive_int("test_samples", test_samples)
+    x_te = dataset.x_test.numpy().astype(np.int64)[:stop]
+    y_te = dataset.y_test.numpy().astype(np.int64)[:stop]
+    vocab = dataset.num_classes
+    unigram = np.bincount(y_tr, minlength=vocab).astype(np.float64) + 1.0
+    unigram /= unigram.sum()
+    seqs = np.concatenate([x_tr, y_tr[:, None]], axis=1)
+    pairs = np.ones((vocab, vocab), dtype=np.float64)
+    np.add.at(pairs, (seqs[:, :-1].ravel(), seqs[:, 1:].ravel()), 1.0)
+    pairs /= pairs.sum(axis=1, keepdims=True)
+    last = x_te[:, -1]
+    return {
+        "unigram_accuracy": float(np.mean(y_te == int(np.argmax(unigram)))),
+        "unigram_loss": float(-np.mean(np.log(unigram[y_te]))),
+        "bigram_accuracy": float(np.mean(np.argmax(pairs[last], axis=1) == y_te)),
+        "bigram_loss": float(-np.mean(np.log(pairs[last, y_te]))),
+    }

@@ -36,7 +36,7 @@ from typing import Any
 from rich.console import Console
 
 from concord.core.config import apply_overrides, load_config
-from concord.lab.presets import async_report, consensus
+from concord.lab.presets import async_report, consensus, consensus_pystdlib, pystdlib
 from concord.lab.presets.catalog import PRESETS
 from concord.lab.presets.report import environment, run_manifest, write_report
 from concord.lab.presets.spec import (
@@ -122,7 +122,9 @@ def studies() -> dict[str, Study]:
     (`concord.lab.presets.catalog.PRESETS`, run by `run_preset`), then consensus-control and
     async (`concord.lab.presets.async_report`)."""
     grids = {p.name: Study(p.name, p.title, partial(run_preset, p)) for p in PRESETS.values()}
-    return {**grids, consensus.NAME: consensus.STUDY, "async": async_report.study(run_preset)}
+    relay = pystdlib.relay_study(run_preset)
+    return {**grids, consensus.NAME: consensus.STUDY, "async": async_report.study(run_preset),
+            consensus_pystdlib.NAME: consensus_pystdlib.STUDY, relay.name: relay}  # fmt: skip
 
 
 def get_study(name: str) -> Study:

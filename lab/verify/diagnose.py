@@ -57,13 +57,23 @@ class HostState:
     no host facts, and the torch / CPU / threads the report records are equal — they do not
     establish the same host); ``facts``: the differing facts as a verdict shows them;
     ``from_facts``: False when the report records no host facts and the comparison fell back to
-    its torch / CPU / threads."""
+    its torch / CPU / threads; ``corpus``: the differing facts of a dataset read from the host's
+    files (``data.*``, `concord.runtime.hostinfo.CORPUS_DECISIVE`) — other training data, not
+    another machine: a cell's difference is then the corpus's (`describe_corpus`)."""
 
     state: str
     facts: tuple[str, ...] = ()
     from_facts: bool = True
+    corpus: tuple[str, ...] = ()
+
+    def describe_corpus(self) -> str:
+        return "corpus differs: " + ", ".join(self.corpus) if self.corpus else "corpus: same"
 
     def describe(self) -> str:
+        if self.corpus:
+            other = [f for f in self.facts if f not in self.corpus]
+            host = f"; host differs too: {', '.join(other)}" if other else "; host: same"
+            return self.describe_corpus() + host
         if self.state == "same":
             what = "host facts" if self.from_facts else "torch, CPU and threads (no host facts)"
             return f"host: same ({what} equal)"
@@ -102,13 +112,15 @@ def compare_hosts(recorded: Mapping[str, Any], here: Mapping[str, Any]) -> HostS
     `concord.lab.presets.report.environment`). The threads per run count with the host facts."""
     old, new = recorded.get("host"), here.get("host")
     if isinstance(old, dict) and isinstance(new, dict):
-        facts = [str(d) for d in host_differences(old, new)]
+        found = host_differences(old, new)
+        facts = [str(d) for d in found]
+        corpus = tuple(str(d) for d in found if d.key.startswith("data."))
         facts += [  # the model name and the threads per run, as the report states them
             f"{label} {recorded.get(key)} → {here.get(key)}"
             for key, label in _FALLBACK[1:]
             if recorded.get(key) is not None and str(recorded.get(key)) != str(here.get(key))
         ]
-        return HostState("differs" if facts else "same", tuple(facts))
+        return HostState("differs" if facts else "same", tuple(facts), corpus=corpus)
     if recorded.get("torch") is None:
         return HostState("not recorded", from_facts=False)
     facts = [

@@ -10,6 +10,7 @@ likely reason of a difference, not as an error.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -171,6 +172,22 @@ def _state(host: HostState) -> str:
     return "differs: " + ", ".join(host.facts) if host.state == "differs" else host.state
 
 
+def with_corpus(here: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    """``here`` (`environment`) with the ``data.*`` host facts of the re-run in ``run_dir`` (its
+    ``manifest.json``: the corpus its worker read, e.g. ``data.pystdlib-chars.corpus_sha256``),
+    which this process, which loaded no dataset, does not have."""
+    out = dict(here)
+    try:
+        recorded = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return out
+    facts = recorded.get("host") if isinstance(recorded, dict) else None
+    if isinstance(facts, dict) and isinstance(out.get("host"), dict):
+        data = {k: v for k, v in facts.items() if str(k).startswith("data.")}
+        out["host"] = {**out["host"], **data}
+    return out
+
+
 def check_tolerances(tol: float, count_tol: float | None) -> None:
     if not math.isfinite(tol) or tol < 0:
         raise VerifyError(f"--tol must be a number of percentage points >= 0, got {tol}")
@@ -216,9 +233,13 @@ def cause_of(host: HostState, code: CodeState) -> str:
     not recorded  undecided  unknown     unknown
     ============  =========  ==========  =========
 
+    "corpus" before all: the dataset's corpus (``data.*`` host facts, e.g. the standard library
+    of ``pystdlib-chars``) differs from the recorded one — the cell trained on other data.
     "undecided": the host or the code (``--at-commit`` can decide when the code differs), or on
     the same host the code or a regression (the code unknown); "unknown": the host is not
     recorded and the code not known to differ."""
+    if host.corpus:
+        return "corpus"
     if host.state == "differs":
         return "undecided" if code.state == "differs" else "host"
     if host.state == "same":
@@ -231,6 +252,13 @@ def _verdict_lines(name: str, failed: Sequence[str], host: HostState, code: Code
     neither (`cause_of`)."""
     text = f"verdict: {name} DIFFERS in {', '.join(failed)}"
     cause = cause_of(host, code)
+    if cause == "corpus":
+        return (
+            f"{text}: {host.describe()}; {code.describe()}. The dataset was read from this "
+            "host's files and they are not the recorded ones (another Python's standard "
+            "library): the cell trained on other data, so its numbers need not match — run it "
+            "with the recorded Python (the report's preset.json names the corpus hashes)."
+        )
     if cause == "host":
         same = "the same code as the report" if code.state == "same" else "code not compared"
         return (
@@ -398,7 +426,8 @@ def rerun(
     )
     outcome = rows[0]
     summary = read_summary(out_dir / "runs" / name)
-    here = environment(threads=cfg.threads, jobs=1, engine=cfg.engine)
+    here = with_corpus(environment(threads=cfg.threads, jobs=1, engine=cfg.engine),
+                       out_dir / "runs" / name)  # fmt: skip
     machine = _machine(target.recorded, here)
     host = compare_hosts(target.recorded, here)
     code = compare_code(target, code_root)

@@ -18,6 +18,7 @@ from concord.core.data.pystdlib import (
     corpus_facts,
     decode,
     read_corpus,
+    reference_scores,
     stdlib_files,
 )
 
@@ -90,6 +91,25 @@ def test_samples_are_the_next_character_of_corpus_windows(tmp_path: Path) -> Non
     assert data.groups_train is not None
     assert data.meta["files"] == 5
     assert len(data.meta["corpus_sha256"]) == 64
+
+
+def test_reference_scores_count_the_training_windows(tmp_path: Path) -> None:
+    """A corpus of one repeated line: the bigram reference predicts every next character of a
+    line it saw (accuracy 1 on the held-out windows, loss well below the unigram's), exact
+    because every successor is deterministic in "abcabc…"."""
+    root = tmp_path / "lib"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("abc" * 400)
+    data = load_dataset("pystdlib-chars", seed=0, root=root, num_samples=100, seq_len=4)
+    refs = reference_scores(data)
+    assert refs["bigram_accuracy"] == 1.0
+    # windows of 5 characters start at every residue mod 3: the labels are a, b and c alike
+    assert refs["unigram_accuracy"] == pytest.approx(1 / 3, abs=0.2)
+    # add-one smoothing over 98 characters keeps both losses above 0; the bigram is sharper
+    assert 0 < refs["bigram_loss"] < refs["unigram_loss"] / 1.5
+    assert reference_scores(data, test_samples=3)["bigram_accuracy"] == 1.0
+    with pytest.raises(ValueError, match="test_samples"):
+        reference_scores(data, test_samples=0)
 
 
 def test_loading_is_seeded_and_holds_out_a_fraction_of_every_package() -> None:

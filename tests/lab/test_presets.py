@@ -108,7 +108,7 @@ def test_unknown_preset_row_column_and_seeds_are_clear_errors() -> None:
     listed = CliRunner().invoke(main, ["sweep", "--list-presets"])
     assert listed.exit_code == 0
     listed_names = [line.split()[0] for line in listed.output.splitlines()]
-    assert listed_names == [*PRESETS, "consensus-control", "async"]
+    assert listed_names == [*PRESETS, "consensus-control", "async", "consensus-pystdlib"]
 
 
 def test_tiny_preset_run_writes_report_table_and_plots(tmp_path: Path) -> None:
@@ -226,7 +226,7 @@ def test_every_preset_runs_through_one_study_table(tmp_path: Path) -> None:
     from concord.lab.presets import Study, get_study, studies
 
     table = studies()
-    assert list(table) == [*PRESETS, "consensus-control", "async"]
+    assert list(table) == [*PRESETS, "consensus-control", "async", "consensus-pystdlib"]
     assert all(isinstance(s, Study) and s.name == name for name, s in table.items())
     assert get_study("consensus-control").title.startswith("Consensus control")
     with pytest.raises(ValueError, match=r"unknown preset 'nope'; valid: .*, consensus-control"):
