@@ -203,7 +203,7 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         'packages (`partition.scheme = "groups"`), the 2-layer `char-transformer` at width 64 '
         "(4 heads), local batch 16, lr 1.0, Nesterov 0.9, gradients clipped at norm 1, 5 % "
         "warm-up, LR ×0.1 at 50 % and 75 %, 4 epochs (`PYSTDLIB_RECIPE` + `PYSTDLIB_BUDGET`, "
-        "lab/presets/pystdlib.py; the budget is docs/datasets.md's). `dec-phase-k`: gossip in "
+        "lab/presets/pystdlib.py; why this budget: docs/algorithms.md). `dec-phase-k`: gossip in "
         "phase k, exact averaging in the others. Constant targets are the factor × the max of "
         "the named statistic over phase k of an uncontrolled calibration pass of the same seed "
         "— **Ξ** the exact consensus distance (vectorized engine only), **Θ** the estimator "

@@ -8,8 +8,9 @@ standard library's source, each peer holding whole top-level packages; `PYSTDLIB
 - ``consensus-pystdlib``: consensus control's Table-2 shape on the same task
   (`concord.lab.presets.consensus_pystdlib`).
 
-Both run at `PYSTDLIB_BUDGET` (docs/datasets.md, "pystdlib-chars": why this budget). The
-learning rate is one untuned choice for every row (smoke runs); ``--tune`` runs each row's grid.
+Both run at `PYSTDLIB_BUDGET` (why this budget: docs/algorithms.md, "A task with natural
+heterogeneity"). The learning rate is one untuned choice for every row (smoke runs); ``--tune``
+runs each row's grid.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ PYSTDLIB_BUDGET: tuple[str, ...] = (
     "eval.every=2.0",
     "eval.peer_samples=500",
 )
-"""The CPU budget of this module's studies, after `PYSTDLIB_RECIPE` (docs/datasets.md,
+"""The CPU budget of this module's studies, after `PYSTDLIB_RECIPE` (docs/algorithms.md,
 "pystdlib-chars"): 16 000 windows of 32 characters (14 400 for training, the first 2 000 held-out
 windows evaluated), the 2-layer `char-transformer` at width 64 (4 heads), local batch 16, lr 1.0,
 4 epochs. Measured at n = 16 on one core under load ~3: all-reduce about 20 s a run and D-SGD

@@ -47,7 +47,7 @@ from concord.lab.presets.plots import (
 from concord.lab.presets.spec import Preset, PresetGrid, Setup
 from concord.lab.report import format_duration, markdown_grid
 from concord.lab.sweep import METRICS, SweepRun
-from concord.lab.verify.paths import code_dirty
+from concord.lab.verify.paths import MANIFEST_VERSION, TABLE_METRICS, code_dirty
 from concord.runtime.records import read_summary
 
 _DPI = 110
@@ -104,21 +104,6 @@ def environment(
         "git_commit": git_commit(),
         "git_dirty": code_dirty(),
     }
-
-
-MANIFEST_VERSION = 2
-"""The version of ``preset.json``'s run manifest (`run_manifest`). 1: ``engine``, ``base``,
-``set`` and ``runs`` (the table is ``table.csv``, its run names in ``name``, the generic metric
-columns); 2 adds ``manifest_version``, ``table``, ``name_column`` and ``metrics``."""
-
-TABLE_METRICS: Mapping[str, str] = {
-    "accuracy_avg_model": "accuracy_avg_model",
-    "accuracy_worst_peer": "accuracy_worst_peer",
-    "gossip_rounds_total": "gossip_rounds_total",
-    "bytes_sent_total": "bytes_sent_total",
-}
-"""The compared metrics of a ``table.csv`` (`concord.lab.sweep.write_csv`): metric → column.
-The metrics ``concord report verify`` knows: these four and ``bytes_per_peer``."""
 
 
 def run_manifest(

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from concord.core.records import RunSummary
-from concord.lab.presets.report import MANIFEST_VERSION, TABLE_METRICS
 from concord.lab.sweep import SweepRun
+from concord.lab.verify.paths import MANIFEST_VERSION, TABLE_METRICS
 
 __all__ = ["METRICS", "Cell", "Metric", "Target", "VerifyError", "load_target", "number"]
 

@@ -1,15 +1,41 @@
 """Which paths of the repository hold code (`CODE_PATHS`), and whether they have uncommitted
 changes (`code_dirty`): what a report records (``git_dirty``) and ``concord report verify``
-compares between commits. A light module (pathlib and subprocess only), so that importing it —
-from `concord.lab.presets.report` or `concord.lab.verify.diagnose` — loads no plotting stack.
+compares between commits; and the version and default metrics of a report's run manifest
+(`MANIFEST_VERSION`, `TABLE_METRICS`), which both the reports (`concord.lab.presets.report`)
+and the verifier (`concord.lab.verify.manifest`) use. A light module (pathlib and subprocess
+only), so that importing it — from `concord.lab.presets.report` or `concord.lab.verify.diagnose`
+— loads no plotting stack.
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["CODE_PATHS", "LAYER_DIRS", "ROOT_PACKAGE", "code_dirty"]
+__all__ = [
+    "CODE_PATHS",
+    "LAYER_DIRS",
+    "MANIFEST_VERSION",
+    "ROOT_PACKAGE",
+    "TABLE_METRICS",
+    "code_dirty",
+]
+
+MANIFEST_VERSION = 2
+"""The version of ``preset.json``'s run manifest (`concord.lab.presets.report.run_manifest`).
+1: ``engine``, ``base``, ``set`` and ``runs`` (the table is ``table.csv``, its run names in
+``name``, the generic metric columns); 2 adds ``manifest_version``, ``table``, ``name_column``
+and ``metrics``."""
+
+TABLE_METRICS: Mapping[str, str] = {
+    "accuracy_avg_model": "accuracy_avg_model",
+    "accuracy_worst_peer": "accuracy_worst_peer",
+    "gossip_rounds_total": "gossip_rounds_total",
+    "bytes_sent_total": "bytes_sent_total",
+}
+"""The compared metrics of a ``table.csv`` (`concord.lab.sweep.write_csv`): metric → column.
+The metrics ``concord report verify`` knows: these four and ``bytes_per_peer``."""
 
 ROOT_PACKAGE = "concord"
 """The folder of the root package ``concord`` (its public API, version and errors)."""

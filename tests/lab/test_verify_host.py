@@ -149,14 +149,23 @@ def _report(tiny: Path, dest: Path, *, host: str, commit: str | None) -> Path:
     return dest
 
 
-def _code_repo(root: Path) -> tuple[Path, str]:
-    """A git checkout with one code file (``lab/x.py``) and its first commit."""
+@pytest.fixture
+def code_repo(tmp_path: Path) -> tuple[Path, str]:
+    """A git checkout (``tmp_path/code``) with one code file (``lab/x.py``) and its first
+    commit: the code a report records."""
+    root = tmp_path / "code"
     (root / "lab").mkdir(parents=True)
     (root / "lab" / "x.py").write_text("A = 1\n")
     _git(root, "init", "-q")
     _git(root, "add", ".")
     _git(root, "commit", "-q", "-m", "first")
     return root, _git(root, "rev-parse", "HEAD")
+
+
+def _change_code(root: Path) -> None:
+    """A second commit of ``root`` that changes its code (``lab/x.py``)."""
+    (root / "lab" / "x.py").write_text("A = 2\n")
+    _git(root, "commit", "-q", "-am", "second")
 
 
 def _verify(report: Path, out: Path, code_root: Path, at_commit: bool = False) -> tuple[int, str]:
@@ -167,8 +176,10 @@ def _verify(report: Path, out: Path, code_root: Path, at_commit: bool = False) -
     return code, "\n".join(lines)
 
 
-def test_another_host_with_the_same_code_says_host_differs(tiny: Path, tmp_path: Path) -> None:
-    root, first = _code_repo(tmp_path / "code")
+def test_another_host_with_the_same_code_says_host_differs(
+    tiny: Path, tmp_path: Path, code_repo: tuple[Path, str]
+) -> None:
+    root, first = code_repo
     report = _report(tiny, tmp_path / "report", host="other", commit=first)
     code, out = _verify(report, tmp_path / "re", root)
     assert code == 1, out
@@ -183,10 +194,11 @@ def test_another_host_with_the_same_code_says_host_differs(tiny: Path, tmp_path:
     assert "2 × the std of the cell's 2 committed seeds" in out
 
 
-def test_the_same_host_with_other_code_says_code_differs(tiny: Path, tmp_path: Path) -> None:
-    root, first = _code_repo(tmp_path / "code")
-    (root / "lab" / "x.py").write_text("A = 2\n")
-    _git(root, "commit", "-q", "-am", "second")
+def test_the_same_host_with_other_code_says_code_differs(
+    tiny: Path, tmp_path: Path, code_repo: tuple[Path, str]
+) -> None:
+    root, first = code_repo
+    _change_code(root)
     report = _report(tiny, tmp_path / "report", host="same", commit=first)
     code, out = _verify(report, tmp_path / "re", root)
     assert code == 1, out
@@ -201,8 +213,10 @@ def test_the_same_host_with_other_code_says_code_differs(tiny: Path, tmp_path: P
     assert line.rstrip().endswith("DIFFERS")
 
 
-def test_the_same_host_and_code_is_a_regression(tiny: Path, tmp_path: Path) -> None:
-    root, first = _code_repo(tmp_path / "code")
+def test_the_same_host_and_code_is_a_regression(
+    tiny: Path, tmp_path: Path, code_repo: tuple[Path, str]
+) -> None:
+    root, first = code_repo
     report = _report(tiny, tmp_path / "report", host="same", commit=first)
     code, out = _verify(report, tmp_path / "re", root)
     assert code == 1, out
@@ -286,11 +300,10 @@ def test_the_audited_choco_cell_is_within_its_seed_spread_on_an_unknown_host() -
 
 
 def test_an_old_report_with_changed_code_is_not_blamed_on_the_code(
-    tiny: Path, tmp_path: Path
+    tiny: Path, tmp_path: Path, code_repo: tuple[Path, str]
 ) -> None:
-    root, first = _code_repo(tmp_path / "code")
-    (root / "lab" / "x.py").write_text("A = 2\n")
-    _git(root, "commit", "-q", "-am", "second")
+    root, first = code_repo
+    _change_code(root)
     report = _report(tiny, tmp_path / "report", host="none", commit=first)
     code, out = _verify(report, tmp_path / "re", root)
     assert code == 1, out
@@ -360,8 +373,10 @@ def _target(report: Path) -> Any:
     return load_target(report, run=RUN)
 
 
-def test_a_report_made_with_uncommitted_code_has_unknown_code(tiny: Path, tmp_path: Path) -> None:
-    root, first = _code_repo(tmp_path / "code")
+def test_a_report_made_with_uncommitted_code_has_unknown_code(
+    tiny: Path, tmp_path: Path, code_repo: tuple[Path, str]
+) -> None:
+    root, first = code_repo
     report = _report(tiny, tmp_path / "report", host="same", commit=first)
     meta = json.loads((report / "preset.json").read_text())
     meta["git_dirty"] = True
@@ -375,8 +390,10 @@ def test_a_report_made_with_uncommitted_code_has_unknown_code(tiny: Path, tmp_pa
     assert "same as the report's commit" not in out
 
 
-def test_new_untracked_code_files_make_the_code_differ(tiny: Path, tmp_path: Path) -> None:
-    root, first = _code_repo(tmp_path / "code")
+def test_new_untracked_code_files_make_the_code_differ(
+    tiny: Path, tmp_path: Path, code_repo: tuple[Path, str]
+) -> None:
+    root, first = code_repo
     report = _report(tiny, tmp_path / "report", host="same", commit=first)
     assert compare_code(_target(report), root).state == "same"
     (root / "lab" / "new.py").write_text("B = 1\n")
@@ -386,13 +403,14 @@ def test_new_untracked_code_files_make_the_code_differ(tiny: Path, tmp_path: Pat
     assert "with uncommitted changes" in code.detail
 
 
-def test_at_commit_of_a_report_outside_git_keeps_the_verdict(tiny: Path, tmp_path: Path) -> None:
+def test_at_commit_of_a_report_outside_git_keeps_the_verdict(
+    tiny: Path, tmp_path: Path, code_repo: tuple[Path, str]
+) -> None:
     """A copy of a report outside git, recording a commit of the code checkout: the worktree
     comes from the code's repository; a re-run that cannot be made is "undecided", and the
     record is still written (it was exit 2 with no CSV)."""
-    root, first = _code_repo(tmp_path / "code")
-    (root / "lab" / "x.py").write_text("A = 2\n")
-    _git(root, "commit", "-q", "-am", "second")
+    root, first = code_repo
+    _change_code(root)
     report = _report(tiny, tmp_path / "report", host="other", commit=first)
     lines: list[str] = []
     record = tmp_path / "record.csv"
@@ -409,8 +427,10 @@ def test_at_commit_of_a_report_outside_git_keeps_the_verdict(tiny: Path, tmp_pat
     assert _git(root, "worktree", "list").count("\n") == 0  # the worktree is gone
 
 
-def test_a_stale_at_commit_run_is_refused(tiny: Path, tmp_path: Path) -> None:
-    root, first = _code_repo(tmp_path / "code")
+def test_a_stale_at_commit_run_is_refused(
+    tiny: Path, tmp_path: Path, code_repo: tuple[Path, str]
+) -> None:
+    root, first = code_repo
     report = _report(tiny, tmp_path / "report", host="other", commit=first)
     (tmp_path / "re" / "at-commit" / "runs" / RUN).mkdir(parents=True)
     with pytest.raises(VerifyError, match="already holds at-commit/runs/"):
@@ -423,6 +443,11 @@ def test_importing_the_diagnosis_loads_no_rerun_machinery() -> None:
         "import concord.lab.verify.paths, concord.lab.verify\n"
         "assert 'concord.lab.verify.rerun' not in sys.modules, 'rerun'\n"
         "assert 'matplotlib' not in sys.modules, 'matplotlib'\n"
+        # the diagnosis and the manifest reader: the manifest's version and metrics come from
+        # lab/verify/paths.py, not from the reports' module (which draws the plots)
+        "import concord.lab.verify.diagnose, concord.lab.verify.manifest\n"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib (diagnose)'\n"
+        "assert 'concord.lab.presets.report' not in sys.modules, 'report (diagnose)'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
