@@ -540,9 +540,10 @@ class PeerProcess:
         jumps = Jumps(runner, comm, neighbours, total) if comm is not None else None
         steps_of = StageSteps(i, runner, task, clock, jumps)
         serve = Serve(runner, task, comm)
+        budget = runner.budget() if isinstance(runner, AsyncStepRunner) else None  # global
         try:
             result = drive(
-                steps=total,
+                steps=total if budget is None else budget.limit,
                 interval=runner.eval_interval(),
                 last_step=runner.total_steps - 1,
                 train=steps_of.step,
@@ -559,6 +560,7 @@ class PeerProcess:
                 stop=self.stop.is_set,
                 start=start,
                 skip=None if jumps is None else lambda step: self._jump(jumps, step),
+                budget=budget,
             )
         finally:
             serve.close()  # Fetches are refused from now on

@@ -6,16 +6,24 @@ one extra RPC on the peer's gRPC server, ``/concord.v1.AsyncGossip/Push`` (docs/
 sender writes one *message* — a fixed header followed by the model-sized float32 body, cut into
 chunks of at most ``network.chunk_bytes`` — and half-closes; the receiver answers with one
 message: an AD-PSGD *reply* (the passive peer's model, same layout) or a body-less *ack*
-(``kind = ACK``; ``kind = CLOSED``: this peer no longer averages, its training has ended).
+(``kind = ACK``; ``kind = CLOSED``: this peer does not average, its training has ended or not
+begun). A body-less ``PROGRESS`` message carries only the progress vector (the start-up barrier
+of ``async.budget = "global"``), answered by an ack once the receiver's training has begun.
 
-Header (little endian, `HEADER`): magic ``b"CAS1"``, kind (u8), flags (u8, 0), sender (u16),
-step (i64: the sender's local step the message belongs to), weight (f64: a push-sum w-share, 0
-otherwise), dim (u32: float32 values in the body), run key (8 bytes: the first bytes of
-sha256(run id, model fingerprint) — a message of another run or model is refused).
+Header, version 2 (little endian, `HEADER`): magic ``b"CAS2"``, kind (u8), flags (u8: bit 0
+`LAST`, a share of the sender's last round; the other bits 0), sender (u16), step (i64: the
+sender's local step the message belongs to), weight (f64: a push-sum w-share, 0 otherwise), dim
+(u32: float32 values in the body), run key (8 bytes: the first bytes of sha256(run id, model
+fingerprint) — a message of another run or model is refused), peers (u16: n), then the sender's
+*progress vector*: n × i64, the latest local step count it knows of each peer (its own
+included), merged by element-wise max (`merge_progress`; ``async.budget = "global"`` stops at
+Σ / n ≥ T). Every message carries it, answers too. Version 1 (``b"CAS1"``: no flags, no
+vector) is refused with FAILED_PRECONDITION.
 
-Every message is checked before it is used (`check`): magic, kind, run key, sender (a peer of
-the run, not this one; with mTLS the one its client certificate names), dim (the model's),
-length (exactly dim float32 values), finite values and weight. A bad message ends its stream
+Every message is checked before it is used (`check`): magic, kind, flags, run key, sender (a
+peer of the run, not this one; with mTLS the one its client certificate names), the progress
+vector (n entries, each ≥ 0), dim (the model's), length (exactly dim float32 values), finite
+values and weight. A bad message ends its stream
 with INVALID_ARGUMENT (PERMISSION_DENIED for identity), is counted by reason
 (`Counters.rejected`, the peer summary's ``frames_rejected``) and never reaches the training
 thread.
@@ -42,17 +50,21 @@ from concord.protos.revocation import Revocations, fingerprint_pem
 
 SERVICE = "concord.v1.AsyncGossip"
 METHOD = f"/{SERVICE}/Push"
-MAGIC = b"CAS1"
-HEADER = struct.Struct("<4sBBHqdI8s")
+MAGIC = b"CAS2"
+VERSION = 2
+HEADER = struct.Struct("<4sBBHqdI8sH")  # then `HEADER.peers` × i64: the progress vector
+LAST = 0x01  # flags: a share of the sender's last round (it sends no later one)
+FLAGS = LAST
 
 REQUEST = 1  # AD-PSGD: the active peer's model, answered by a REPLY
 REPLY = 2  # AD-PSGD: the passive peer's model before it averaged
 SHARE = 3  # async-sgp: a push-sum share (p_ji x_i, p_ji w_i), answered by an ACK; empty (no
 # values, weight 0) from a peer holding its mass: the round is complete, nothing to mix
 ACK = 4  # filed
-CLOSED = 5  # not averaging any more (the receiver's training has ended)
-KINDS = frozenset({REQUEST, REPLY, SHARE, ACK, CLOSED})
-BODYLESS = frozenset({ACK, CLOSED})
+CLOSED = 5  # not averaging any more (the receiver's training has ended, or not begun)
+PROGRESS = 6  # only the progress vector (the global budget's start-up barrier), answered by ACK
+KINDS = frozenset({REQUEST, REPLY, SHARE, ACK, CLOSED, PROGRESS})
+BODYLESS = frozenset({ACK, CLOSED, PROGRESS})
 
 
 def run_key(run_id: str, fingerprint: str) -> bytes:
@@ -70,6 +82,16 @@ class Message:
     step: int
     weight: float = 0.0
     values: torch.Tensor | None = None
+    progress: tuple[int, ...] = ()  # the sender's progress vector (n local step counts)
+    last: bool = False  # a share of the sender's last round
+
+
+def merge_progress(ours: list[int], theirs: tuple[int, ...]) -> None:
+    """``ours`` ← element-wise max(``ours``, ``theirs``): steps only grow, so the merge is exact
+    once news has crossed the graph."""
+    for j, k in enumerate(theirs):
+        if k > ours[j]:
+            ours[j] = k
 
 
 @dataclass(frozen=True)
@@ -90,8 +112,12 @@ def encode(msg: Message, key: bytes, chunk_bytes: int) -> Iterator[bytes]:
     if msg.values is not None:
         raw = msg.values.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
     dim = len(raw) // 4
-    head = HEADER.pack(MAGIC, msg.kind, 0, msg.sender, msg.step, msg.weight, dim, key)
-    first = max(0, chunk_bytes - HEADER.size)
+    flags = LAST if msg.last else 0
+    head = HEADER.pack(
+        MAGIC, msg.kind, flags, msg.sender, msg.step, msg.weight, dim, key, len(msg.progress)
+    )
+    head += struct.pack(f"<{len(msg.progress)}q", *msg.progress)
+    first = max(0, chunk_bytes - len(head))
     yield head + raw[:first]
     for s in range(first, len(raw), chunk_bytes):
         yield raw[s : s + chunk_bytes]
@@ -108,6 +134,7 @@ async def decode(chunks: AsyncIterator[bytes], view: WireView) -> Message:
                 raise RejectedError("invalid", f"a message of {len(chunk)} bytes has no header")
             head, rest = chunk[: HEADER.size], chunk[HEADER.size :]
             msg, want = _header(head, view)
+            msg.progress, rest = _progress(rest, view)
             body += rest
         else:
             body += chunk
@@ -127,10 +154,26 @@ async def decode(chunks: AsyncIterator[bytes], view: WireView) -> Message:
     return msg
 
 
+def _progress(rest: bytes, view: WireView) -> tuple[tuple[int, ...], bytes]:
+    """The progress vector at the start of ``rest`` (the first chunk after the header) and
+    what follows it."""
+    size = 8 * view.world_size
+    if len(rest) < size:
+        raise RejectedError("invalid", "the first chunk does not hold the whole progress vector")
+    progress = struct.unpack(f"<{view.world_size}q", rest[:size])
+    if min(progress, default=0) < 0:
+        raise RejectedError("invalid", f"progress vector {list(progress)} has a negative step")
+    return progress, rest[size:]
+
+
 def _header(head: bytes, view: WireView) -> tuple[Message, int]:
-    magic, kind, flags, sender, step, weight, dim, key = HEADER.unpack(head)
-    if magic != MAGIC or flags != 0:
-        raise RejectedError("precondition", f"not an asynchronous message of version 1 ({magic!r})")
+    magic, kind, flags, sender, step, weight, dim, key, peers = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise RejectedError(
+            "precondition", f"not an asynchronous message of version {VERSION} ({magic!r})"
+        )
+    if flags & ~FLAGS:
+        raise RejectedError("invalid", f"unknown flags {flags:#04x}")
     if key != view.key:
         raise RejectedError("permission", "message of another run or model (run key differs)")
     if kind not in KINDS:
@@ -142,7 +185,11 @@ def _header(head: bytes, view: WireView) -> tuple[Message, int]:
     want = 0 if kind in BODYLESS or (kind == SHARE and dim == 0 and weight == 0) else view.dim
     if dim != want:
         raise RejectedError("invalid", f"message of {dim} values; kind {kind} has {want}")
-    return Message(kind, sender, step, weight), want
+    if peers != view.world_size:
+        raise RejectedError(
+            "invalid", f"progress vector of {peers} peers; the run has {view.world_size}"
+        )
+    return Message(kind, sender, step, weight, last=bool(flags & LAST)), want
 
 
 _STATUS = {
@@ -188,6 +235,8 @@ class AsyncServicer:
             await context.abort(_STATUS.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
             return
         answer = await self.handler(msg)
+        if not answer.progress:  # an answer before this peer knows any progress
+            answer.progress = (0,) * self.view.world_size
         for chunk in encode(answer, self.view.key, self.view.chunk_bytes):
             yield chunk
 

@@ -78,6 +78,7 @@ from concord.core.records import JSON, StepRecord
 from concord.peer.async_wire import (
     ACK,
     CLOSED,
+    PROGRESS,
     REPLY,
     REQUEST,
     SHARE,
@@ -85,6 +86,7 @@ from concord.peer.async_wire import (
     Channels,
     Message,
     WireView,
+    merge_progress,
     push,
 )
 from concord.peer.mailbox import Counters
@@ -173,6 +175,94 @@ class AsyncPeer:
         self.notes = _StepNotes()
         self.closed = False  # training ended: no more averaging (loop side)
         self.started: float | None = None
+        # async.budget = "global": the progress vector (the latest local step count known of
+        # every peer, merged from every message), and the step that spent the budget
+        self.global_budget = runner.cfg.asynchrony.global_budget
+        self.progress = [0] * self.n
+        self.last_step: int | None = None
+        self.eval_block = 0  # ⌊g / eval interval⌋ at the last evaluation
+        self.recorded = 0.0  # g in the last step record (its epoch)
+        self.ready = False  # at or past the start-up barrier (`await_neighbours`)
+
+    def progress_now(self) -> tuple[int, ...]:
+        """The progress vector to send (any thread)."""
+        with self.cond:
+            return tuple(self.progress)
+
+    def heard(self, msg: Message | None) -> None:
+        """Merge the progress vector of a message or answer (call under the lock)."""
+        if msg is not None and len(msg.progress) == self.n:
+            merge_progress(self.progress, msg.progress)
+
+    def global_progress(self) -> float:
+        """g = Σ_j k_j / n: this peer's estimate of the global progress, in steps (a lower
+        bound: every entry is a step count some peer had reached)."""
+        with self.cond:
+            return sum(self.progress) / self.n
+
+    def begin_step(self, step: int) -> None:
+        """Training thread, before local step ``step``: this peer has done ``step`` steps."""
+        with self.cond:
+            self.progress[self.rank] = max(self.progress[self.rank], step)
+
+    def neighbours(self) -> set[int]:
+        """Every peer this one exchanges with in the first rounds of the schedule (in- and
+        out-neighbours, a period of AD-PSGD's partners)."""
+        out: set[int] = set()
+        for k in range(min(self.runner.total_steps, 64)):
+            P = self.matrix(k)
+            out |= {int(j) for j in np.nonzero(P[self.rank])[0]}
+            out |= {int(j) for j in np.nonzero(P[:, self.rank])[0]}
+        out.discard(self.rank)
+        return out
+
+    def await_neighbours(self, limit: float) -> None:
+        """The global budget's start-up barrier (training thread, before the stage's first
+        step): wait until every neighbour has reached its own barrier (answers a PROGRESS
+        message with an ack; CLOSED before), at most ``limit`` seconds. A peer that started
+        alone would otherwise spend the run's budget by itself while the others start."""
+        with self.cond:
+            self.ready = True  # from now on PROGRESS is answered with an ack
+        pending = self.neighbours()
+        t0 = time.perf_counter()
+        while pending and time.perf_counter() - t0 < limit:
+            msg = Message(PROGRESS, self.rank, 0, progress=self.progress_now())
+            futures = {j: self.send(j, msg) for j in sorted(pending)}
+            for j, future in futures.items():
+                try:
+                    answer = future.result(timeout=self.deadline + 5)
+                except concurrent.futures.TimeoutError:
+                    answer = None
+                with self.cond:
+                    self.heard(answer)
+                if answer is not None and answer.kind == ACK:
+                    pending.discard(j)
+            if pending and self.global_progress() < self.runner.total_steps:
+                time.sleep(0.05)
+            else:
+                break
+        if pending:
+            log.warning("async.start_without", neighbours=sorted(pending))
+        self.notes.wait_s += time.perf_counter() - t0
+
+    def progress_message(self, msg: Message) -> Message:
+        """The answer to a PROGRESS message (event loop)."""
+        with self.cond:
+            self.heard(msg)
+            kind = ACK if self.ready and not self.closed else CLOSED
+            return Message(kind, self.rank, 0, progress=tuple(self.progress))
+
+    def decide_final(self, step: int) -> bool:
+        """Is local step ``step`` (just computed) this peer's last? Per-peer budget: step T − 1;
+        global: the first step after which g ≥ T (its own step counted)."""
+        if not self.global_budget:
+            return step == self.runner.total_steps - 1
+        with self.cond:
+            self.progress[self.rank] = max(self.progress[self.rank], step + 1)
+            final = sum(self.progress) >= self.n * self.runner.total_steps
+        if final:
+            self.last_step = step
+        return final
 
     def attach(self, inbox: AsyncInbox) -> None:
         self.wire = inbox.view
@@ -220,9 +310,6 @@ class AsyncPeer:
             notes, self.notes = self.notes, _StepNotes()
         return notes
 
-    def final(self, step: int) -> bool:
-        return step == self.runner.total_steps - 1
-
 
 class ADPSGDPeer(AsyncPeer):
     """AD-PSGD in delta form (module docstring)."""
@@ -238,23 +325,55 @@ class ADPSGDPeer(AsyncPeer):
         # boundary; who: the requester we answered (bytes of our reply), None for a reply
         self.deltas: list[tuple[torch.Tensor, torch.Tensor, int, int | None]] = []
         self.outstanding: concurrent.futures.Future[None] | None = None
+        # the global budget's progress gossip: one PROGRESS message at a time, to the
+        # neighbours in turn (a request may be in flight for many steps, a passive peer sends
+        # none: the progress vectors would otherwise travel only with the averagings)
+        self.gossip: concurrent.futures.Future[None] | None = None
+        self.turn = 0
+        self.around: list[int] = []
+
+    def gossip_progress(self) -> None:
+        """Training thread, at a step boundary (global budget): push the progress vector to
+        the next neighbour unless the last push is still in flight; its answer brings back
+        the neighbour's vector."""
+        if self.gossip is not None and not self.gossip.done():
+            return
+        if not self.around:
+            self.around = sorted(self.neighbours())
+            if not self.around:
+                return
+        j = self.around[self.turn % len(self.around)]
+        self.turn += 1
+
+        async def push_progress() -> None:
+            answer = await self._send(
+                j, Message(PROGRESS, self.rank, 0, progress=self.progress_now())
+            )
+            with self.cond:
+                self.heard(answer)
+
+        self.gossip = asyncio.run_coroutine_threadsafe(push_progress(), self.loop)
 
     def on_message(self, msg: Message) -> Message:
-        if msg.kind != REQUEST or msg.values is None or self.active:
-            return Message(CLOSED, self.rank, 0)
+        if msg.kind == PROGRESS:
+            return self.progress_message(msg)
         with self.cond:
-            if self.closed:
-                return Message(CLOSED, self.rank, self.steps)
+            self.heard(msg)
+            progress = tuple(self.progress)
+            if msg.kind != REQUEST or msg.values is None or self.active or self.closed:
+                return Message(CLOSED, self.rank, self.steps, progress=progress)
             # answer with the model as it stands, then average it (the simulator's order:
             # several requests between two boundaries chain)
             ours, steps = self.view, self.steps
             self.view = absorb_reply(ours.clone(), ours, msg.values)
             self.deltas.append((ours, msg.values, steps, msg.sender))
-        return Message(REPLY, self.rank, steps, values=ours)
+        return Message(REPLY, self.rank, steps, values=ours, progress=progress)
 
     async def _request(self, j: int, ours: torch.Tensor, steps: int) -> None:
-        reply = await self._send(j, Message(REQUEST, self.rank, steps, values=ours))
+        request = Message(REQUEST, self.rank, steps, values=ours, progress=self.progress_now())
+        reply = await self._send(j, request)
         with self.cond:
+            self.heard(reply)
             if reply is None:
                 self.notes.lost += 1
             elif reply.kind != REPLY or reply.values is None:
@@ -276,7 +395,7 @@ class ADPSGDPeer(AsyncPeer):
 
     def end_step(self, step: int, x: torch.Tensor, d: torch.Tensor, lr: float) -> int:
         x.sub_(d, alpha=lr)
-        final = self.final(step)
+        final = self.decide_final(step)
         if final:  # the last reply: its averaging completes
             self.wait_outstanding()
         with self.cond:  # one atomic boundary: no request is answered half-way through it
@@ -290,6 +409,8 @@ class ADPSGDPeer(AsyncPeer):
                     self.sent(requester)
             self.deltas = []
             snapshot = self.view = x[0].detach().clone()
+        if self.global_budget and not final:
+            self.gossip_progress()
         if not self.active or final:
             return 0
         j = partner(self.matrix(step), self.rank, step)
@@ -323,6 +444,8 @@ class AsyncSGPPeer(AsyncPeer):
         self.back_from: dict[int, int] = {}
         self.unreachable: set[int] = set()  # out-neighbours our last share did not reach
         self.complete: int | None = None  # every round < this has been mixed or given up
+        self.ended: dict[int, int] = {}  # in-/out-neighbour → its last round (a LAST share)
+        self.inflight: set[concurrent.futures.Future[None]] = set()  # our shares unanswered
 
     def weights(self) -> np.ndarray:
         w = getattr(self.runner.algorithm, "weights", None)
@@ -330,19 +453,23 @@ class AsyncSGPPeer(AsyncPeer):
         return w
 
     def on_message(self, msg: Message) -> Message:
-        if msg.kind != SHARE:
-            return Message(CLOSED, self.rank, 0)
+        if msg.kind == PROGRESS:
+            return self.progress_message(msg)
         with self.cond:
-            if self.closed:  # its mass goes back to the sender (it counts it returned)
-                return Message(CLOSED, self.rank, msg.step)
+            self.heard(msg)
+            progress = tuple(self.progress)
+            if msg.kind != SHARE or self.closed:  # its mass goes back to the sender
+                return Message(CLOSED, self.rank, msg.step, progress=progress)
             if msg.values is not None:  # an empty share only completes its round
                 self.inbox.append(msg)
             self.arrived.setdefault(msg.step, set()).add(msg.sender)
+            if msg.last:  # it sends no round after this one
+                self.ended[msg.sender] = msg.step
             if msg.sender in self.suspect:
                 self.suspect.discard(msg.sender)
                 self.back_from[msg.sender] = msg.step
             self.cond.notify_all()
-        return Message(ACK, self.rank, msg.step)
+        return Message(ACK, self.rank, msg.step, progress=progress)
 
     def _senders(self, m: int) -> set[int]:
         P = self.matrix(m)
@@ -355,7 +482,11 @@ class AsyncSGPPeer(AsyncPeer):
         out: dict[int, set[int]] = {}
         m = self.complete
         while m <= due:
-            senders = {j for j in self._senders(m) if m >= self.back_from.get(j, m)}
+            senders = {
+                j
+                for j in self._senders(m)
+                if m >= self.back_from.get(j, m) and m <= self.ended.get(j, m)
+            }
             gone = senders - self.arrived.get(m, set()) - self.suspect
             if gone:
                 out[m] = gone
@@ -375,6 +506,9 @@ class AsyncSGPPeer(AsyncPeer):
         answer = await self._send(j, share)
         delivered = answer is not None and answer.kind == ACK
         with self.cond:
+            self.heard(answer)
+            if answer is not None and answer.kind == CLOSED and self.global_budget:
+                self.ended.setdefault(j, share.step)  # its training has ended: keep its share
             if delivered:
                 self.unreachable.discard(j)
             else:
@@ -391,30 +525,50 @@ class AsyncSGPPeer(AsyncPeer):
         kept, kept_w, messages = push_split(
             numerators, w, self.matrix(step), [self.rank], self.runner.cfg.asynchrony.min_weight
         )
+        final = self.decide_final(step)
         with self.cond:
             away = self.suspect | self.unreachable
+            ended = set(self.ended)
+            progress = tuple(self.progress)
         sending = []
+        last = final and self.global_budget  # the receivers stop expecting later rounds
         for _, j, p in messages:
+            if j in ended and p:  # it trains no more: keep its share, send nothing
+                kept[0].add_(numerators[0], alpha=p)
+                kept_w[0] += p * w[0]
+                continue
+            if j in ended:
+                continue
             if p == 0:  # below async.min_weight: push_split kept it all; the round completes
-                share = Message(SHARE, self.rank, step)
+                share = Message(SHARE, self.rank, step, progress=progress, last=last)
                 self.notes.held += 1
             elif j in away:  # keep its share (p_ii += p_ji); an empty share completes its round
                 kept[0].add_(numerators[0], alpha=p)
                 kept_w[0] += p * w[0]
-                share = Message(SHARE, self.rank, step)
+                share = Message(SHARE, self.rank, step, progress=progress, last=last)
                 self.notes.held += 1
             else:
-                share = Message(SHARE, self.rank, step, float(p * w[0]), (numerators[0] * p).cpu())
+                values = (numerators[0] * p).cpu()
+                share = Message(SHARE, self.rank, step, float(p * w[0]), values, progress, last)
                 self.sent(j)
-            sending.append(asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop))
-        final = self.final(step)
-        due = step if final else due_rounds(step, self.tau)
+            future = asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop)
+            self.inflight.add(future)
+            future.add_done_callback(self.inflight.discard)
+            sending.append(future)
+        # per-peer budget: every peer's last round is T − 1, so the last step drains every
+        # round up to its own (τ = 0). Global: the last rounds differ, and a neighbour that has
+        # sent its LAST share sends no more, so the last step waits for nothing — it mixes what
+        # has arrived and refuses what comes later (those shares go back to their senders)
+        if final:
+            due = -1 if self.global_budget else step
+        else:
+            due = due_rounds(step, self.tau)
         # step 0 waits for the in-neighbours' first shares as long as the start-up barrier would
         # (they may still be connecting); later steps at most one deadline
         limit = self.runner.cfg.network.startup_timeout if step == 0 else self.deadline
         t0 = time.perf_counter()
         if final:  # a share that comes back undelivered is mixed now, not after the end
-            for future in sending:
+            for future in [*sending, *list(self.inflight)]:
                 with contextlib.suppress(concurrent.futures.TimeoutError):
                     future.result(timeout=self.deadline + 5)
         with self.cond:
@@ -456,12 +610,20 @@ class AsyncStepRunner(StepRunner):
         if peer is None:
             raise RuntimeError("AsyncStepRunner.attach was not called")
         if peer.started is None:
+            if peer.global_budget:  # the start-up barrier (`AsyncPeer.await_neighbours`)
+                peer.await_neighbours(self.cfg.network.startup_timeout)
             peer.started = time.perf_counter()
         task, x = self.task, self.task.x
         self.comm.begin_step(step)
-        lr = self.schedule.lr(step)
-        phase = self.plan.phase_at(step)
-        out = task.loss_and_grad(step, x)
+        peer.begin_step(step)
+        # the schedule's step: this local step, or with the global budget ⌊g⌋ (g = Σ k / n,
+        # this peer's estimate before its step ends: the simulation's ⌊Σ k / n⌋)
+        at = step
+        if peer.global_budget:
+            at = min(math.floor(peer.global_progress()), self.total_steps - 1)
+        lr = self.schedule.lr(at)
+        phase = self.plan.phase_at(at)
+        out = task.loss_and_grad(step, x)  # batch `step`: the peer's own shard, cycled
         grad_norms = out.grad.norm(dim=1)
         if self.clip_norm is not None:
             out.grad.mul_((self.clip_norm / (grad_norms + 1e-6)).clamp_(max=1.0).unsqueeze(1))
@@ -477,9 +639,16 @@ class AsyncStepRunner(StepRunner):
         self.rounds_total += rounds
         notes = peer.take_notes()
         s = notes.staleness
+        done = peer.global_progress() if peer.global_budget else step + 1
+        peer.recorded = done
+        extra = notes.extra()
+        if peer.global_budget:
+            extra["global_progress"] = done
+            if peer.last_step == step:
+                extra["budget_spent"] = True
         record = StepRecord(
             step=step,
-            epoch=(step + 1) / task.steps_per_epoch,
+            epoch=done / task.steps_per_epoch,
             phase=phase.index,
             lr=lr,
             loss=loss,
@@ -495,6 +664,36 @@ class AsyncStepRunner(StepRunner):
             staleness_mean=sum(s) / len(s) if s else None,
             staleness_max=max(s) if s else None,
             wait_s=notes.wait_s,
-            extra=notes.extra(),
+            extra=extra,
         )
         return record, StepReport(rounds=rounds)
+
+    def budget(self) -> GlobalBudget | None:
+        """How `concord.runtime.driver.drive` ends this stage and when it evaluates with
+        ``async.budget = "global"`` (None: per-peer, T local steps)."""
+        if self.peer is None or not self.peer.global_budget:
+            return None
+        return GlobalBudget(self.peer, self.eval_interval())
+
+
+class GlobalBudget:
+    """`concord.runtime.driver.Budget` of a peer with ``async.budget = "global"``: the stage
+    ends after the step that brought g = Σ_j k_j / n to T (`AsyncPeer.decide_final`), and an
+    evaluation is due after a step at which g crossed a multiple of the evaluation interval,
+    so a slow peer evaluates on the schedule of the run, not of its own steps. ``limit``: the
+    local steps a peer can take at most (n·T: its own steps alone would make g ≥ T)."""
+
+    def __init__(self, peer: AsyncPeer, interval: int) -> None:
+        self.peer = peer
+        self.interval = interval
+        self.limit = peer.n * peer.runner.total_steps
+
+    def spent(self, step: int) -> bool:
+        return self.peer.last_step == step
+
+    def evaluation_due(self, step: int) -> bool:
+        block = math.floor(self.peer.recorded / self.interval)  # the record's g (its epoch)
+        if block > self.peer.eval_block:
+            self.peer.eval_block = block
+            return True
+        return False

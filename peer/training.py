@@ -139,7 +139,7 @@ def stage_summary(
     counters = runner.comm.counters
     last = result.last_eval
     return PeerSummary(
-        completed=result.steps == runner.total_steps,
+        completed=result.steps == runner.total_steps or result.spent,
         peer=peer,
         steps=result.steps,
         accuracy_mean_peer=None if last is None else last.accuracy_mean_peer,

@@ -20,7 +20,7 @@ from typing import Generic, Protocol, TypeAlias, TypeVar
 
 from concord.core.records import EvalRecord, StepRecord
 
-__all__ = ["DriveResult", "MetricsSink", "RunHooks", "StepHooks", "drive"]
+__all__ = ["Budget", "DriveResult", "MetricsSink", "RunHooks", "StepHooks", "drive"]
 
 S = TypeVar("S")
 E = TypeVar("E")
@@ -59,14 +59,30 @@ class MetricsSink(Protocol[R_contra]):
     def metric(self, record: R_contra) -> None: ...
 
 
+class Budget(Protocol):
+    """A budget that ends the loop and schedules evaluations by something other than the step
+    index (``async.budget = "global"``: a peer's estimate of the run's global progress,
+    `concord.peer.asynchronous.GlobalBudget`)."""
+
+    def spent(self, step: int) -> bool:
+        """After ``step``: was it the last one (the final evaluation, then the loop ends)?"""
+        ...
+
+    def evaluation_due(self, step: int) -> bool:
+        """After ``step``: is an evaluation due?"""
+        ...
+
+
 @dataclass
 class DriveResult(Generic[E]):
     """How a `drive` ended: ``steps`` completed, whether a stop request ``stopped`` the loop
-    early, and the latest evaluation record (None: no evaluation ran)."""
+    early, the latest evaluation record (None: no evaluation ran), and whether a `Budget`
+    ended it (``spent``)."""
 
     steps: int
     stopped: bool
     last_eval: E | None = None
+    spent: bool = False
 
 
 def drive(
@@ -81,6 +97,7 @@ def drive(
     stop: Callable[[], bool] | None = None,
     start: int = 0,
     skip: Callable[[int], int] | None = None,
+    budget: Budget | None = None,
 ) -> DriveResult[E]:
     """Run steps ``start … steps − 1`` (``start`` > 0: a resumed run, steps ``0 … start − 1``
     were done before and count as completed).
@@ -94,6 +111,9 @@ def drive(
     ``skip(step)``, asked before each step (after ``stop``), returns the step to run instead
     (≥ ``step``, < ``steps``): a peer that fell behind its neighbours jumps to their step, and
     the steps in between run nowhere (no record, no evaluation; they count as completed).
+
+    ``budget``: the final step and the evaluations are the budget's (`Budget`), not
+    ``last_step`` and ``interval``; ``steps`` is then only an upper bound.
     """
     if start < 0:
         raise ValueError(f"start = {start!r}; must be ≥ 0")
@@ -117,8 +137,13 @@ def drive(
         for hook in hooks:
             record = hook.after(step, record)
         sink.metric(record)
-        final = step == last_step
-        if evaluate is not None and ((step + 1) % interval == 0 or final):
+        if budget is None:
+            final = step == last_step
+            due = (step + 1) % interval == 0
+        else:
+            final = budget.spent(step)
+            due = budget.evaluation_due(step)
+        if evaluate is not None and (due or final):
             ev = evaluate(step, record, final)
             sink.metric(ev)
             result.last_eval = ev
@@ -127,4 +152,7 @@ def drive(
         for hook in hooks:
             hook.stepped(step, record)
         result.steps = step + 1
+        if budget is not None and final:
+            result.spent = True
+            break
     return result

@@ -7,7 +7,10 @@ of every step end and message is forced by the test.
   "every peer ends step k (passive before active peers), then every message of step k is
   delivered" — gives the vectorized engine's models after the same steps;
 * AD-PSGD preserves the mean of the models under random interleavings (lr = 0, distinct initial
-  models), and async-sgp keeps Σ w = n and the numerators' sum at quiescence.
+  models), and async-sgp keeps Σ w = n and the numerators' sum at quiescence;
+* ``async.budget = "global"``: peers at unequal speeds stop once their progress vectors say
+  Σ k ≥ n·T, within the documented overshoot, async-sgp quiescent with Σ w = n, and a slow
+  peer's learning rate follows the global progress, not its own steps.
 
 The real wire is covered end to end by tests/integration/test_async_processes.py.
 """
@@ -26,6 +29,7 @@ import torch
 
 from concord.core.comm import Comm, CommCounters, Edge, MixResult
 from concord.core.config import RunConfig, load_config
+from concord.core.records import StepRecord
 from concord.core.task import ClassificationTask
 from concord.peer.async_wire import ACK, REQUEST, Message
 from concord.peer.asynchronous import ADPSGDPeer, AsyncPeer, AsyncSGPPeer, AsyncStepRunner
@@ -42,6 +46,7 @@ SMALL = [
     "optim.batch_size=16",
     "control.mode=none",
     "engine=vectorized",
+    "async.budget=per-peer",  # T local steps each (the global budget: tests at the end)
 ]
 
 
@@ -312,3 +317,84 @@ def test_async_sgp_below_min_weight_sends_empty_shares() -> None:
             _weights(net), [0.1 + 2 / 3, 2 / 3, 1.0, 2 / 3], rtol=0, atol=1e-12
         )
         assert all(not p.suspect for p in sgp)
+
+
+def _global(net: Network, periods: list[int], limit: int = 1000) -> list[list[StepRecord]]:
+    """Run every peer until it decides its last step (``async.budget = "global"``): at tick t
+    (from 1) peer i ends a step when t is a multiple of ``periods[i]``, in rank order; the
+    records of each peer."""
+    records: list[list[StepRecord]] = [[] for _ in net.peers]
+    # async-sgp: step 0 ran together (`_together`: the start-up barrier)
+    k = [1 if isinstance(p, AsyncSGPPeer) else 0 for p in net.peers]
+    for tick in range(1, limit):
+        for i, peer in enumerate(net.peers):
+            if peer.last_step is None and tick % periods[i] == 0:
+                records[i].append(net.runners[i].run_step(k[i])[0])
+                if isinstance(peer, ADPSGDPeer):
+                    peer.wait_outstanding()
+                asyncio.run_coroutine_threadsafe(asyncio.sleep(0), net.loop).result(timeout=10)
+                k[i] += 1
+        if all(p.last_step is not None for p in net.peers):
+            return records
+    raise AssertionError(f"the peers did not stop within {limit} ticks: {k}")
+
+
+def _overshoot_bound(periods: list[int], diameter: int) -> int:
+    """docs/algorithms.md: after Σ k reaches n·T, peer i takes at most 1 + ⌈D · t_max / t_i⌉
+    more steps (news crosses D hops, one step of the slowest sender each; no delay here)."""
+    slowest = max(periods)
+    return sum(1 + -(-diameter * slowest // t) for t in periods)
+
+
+def test_global_budget_async_sgp_stops_at_n_t_quiescent() -> None:
+    # ring of 4 (diameter 2), peer 0 at half speed; τ = 16 so that the others never wait for
+    # it before the budget is spent (lr = 0: the numerators' sum is conserved too)
+    over = [*SMALL, "algorithm=async-sgp", "topology=ring", "async.max_staleness=16"]
+    cfg = load_config(None, [*over, "async.budget=global"], environ={})
+    gen = torch.Generator().manual_seed(0)
+    dim = ClassificationTask(cfg, [0], device=torch.device("cpu")).x.shape[1]
+    x0 = [torch.randn(dim, generator=gen) for _ in range(cfg.peers)]
+    periods = [2, 1, 1, 1]
+    with _network(cfg, x0, learn=False) as net:
+        net.immediate = True
+        mass0 = net.models().double().sum(0)
+        _together(net, 0)
+        records = _global(net, periods)
+        total = net.runners[0].total_steps * cfg.peers
+        steps = [len(r) + 1 for r in records]  # + step 0
+        assert total <= sum(steps) <= total + _overshoot_bound(periods, 2)
+        assert steps[0] < min(steps[1:])  # the slow peer did fewer
+        sgp = [p for p in net.peers if isinstance(p, AsyncSGPPeer)]
+        assert all(not p.inbox and not p.inflight and p.closed for p in sgp)
+        w = _weights(net)
+        assert abs(w.sum() - cfg.peers) < 1e-9  # float64: rounding of ~n·steps additions
+        numerators = (net.models().double() * torch.from_numpy(w).unsqueeze(1)).sum(0)
+        torch.testing.assert_close(numerators, mass0, rtol=0, atol=1e-3)  # float32 shares
+        # every record's epoch is the peer's g: non-decreasing, and ≥ T at each last step
+        for i, rows in enumerate(records):
+            assert [r.epoch for r in rows] == sorted(r.epoch for r in rows)
+            assert rows[-1].extra.get("budget_spent") is True
+            assert rows[-1].epoch * net.runners[i].task.steps_per_epoch >= total / cfg.peers
+
+
+def test_global_budget_slow_peer_follows_the_global_learning_rate() -> None:
+    # AD-PSGD on a ring of 4, passive peer 0 four times slower: it takes fewer than T / 2
+    # local steps, yet its last steps use the learning rate after the milestone at 50 % of the
+    # run (the others' progress reached it); per-peer it would still be at the initial lr
+    over = [*SMALL, "algorithm=ad-psgd", "topology=ring", "optim.milestones=[0.5]"]
+    cfg = load_config(None, [*over, "async.budget=global", "optim.warmup=0"], environ={})
+    periods = [4, 1, 1, 1]
+    with _network(cfg) as net:
+        records = _global(net, periods)
+        T = net.runners[0].total_steps
+        steps = [len(r) for r in records]
+        assert cfg.peers * T <= sum(steps) <= cfg.peers * T + _overshoot_bound(periods, 2)
+        assert steps[0] < T / 2
+        lr0 = cfg.optim.lr
+        assert records[0][0].lr == pytest.approx(lr0)
+        assert records[0][-1].lr == pytest.approx(lr0 * cfg.optim.gamma)
+        # a fast peer's records: the lr falls once, when its estimate of g passes T / 2
+        lrs = [r.lr for r in records[1]]
+        assert lrs == sorted(lrs, reverse=True)
+        assert sorted(set(lrs)) == pytest.approx([lr0 * cfg.optim.gamma, lr0])
+        assert all(p.last_step is not None for p in net.peers)

@@ -16,6 +16,7 @@ from concord.errors import RejectedError
 from concord.peer.async_wire import (
     ACK,
     HEADER,
+    LAST,
     MAGIC,
     METHOD,
     REPLY,
@@ -26,6 +27,7 @@ from concord.peer.async_wire import (
     WireView,
     decode,
     encode,
+    merge_progress,
     run_key,
 )
 from concord.peer.mailbox import Counters
@@ -45,27 +47,40 @@ def _decode(chunks: list[bytes], view: WireView = VIEW) -> Message:
     return asyncio.run(decode(_chunks(chunks), view))
 
 
+PROGRESS = (5, 17, 2**40, 0)
+
+
 def test_messages_round_trip_in_chunks() -> None:
     values = torch.randn(1000)
-    msg = Message(SHARE, 2, 17, 0.25, values)
+    msg = Message(SHARE, 2, 17, 0.25, values, progress=PROGRESS, last=True)
     chunks = list(encode(msg, KEY, VIEW.chunk_bytes))
-    assert len(chunks) == 4  # 4000 bytes + header in 1024-byte chunks
+    assert len(chunks) == 4  # 38 + 32 header bytes + 4000 body bytes in 1024-byte chunks
     got = _decode(chunks)
     assert (got.kind, got.sender, got.step, got.weight) == (SHARE, 2, 17, 0.25)
+    assert (got.progress, got.last) == (PROGRESS, True)
     assert got.values is not None
     assert torch.equal(got.values, values)
-    empty = _decode(list(encode(Message(SHARE, 3, 17), KEY, 1024)))  # a holding peer's
-    assert (empty.kind, empty.weight, empty.values) == (SHARE, 0.0, None)
-    ack = _decode(list(encode(Message(ACK, 3, 17), KEY, 1024)))
+    empty = _decode(list(encode(Message(SHARE, 3, 17, progress=PROGRESS), KEY, 1024)))
+    assert (empty.kind, empty.weight, empty.values, empty.last) == (SHARE, 0.0, None, False)
+    ack = _decode(list(encode(Message(ACK, 3, 17, progress=PROGRESS), KEY, 1024)))
     assert ack.kind == ACK
     assert ack.values is None
+    assert ack.progress == PROGRESS
+
+
+def test_progress_vectors_merge_by_elementwise_max() -> None:
+    ours = [3, 9, 0, 4]
+    merge_progress(ours, (5, 2, 0, 4))
+    assert ours == [5, 9, 0, 4]
 
 
 def _header(**change: object) -> bytes:
     fields = {"magic": MAGIC, "kind": SHARE, "flags": 0, "sender": 1, "step": 3}
-    fields |= {"weight": 0.5, "dim": 1000, "key": KEY}
+    fields |= {"weight": 0.5, "dim": 1000, "key": KEY, "peers": 4}
+    progress = change.pop("progress", (1, 2, 3, 4))
     fields |= change
-    return HEADER.pack(*fields.values())
+    assert isinstance(progress, tuple)
+    return HEADER.pack(*fields.values()) + struct.pack(f"<{len(progress)}q", *progress)
 
 
 BODY = torch.zeros(1000).numpy().tobytes()
@@ -76,7 +91,12 @@ BODY = torch.zeros(1000).numpy().tobytes()
     [
         ([], "invalid", "empty"),
         ([b"short"], "invalid", "no header"),
-        ([_header(magic=b"XXXX") + BODY], "precondition", "version 1"),
+        ([_header(magic=b"XXXX") + BODY], "precondition", "version 2"),
+        ([_header(magic=b"CAS1") + BODY], "precondition", "version 2"),
+        ([_header(flags=2) + BODY], "invalid", "flags 0x02"),
+        ([_header(peers=3, progress=(1, 2, 3)) + BODY], "invalid", "progress vector of 3"),
+        ([_header(progress=(1, -2, 3, 4)) + BODY], "invalid", "negative"),
+        ([_header()[:60]], "invalid", "whole progress vector"),
         ([_header(key=b"\0" * 8) + BODY], "permission", "run key"),
         ([_header(kind=9) + BODY], "invalid", "kind 9"),
         ([_header(sender=0) + BODY], "invalid", "sender 0"),
@@ -101,7 +121,7 @@ def test_bad_messages_are_refused_with_a_reason(
 
 def test_values_above_the_bound_are_refused() -> None:
     view = WireView(peer_id=0, world_size=4, dim=1000, key=KEY, chunk_bytes=1024, max_abs_value=1)
-    big = Message(REQUEST, 1, 0, values=torch.full((1000,), 2.0))
+    big = Message(REQUEST, 1, 0, values=torch.full((1000,), 2.0), progress=PROGRESS)
     with pytest.raises(RejectedError, match="bound"):
         _decode(list(encode(big, KEY, 1024)), view)
 
@@ -113,7 +133,7 @@ def test_a_grpc_server_answers_good_messages_and_counts_bad_ones() -> None:
 
         async def handler(msg: Message) -> Message:
             seen.append(msg)
-            return Message(REPLY, 0, 5, values=torch.ones(1000))
+            return Message(REPLY, 0, 5, values=torch.ones(1000), progress=PROGRESS)
 
         servicer = AsyncServicer(VIEW, counters, handler)
         server = grpc.aio.server()
@@ -123,11 +143,13 @@ def test_a_grpc_server_answers_good_messages_and_counts_bad_ones() -> None:
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 call = channel.stream_stream(METHOD)
-                good = encode(Message(REQUEST, 1, 4, values=torch.zeros(1000)), KEY, 1024)
+                req = Message(REQUEST, 1, 4, values=torch.zeros(1000), progress=PROGRESS)
+                good = encode(req, KEY, 1024)
                 answer = await decode(call(_chunks(list(good))).__aiter__(), SENDER)
                 assert answer.kind == REPLY
                 assert answer.values is not None
                 assert float(answer.values.sum()) == 1000.0
+                assert answer.progress == PROGRESS
                 bad = _header(sender=7) + BODY
                 with pytest.raises(grpc.aio.AioRpcError) as exc:
                     async for _ in call(_chunks([bad[:1024], bad[1024:]])):
@@ -143,6 +165,9 @@ def test_a_grpc_server_answers_good_messages_and_counts_bad_ones() -> None:
 
 
 def test_header_layout_is_fixed() -> None:
-    # the documented layout (docs/protocol.md): 4 + 1 + 1 + 2 + 8 + 8 + 4 + 8 bytes
-    assert HEADER.size == 36
-    assert struct.calcsize("<4sBBHqdI8s") == HEADER.size
+    # the documented layout (docs/protocol.md): 4 + 1 + 1 + 2 + 8 + 8 + 4 + 8 + 2 bytes, then
+    # n × 8 bytes of progress vector
+    assert HEADER.size == 38
+    assert struct.calcsize("<4sBBHqdI8sH") == HEADER.size
+    assert MAGIC == b"CAS2"
+    assert LAST == 1
