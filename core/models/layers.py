@@ -121,13 +121,42 @@ class ReplicaLinear(ReplicaLayer):
         _default_uniform_init(self.weight, self.bias, generator)
 
     def forward(self, x: Tensor) -> Tensor:
-        wt = self.weight.transpose(1, 2)
-        if self.bias is None:
-            return torch.bmm(x, wt)
-        return torch.baddbmm(self.bias.unsqueeze(1), x, wt)
+        return _Linear.apply(x, self.weight, self.bias)  # type: ignore[no-any-return]
 
     def extra_repr(self) -> str:
         return f"k={self.k}, in={self.in_features}, out={self.out_features}"
+
+
+class _Linear(torch.autograd.Function):
+    """``x Wᵀ + b`` batched over replicas (``torch.baddbmm``) whose weight gradient comes out
+    row-major like the weight, ``gᵀ x`` ([k, out, in]). Autograd's own backward of the
+    transposed operand computes ``xᵀ g`` ([k, in, out]) and hands over its transpose, which
+    `concord.core.models.flat.FlatParams.grad` then copies through a transposing loop (12 % of a
+    peer's training thread in `bench/step_overhead.py`, docs/performance.md); this way the copy
+    into the flat gradient is a plain one. Each entry is the same sum over the batch."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None
+    ) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None  # type: ignore[attr-defined]
+        wt = weight.transpose(1, 2)
+        if bias is None:
+            return torch.bmm(x, wt)
+        return torch.baddbmm(bias.unsqueeze(1), x, wt)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: Tensor
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors  # type: ignore[attr-defined]
+        need_x, need_w, need_b = ctx.needs_input_grad  # type: ignore[attr-defined]
+        gx = torch.bmm(grad, weight) if need_x else None
+        gw = torch.bmm(grad.transpose(1, 2), x) if need_w else None
+        has_bias = ctx.has_bias  # type: ignore[attr-defined]
+        gb = grad.sum(dim=1) if has_bias and need_b else None
+        return gx, gw, gb
 
 
 class _ReplicaConvNd(ReplicaLayer):
