@@ -142,7 +142,8 @@ def contenders() -> list[Contender]:
     key = overlap_key()
     if key is not None:
         out.append(_dsgd(*exp, f"{key}=true"))
-    raw = ("compression.codec=none", "control.mode=none")  # what peer processes support
+    # what peer processes support; the global budget: the peers together take n·T local steps
+    raw = ("compression.codec=none", "control.mode=none", "async.budget=global")
     out.append(Contender("ad_psgd", "concord", ("algorithm=ad-psgd", *raw,
                                                 "topology=bipartite-exponential")))  # fmt: skip
     sgp = ("algorithm=async-sgp", *raw, "topology=exponential-one-peer-directed")

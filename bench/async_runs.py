@@ -152,10 +152,12 @@ def apply_churn(
 def _peer_eval_curve(peer_dir: Path) -> tuple[list[tuple[int, float, float]], dict[str, float]]:
     """A peer's own evaluations (step, Unix time of its step's end, accuracy) and its totals:
     ``start`` (Unix time its first step began), ``end``, ``wait_s`` (blocked on rounds and on
-    control), ``staleness`` (mean of ``staleness_mean``, when its records have it)."""
+    control), ``steps`` (its step records), ``staleness`` (mean of ``staleness_mean``, when
+    its records have it)."""
     records = read_metrics(peer_dir)
     times: dict[int, float] = {}
     wait = 0.0
+    steps = 0
     stale: list[float] = []
     start = end = None
     for r in records:
@@ -167,6 +169,7 @@ def _peer_eval_curve(peer_dir: Path) -> tuple[list[tuple[int, float, float]], di
             end = t if end is None else max(end, t)
             wait += sum(_float(r.extra.get(k, 0.0)) for k in ("wait_ms", "control_wait_ms")) / 1e3
             wait += r.wait_s or 0.0
+            steps += 1
             if r.staleness_mean is not None:
                 stale.append(r.staleness_mean)
     curve = [
@@ -174,7 +177,7 @@ def _peer_eval_curve(peer_dir: Path) -> tuple[list[tuple[int, float, float]], di
         for r in records
         if isinstance(r, EvalRecord) and r.step in times and r.accuracy_mean_peer is not None
     ]
-    totals = {"start": start or 0.0, "end": end or 0.0, "wait_s": wait}
+    totals = {"start": start or 0.0, "end": end or 0.0, "wait_s": wait, "steps": float(steps)}
     if stale:
         totals["staleness"] = statistics.fmean(stale)
     return curve, totals
@@ -183,7 +186,8 @@ def _peer_eval_curve(peer_dir: Path) -> tuple[list[tuple[int, float, float]], di
 def read_concord(run: Run, peers_dir: Path, n: int) -> None:
     """Fill ``run`` from the peers' records: the worst-peer curve (seconds since the earliest
     peer's first step), ``train_s``, and in ``detail`` ``idle_fraction`` (mean over peers of
-    the time blocked on gossip ÷ its wall time) and ``staleness``."""
+    the time blocked on gossip ÷ its wall time), ``staleness`` and ``local_steps`` (every
+    peer's step records, in rank order)."""
     curves: dict[int, Curve] = {}
     totals: list[dict[str, float]] = []
     for i in range(n):
@@ -201,6 +205,7 @@ def read_concord(run: Run, peers_dir: Path, n: int) -> None:
     run.detail["idle_fraction"] = round(
         statistics.fmean(t["wait_s"] / max(t["end"] - t["start"], 1e-9) for t in totals), 4
     )
+    run.detail["local_steps"] = [int(t["steps"]) for t in totals]
     stale = [t["staleness"] for t in totals if "staleness" in t]
     if stale:  # synchronous peers mix no stale information and record none
         run.detail["staleness"] = round(statistics.fmean(stale), 3)
@@ -239,6 +244,9 @@ def run_concord(s: Settings, c: Contender) -> Run:
     finally:
         reap([p.pid for p in procs.values() if p.poll() is None], grace=2.0)
     read_concord(run, d / "peers", n)
+    done = run.detail.get("local_steps")
+    if isinstance(done, list) and done:  # ÷ n·T: the global budget's overshoot (or per-peer: 1)
+        run.detail["budget_used"] = round(sum(done) / (n * s.total_steps), 3)
     run.ok = all(v == 0 for v in codes.values()) and bool(run.curve)
     if not run.ok:
         bad = next((i for i, v in codes.items() if v != 0), 0)
