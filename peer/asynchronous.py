@@ -47,6 +47,16 @@ that weight. For the same reason a peer whose weight is below ``async.min_weight
 shares at that step (`push_split` gives them p = 0; empty shares go out, counted ``async_held``):
 a peer L steps ahead of its in-neighbours would otherwise hold w ≈ 2^−L.
 
+Budget (``async.budget``, docs/algorithms.md#the-global-budget). Per-peer: T local steps each.
+Global (the default): every message carries the sender's progress vector (`AsyncPeer.progress`,
+merged by element-wise max); the learning rate follows ⌊g⌋, g = Σ k / n, the record's epoch and
+the evaluations (`GlobalBudget`, `concord.runtime.driver.Budget`) follow g, and the peer stops
+after the step at which g ≥ T (`AsyncPeer.decide_final`). Before its first step a peer waits
+for its neighbours to reach theirs (`AsyncPeer.await_neighbours`); AD-PSGD peers gossip their
+vectors in body-less PROGRESS messages (`ADPSGDPeer.gossip_progress`). async-sgp's last shares
+are flagged LAST so receivers stop expecting later rounds, and its last step waits only for the
+answers to its own shares.
+
 Records: every step reports ``local_steps = 1``, ``virtual_time`` (wall-clock seconds since this
 stage's first step: a real peer has no virtual clock), ``staleness_mean`` / ``staleness_max`` of
 what it mixed and ``wait_s`` (seconds blocked on due shares; AD-PSGD: only the last step's wait

@@ -6,12 +6,16 @@
 i → j takes ``delays[i][j]``. The update rules are those of `concord.core.algorithms.ad_psgd`
 and `concord.core.algorithms.async_sgp`, applied to rows of the replica-stacked [n, d] tensor.
 
-One engine step (one `StepRecord`) is a *window* of virtual time as long as the fastest peer's
-local step: step t covers (t·Δ, (t + 1)·Δ]. The run has the configured number of engine steps, so
-the fastest peer takes at most that many local steps (exactly that many unless it waits:
-``async-sgp`` under its staleness bound) and slower peers fewer; a window in which no step ends has
-``loss`` None. A peer's local step k uses its batch k and the learning rate of step k (the
-schedule of the synchronous run). A record's ``rounds`` is 1 when any message was sent in its
+One engine step (one `StepRecord`) is a *window*. With ``async.budget = "global"`` (the
+default) window t runs until the instant at which the peers' local steps add up to n·(t + 1), so
+the run's T windows hold exactly n·T local steps (the last instant's surplus step ends, lower
+ranks first, are dropped as in progress), and a local step that ends when s steps have been
+taken in all uses the learning rate of step ⌊s / n⌋. With ``"per-peer"`` it is a stretch of
+virtual time as long as the fastest peer's local step: step t covers (t·Δ, (t + 1)·Δ], the
+fastest peer takes at most T local steps (exactly T unless it waits: ``async-sgp`` under its
+staleness bound) and slower peers fewer, a window in which no step ends has ``loss`` None, and
+local step k uses the learning rate of step k. Either way peer i's local step k uses its batch
+k. A record's ``rounds`` is 1 when any message was sent in its
 window (so ``rounds_total`` counts windows with communication), and ``wait_s`` counts a wait in
 the window where it ends.
 
