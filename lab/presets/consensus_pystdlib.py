@@ -198,8 +198,8 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         "",
         "Kong et al. (ICML 2021), Table 2, on a second task with natural heterogeneity: "
         "next-character prediction on the Python standard library's source (`pystdlib-chars`: "
-        "16 000 windows of 32 characters, 10 % of each package held out, the first 2 000 "
-        "held-out windows evaluated), each of the n peers on a ring holding whole top-level "
+        "16 000 windows of 32 characters, 10 % of each package held out: 1 600 held-out "
+        "windows, all evaluated), each of the n peers on a ring holding whole top-level "
         'packages (`partition.scheme = "groups"`), the 2-layer `char-transformer` at width 64 '
         "(4 heads), local batch 16, lr 1.0, Nesterov 0.9, gradients clipped at norm 1, 5 % "
         "warm-up, LR ×0.1 at 50 % and 75 %, 4 epochs (`PYSTDLIB_RECIPE` + `PYSTDLIB_BUDGET`, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,6 @@ def test_the_relay_sections_report_loss_references_and_mnist1d(tmp_path: Path) -
     assert "MNIST-1D α = 0.01: held" in trees  # the committed relaysgd-dirichlet table
     assert trees.endswith("reproduced.")
     assert "rows whose worst peer stays at or below the bigram: D-SGD (ring)" in text
+    # a report rebuilt from its committed CSVs alone (no run directories) reads heldout.csv
+    shutil.rmtree(tmp_path / "runs")
+    assert "\n".join(relay_sections(tmp_path, REFS)) == text
