@@ -99,7 +99,6 @@ samples (12 steps).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import signal
 import sys
@@ -115,7 +114,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._procs import reap, set_tag, tagged
 from bench.async_runs import Churn, Settings, run_concord, run_ddp
 from bench.edge_budget import base_sets
-from bench.time_to_accuracy import Contender, Run, _dsgd, overlap_key, report_targets
+from bench.time_to_accuracy import (
+    Contender,
+    Run,
+    _dsgd,
+    overlap_key,
+    report_targets,
+    write_curves,
+)
 
 TARGET_MARGIN_PP = 0.5
 FACTORS = (1.0, 1.0, 1.5, 2.0, 2.0, 3.0, 4.0, 6.0)
@@ -233,12 +239,7 @@ def run_all(
 
 
 def write_csv(path: Path, runs: Sequence[Run]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["contender", "step", "seconds", "worst_accuracy"])
-        for r in runs:
-            for step, t, acc in r.curve:
-                w.writerow([r.name, step, f"{t:.3f}", f"{acc:.4f}"])
+    write_curves(path, [(r, (r.name,)) for r in runs], ("contender",), "worst_accuracy")
 
 
 def main(argv: list[str] | None = None) -> int:

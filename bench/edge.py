@@ -95,7 +95,6 @@ minutes; measured: docs/performance.md, "Crossover map").
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import tempfile
@@ -120,6 +119,7 @@ from bench.time_to_accuracy import (
     _dsgd,
     overlap_key,
     report_targets,
+    write_curves,
 )
 
 TARGET_MARGIN_PP = 0.5
@@ -242,13 +242,8 @@ def summarize(by_profile: dict[str, list[Run]]) -> dict[str, Any]:
 
 
 def write_csv(path: Path, by_profile: dict[str, list[Run]]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["profile", "contender", "step", "seconds", "accuracy"])
-        for profile, runs in by_profile.items():
-            for r in runs:
-                for step, t, acc in r.curve:
-                    w.writerow([profile, r.name, step, f"{t:.3f}", f"{acc:.4f}"])
+    rows = [(r, (profile, r.name)) for profile, runs in by_profile.items() for r in runs]
+    write_curves(path, rows, ("profile", "contender"))
 
 
 def _floats(text: str, flag: str) -> list[float]:

@@ -68,7 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,12 +381,7 @@ def _float(value: object) -> float:
 
 
 def write_csv(path: Path, runs: Sequence[Run]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["contender", "straggler", "step", "seconds", "accuracy"])
-        for r in runs:
-            for step, t, acc in r.curve:
-                w.writerow([r.name, int(r.straggler), step, f"{t:.3f}", f"{acc:.4f}"])
+    write_curves(path, [(r, (r.name, int(r.straggler))) for r in runs], ("contender", "straggler"))
 
 
 def plot(path: Path, runs: Sequence[Run], target: float | None) -> None:
@@ -544,6 +539,22 @@ def main(argv: list[str] | None = None) -> int:
     report_targets(result, {"tta_ratio_vs_ddp": 0.5, "tta_ratio_vs_ddp_fp16": 0.7,
                             "tta_ratio_straggler": 0.8})  # fmt: skip
     return 0
+
+
+def write_curves(
+    path: Path,
+    runs: Iterable[tuple[Run, Sequence[object]]],
+    columns: Sequence[str],
+    accuracy: str = "accuracy",
+) -> None:
+    """Every point of every run's curve as a CSV row (the time-to-accuracy benches' curves
+    file): each run's values of ``columns``, then ``step``, ``seconds`` and ``accuracy``."""
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*columns, "step", "seconds", accuracy])
+        for run, values in runs:
+            for step, t, acc in run.curve:
+                w.writerow([*values, step, f"{t:.3f}", f"{acc:.4f}"])
 
 
 def report_targets(result: dict[str, Any], bounds: dict[str, float]) -> None:

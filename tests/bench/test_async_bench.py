@@ -230,6 +230,28 @@ def test_read_concord_lines_peers_up_from_the_earliest_first_step(tmp_path: Path
     # idle: peer 0 1 s of 4, peer 1 4 s of 8 → mean 0.375 (exact binary fractions)
     assert run.detail["idle_fraction"] == 0.375
     assert run.detail["staleness"] == 2.0
+    assert run.detail["local_steps"] == [2, 2]
+
+
+def test_curves_csv_is_the_shared_writer_with_the_benchs_columns(tmp_path: Path) -> None:
+    # bench/async.py and bench/edge.py write their curves with time_to_accuracy.write_curves
+    edge: Any = importlib.import_module("bench.edge")
+    a, b = Run("ad_psgd", True), Run("ddp_fp32", True)
+    a.curve, b.curve = [(3, 1.25, 0.5), (7, 2.5, 0.625)], [(5, 2.0, 0.75)]
+    bench_async.write_csv(tmp_path / "async.csv", [a, b])
+    assert (tmp_path / "async.csv").read_text().splitlines() == [
+        "contender,step,seconds,worst_accuracy",
+        "ad_psgd,3,1.250,0.5000",
+        "ad_psgd,7,2.500,0.6250",
+        "ddp_fp32,5,2.000,0.7500",
+    ]
+    edge.write_csv(tmp_path / "edge.csv", {"lan": [b], "wan": [a]})
+    assert (tmp_path / "edge.csv").read_text().splitlines() == [
+        "profile,contender,step,seconds,accuracy",
+        "lan,ddp_fp32,5,2.000,0.7500",
+        "wan,ad_psgd,3,1.250,0.5000",
+        "wan,ad_psgd,7,2.500,0.6250",
+    ]
 
 
 def test_read_concord_without_every_peer_evaluating_has_no_curve(tmp_path: Path) -> None:
