@@ -15,7 +15,13 @@ from concord.core.comm import MixOutcome
 from concord.peer import serde
 from concord.peer.links import Fanout, Wire
 from concord.peer.mailbox import Arrival
-from concord.peer.transport import Fetched, Transport, TransportOptions
+from concord.peer.transport import (
+    WINDOW_BYTES,
+    Fetched,
+    Transport,
+    TransportOptions,
+    server_options,
+)
 from tests.peer.transports import free_port
 from tests.peer.transports import options as transport_options
 
@@ -93,6 +99,14 @@ def test_two_transports_exchange_and_early_tensors_wait(wire: Wire) -> None:
             await asyncio.gather(t0.stop(1.0), t1.stop(1.0))
 
     _run(body)
+
+
+def test_server_streams_get_a_receive_window_of_several_megabytes() -> None:
+    """A tensor of a few MB must not wait for a WINDOW_UPDATE every 64 KiB (gRPC's default
+    with BDP probing off): the server sets `WINDOW_BYTES`, at least a 4 MiB chunk's worth."""
+    options = dict(server_options(1 << 20, 60.0))
+    assert options["grpc.http2.bdp_probe"] == 0
+    assert options["grpc.http2.lookahead_bytes"] == WINDOW_BYTES >= 4 << 20
 
 
 def test_dead_neighbour_is_not_waited_for() -> None:
