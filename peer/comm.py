@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,13 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("concord.peer.comm")
 _SLACK = 5.0  # seconds a round may overrun its deadline before the training thread gives up
+SWITCH_INTERVAL = 0.001
+"""Seconds a thread holds the GIL while another waits for it (`sys.setswitchinterval`; Python's
+default 5 ms), set when a `PeerComm` is made. The training thread gives the GIL up in every
+kernel and system call, and the event loop — copying gRPC chunks, which holds the GIL — keeps it
+for up to the interval before the training thread gets it back: with 1 ms the gRPC peers of
+`bench/step_overhead.py` stepped 58 ms against 66 ms (two interleaved pairs, load ≈ 10 on 2
+cores; docs/performance.md)."""
 T = TypeVar("T")
 
 
@@ -326,6 +334,8 @@ class PeerComm(RoundComm):
         super().__init__(rank, world_size)
         self.transport = transport
         self.loop = loop
+        # the training thread and the loop share one GIL (below)
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
 
     def begin_step(self, step: int) -> None:
         """Move the mailbox (owned by the loop) to this step: neighbours' frames are accepted up
