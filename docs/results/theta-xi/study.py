@@ -36,6 +36,7 @@ from concord.core.control.calibration import Calibration
 from concord.core.control.consensus import round_statistic
 from concord.lab.presets.consensus import BASE, read_runs_csv, summarize
 from concord.lab.presets.consensus_separation import paired_accuracy, separated
+from concord.lab.report import CellStats
 from concord.sim.engine import Trainer
 
 HERE = Path(__file__).resolve().parent
@@ -529,11 +530,10 @@ def _accuracy(
 
 
 def _pm2(values: Sequence[float]) -> str:
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return f"{m:.2f}"
-    h = T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / math.sqrt(len(values))
-    return f"{m:.2f} ± {h:.2f}"
+    """mean ± the 95 % Student-t half-width, two decimals (`CellStats.ci95`, the consensus-control
+    report's interval)."""
+    stats = CellStats(tuple(values), len(values))
+    return f"{stats.mean:.2f}" if len(values) < 2 else f"{stats.mean:.2f} ± {stats.ci95:.2f}"
 
 
 def _late(late: Sequence[dict[str, str]], n: int, cell: str) -> dict[int, dict[str, str]]:
