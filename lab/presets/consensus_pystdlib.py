@@ -90,6 +90,10 @@ def _key(c: Mapping[str, Any]) -> tuple[Any, ...]:
     return (c["n"], c["phase"], c["target"], c["statistic"])
 
 
+def _times(x: float, digits: int = 2) -> str:
+    return "not measured" if math.isnan(x) else f"{x:.{digits}f}×"
+
+
 def _diff(c: Mapping[str, Any] | None) -> str:
     return "—" if c is None else pm(c["diff"])
 
@@ -116,7 +120,7 @@ def reading(
 
     def verdict(a: bool | None, b: bool | None) -> str:
         if a is None or b is None:
-            return "not comparable (a side not measured, or no gap)"
+            return "not comparable"
         if a == b:
             return "reproduced" if a else "reproduced (absent in both)"
         return "**not reproduced**"
@@ -132,7 +136,8 @@ def reading(
                           lambda c: c["diff"][0] >= -0.5, ("1", "1/4", stat)))  # fmt: skip
             rules.append((f"¼ · max {sym} closes at least half the uncontrolled gap",
                           None, ("1", "1/4", stat)))  # fmt: skip
-        out.append(f"**n = {n}** (MNIST-1D cells: {'present' if unc_m else 'absent'})")
+        measured = [c["label"] for c in mnist if c["n"] == n]
+        out.append(f"**n = {n}** (MNIST-1D cells at this n: {', '.join(measured) or 'none'})")
         out.append("")
         for text, rule, (phase, target, stat) in rules:
             h, m = here.get((n, phase, target, stat)), there.get((n, phase, target, stat))
@@ -148,8 +153,10 @@ def reading(
                 a = bool(rule(h))
                 b = None if m is None else bool(rule(m))
                 nums = f"pystdlib Δ {_diff(h)} pp, MNIST-1D Δ {_diff(m)} pp"
-            shown = {True: "holds", False: "does not hold", None: "undefined (no gap)"}[a]
-            out.append(f"- {text}: pystdlib {shown}; {verdict(a, b)} ({nums}).")
+            words = {True: "holds", False: "does not hold", None: "undefined"}
+            there_word = "not measured" if m is None else words[b]
+            out.append(f"- {text}: pystdlib {words[a]}, MNIST-1D {there_word}: "
+                       f"{verdict(a, b)} ({nums}).")  # fmt: skip
         xi, th = here.get((n, "1", "1/4", "xi")), here.get((n, "1", "1/4", "theta"))
         m_xi, m_th = there.get((n, "1", "1/4", "xi")), there.get((n, "1", "1/4", "theta"))
         if xi is not None and th is not None and not math.isnan(th["late_xi"]):
@@ -162,13 +169,14 @@ def reading(
             out.append(
                 f"- a target on Θ leaves the exact Ξ higher than a target on Ξ (late Ξ ratio "
                 f"Θ-target / Ξ-target > 1.5): pystdlib {ratio:.1f}× ({th['late_rounds']:.1f} vs "
-                f"{xi['late_rounds']:.1f} rounds per step), MNIST-1D {m_ratio:.1f}×: {same}."
+                f"{xi['late_rounds']:.1f} rounds per step), MNIST-1D {_times(m_ratio, 1)}: "
+                f"{same}."
             )
             out.append(
                 f"- rounds against the uncontrolled run: ¼ · max Ξ {xi['rounds_ratio']:.2f}× "
-                f"(MNIST-1D {m_xi['rounds_ratio'] if m_xi else math.nan:.2f}×), ¼ · max Θ "
+                f"(MNIST-1D {_times(m_xi['rounds_ratio'] if m_xi else math.nan)}), ¼ · max Θ "
                 f"{th['rounds_ratio']:.2f}× (MNIST-1D "
-                f"{m_th['rounds_ratio'] if m_th else math.nan:.2f}×)."
+                f"{_times(m_th['rounds_ratio'] if m_th else math.nan)})."
             )
         out.append("")
     bigram = refs.get("bigram_accuracy")

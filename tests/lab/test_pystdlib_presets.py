@@ -97,9 +97,10 @@ def test_the_consensus_report_is_the_tasks_and_reads_against_mnist1d(tmp_path: P
     assert f"{math.exp(2.01):.2f}" in text
     # uncontrolled −5 pp: the degradation holds here; MNIST-1D at n = 16 has none (committed)
     line = next(ln for ln in text.splitlines() if ln.startswith("- decentralizing phase 1"))
-    assert "pystdlib holds; **not reproduced**" in line
+    assert "pystdlib holds, MNIST-1D does not hold: **not reproduced**" in line
     assert "- ¼ · max Ξ closes at least half the uncontrolled gap: pystdlib holds" in text
     assert "- ¼ · max Θ closes at least half the uncontrolled gap: pystdlib does not hold" in text
+    assert "**n = 16** (MNIST-1D cells at this n: all-reduce, phase 1, uncontrolled)" in text
     assert "every cell's mean lies between" in text
 
 
