@@ -121,7 +121,8 @@ class ReplicaLinear(ReplicaLayer):
         _default_uniform_init(self.weight, self.bias, generator)
 
     def forward(self, x: Tensor) -> Tensor:
-        return _Linear.apply(x, self.weight, self.bias)  # type: ignore[no-any-return]
+        out: Tensor = _Linear.apply(x, self.weight, self.bias)  # type: ignore[no-untyped-call]
+        return out
 
     def extra_repr(self) -> str:
         return f"k={self.k}, in={self.in_features}, out={self.out_features}"
