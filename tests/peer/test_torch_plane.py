@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,39 @@ def test_nccl_every_comm_call_matches_the_in_memory_engine(tmp_path: Path) -> No
     _check(got)
 
 
+TwoRanks = Callable[..., list[dict[str, str]]]
+
+
+@pytest.fixture
+def two_ranks(tmp_path: Path) -> TwoRanks:
+    """Runs a script as ranks 0 and 1 of a 2-process gloo group — ``run(script, *args)``, the
+    script getting ``rank port *args`` — and returns each rank's output lines as ``{first word:
+    the rest}`` (with the whole output under ``""``), after checking that both exited 0."""
+
+    def run(script_text: str, *args: str) -> list[dict[str, str]]:
+        script = tmp_path / "ranks.py"
+        script.write_text(script_text)
+        port = _free_port()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(r), str(port), *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for r in range(2)
+        ]
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+        for r, p in enumerate(procs):
+            assert p.returncode == 0, f"rank {r} failed:\n{outputs[r]}"
+        return [
+            {"": out} | {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines()}
+            for out in outputs
+        ]
+
+    return run
+
+
 DIVERGED = """
 import sys
 import numpy as np
@@ -136,27 +170,12 @@ plane.close()
 """
 
 
-def test_a_round_is_one_message_whose_header_catches_diverged_peers(tmp_path: Path) -> None:
+def test_a_round_is_one_message_whose_header_catches_diverged_peers(two_ranks: TwoRanks) -> None:
     """Two ranks mix once in agreement (a message: 64-byte header, then the 40 payload bytes),
     then post the same tensor for different steps: each rank's check of the header that came
     with the payload fails with `TorchPlaneError` naming its own round and the neighbour's."""
-    script = tmp_path / "diverged.py"
-    script.write_text(DIVERGED)
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(r), str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{outputs[r]}"
-    for r, out in enumerate(outputs):
-        lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines()}
+    for r, lines in enumerate(two_ranks(DIVERGED)):
+        out = lines[""]
         assert lines["sizes"] == "104 104 64", out
         assert float(lines["agreed"]) == 0.5  # (0 + 1) / 2, exact in float32
         mine, theirs = 4 + r, 5 - r
@@ -198,29 +217,14 @@ plane.close()
 
 @pytest.mark.parametrize("where", ["connect", "header"])
 def test_peers_of_another_message_format_fail_with_both_versions(
-    tmp_path: Path, where: str
+    two_ranks: TwoRanks, where: str
 ) -> None:
     """A peer whose torch plane message format (`TORCH_PLANE_VERSION`) differs is refused by
     every peer at the rendezvous, with the run's lowest and highest versions in the error and
     the group left; a message of another format (past the rendezvous) fails the round with
     `TorchPlaneError` naming the sender's format and the receiver's."""
-    script = tmp_path / "versions.py"
-    script.write_text(VERSIONS)
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(r), str(port), where],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{outputs[r]}"
-    for r, out in enumerate(outputs):
-        lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines()}
+    for r, lines in enumerate(two_ranks(VERSIONS, where)):
+        out = lines[""]
         error = lines["error"]
         if where == "connect":
             mine = 1 if r == 1 else 2
