@@ -45,7 +45,7 @@ from concord.core.control.plan import Phase
 from concord.core.control.runplan import Schedules, make_lr_schedule, make_plan
 from concord.core.graphs.topology import exponential_k
 from concord.core.records import StepRecord
-from concord.core.task import ClassificationTask
+from concord.core.task import ClassificationTask, StepLoss
 
 
 class DivergedError(RuntimeError):
@@ -216,6 +216,41 @@ class StepRunner:
     def eval_interval(self) -> int:
         return max(1, round(self.cfg.eval.every * self.task.steps_per_epoch))
 
+    def step_record(
+        self,
+        step: int,
+        phase: Phase,
+        lr: float,
+        out: StepLoss,
+        grad_norms: torch.Tensor,
+        rounds: int,
+        *,
+        epoch: float | None = None,
+        theta: float | None = None,
+        target: float | None = None,
+        **fields: Any,
+    ) -> StepRecord:
+        """The record of a step, with the fields every step runner fills alike: the mean loss,
+        training accuracy and gradient norm of the local replicas (``out``, ``grad_norms``),
+        the byte and round counters after it, and ``epoch`` (default: (step + 1) / steps per
+        epoch); ``fields``: the other `StepRecord` fields."""
+        task = self.task
+        return StepRecord(
+            step=step,
+            epoch=(step + 1) / task.steps_per_epoch if epoch is None else epoch,
+            phase=phase.index,
+            lr=lr,
+            loss=float(out.loss.mean()),
+            train_acc=float(out.correct.sum()) / (out.correct.numel() * task.batch_size),
+            rounds=rounds,
+            theta=theta,
+            target=target,
+            grad_norm=float(grad_norms.mean()),
+            bytes_sent=self.comm.counters.bytes_wire,
+            rounds_total=self.rounds_total,
+            **fields,
+        )
+
     def run_step(self, step: int) -> tuple[StepRecord, StepReport]:
         """One training step of every local replica; returns its metrics record and report.
 
@@ -253,19 +288,15 @@ class StepRunner:
         graph = None
         if self.cfg.spec.adaptive_graph is not None and phase.mode == "gossip":
             graph = self.schedules.topology_name(phase)
-        record = StepRecord(
-            step=step,
-            epoch=(step + 1) / task.steps_per_epoch,
-            phase=phase.index,
-            lr=lr,
-            loss=loss,
-            train_acc=float(out.correct.sum()) / (out.correct.numel() * task.batch_size),
-            rounds=report.rounds,
+        record = self.step_record(
+            step,
+            phase,
+            lr,
+            out,
+            grad_norms,
+            report.rounds,
             theta=theta(report.theta_local) if report.theta_local is not None else None,
             target=target,
-            grad_norm=float(grad_norms.mean()),
-            bytes_sent=self.comm.counters.bytes_wire,
-            rounds_total=self.rounds_total,
             graph=graph,
             graph_k=None if graph is None else exponential_k(graph, self.cfg.peers),
         )

@@ -526,6 +526,20 @@ class AsyncSGPPeer(AsyncPeer):
         if share.values is not None and not delivered:  # the mass comes back
             self._returned(Message(SHARE, self.rank, share.step, share.weight, share.values))
 
+    def _push_share(self, j: int, share: Message) -> concurrent.futures.Future[None]:
+        future = asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop)
+        self.inflight.add(future)
+        future.add_done_callback(self.inflight.discard)
+        return future
+
+    def out_neighbours(self) -> set[int]:
+        """The peers this one sends shares to in the schedule's first rounds (a period)."""
+        out: set[int] = set()
+        for k in range(min(self.runner.total_steps, 64)):
+            out |= {int(j) for j in np.nonzero(self.matrix(k)[:, self.rank])[0]}
+        out.discard(self.rank)
+        return out
+
     def end_step(self, step: int, x: torch.Tensor, d: torch.Tensor, lr: float) -> int:
         w = self.weights()
         if self.complete is None:
@@ -561,10 +575,12 @@ class AsyncSGPPeer(AsyncPeer):
                 values = (numerators[0] * p).cpu()
                 share = Message(SHARE, self.rank, step, float(p * w[0]), values, progress, last)
                 self.sent(j)
-            future = asyncio.run_coroutine_threadsafe(self._share(j, share), self.loop)
-            self.inflight.add(future)
-            future.add_done_callback(self.inflight.discard)
-            sending.append(future)
+            sending.append(self._push_share(j, share))
+        if last:  # every out-neighbour of later rounds may wait for this peer: tell it too
+            told = {j for _, j, _ in messages} | ended
+            for j in sorted(self.out_neighbours() - told):
+                share = Message(SHARE, self.rank, step, progress=progress, last=True)
+                sending.append(self._push_share(j, share))
         # per-peer budget: every peer's last round is T − 1, so the last step drains every
         # round up to its own (τ = 0). Global: the last rounds differ, and a neighbour that has
         # sent its LAST share sends no more, so the last step waits for nothing — it mixes what
@@ -583,6 +599,8 @@ class AsyncSGPPeer(AsyncPeer):
                     future.result(timeout=self.deadline + 5)
         with self.cond:
             while missing := self._missing(due):
+                if self.global_budget and sum(self.progress) >= self.n * self.runner.total_steps:
+                    break  # the budget is spent: mix what is here, the next step is the last
                 left = limit - (time.perf_counter() - t0)
                 if left <= 0 or not self.cond.wait(timeout=left):
                     gone = sorted({j for senders in missing.values() for j in senders})
@@ -648,7 +666,6 @@ class AsyncStepRunner(StepRunner):
         rounds = 1 if sent else 0
         self.rounds_total += rounds
         notes = peer.take_notes()
-        s = notes.staleness
         done = peer.global_progress() if peer.global_budget else step + 1
         peer.recorded = done
         extra = notes.extra()
@@ -656,19 +673,15 @@ class AsyncStepRunner(StepRunner):
             extra["global_progress"] = done
             if peer.last_step == step:
                 extra["budget_spent"] = True
-        record = StepRecord(
-            step=step,
+        s = notes.staleness
+        record = self.step_record(
+            step,
+            phase,
+            lr,
+            out,
+            grad_norms,
+            rounds,
             epoch=done / task.steps_per_epoch,
-            phase=phase.index,
-            lr=lr,
-            loss=loss,
-            train_acc=float(out.correct.sum()) / (out.correct.numel() * task.batch_size),
-            rounds=rounds,
-            theta=None,
-            target=None,
-            grad_norm=float(grad_norms.mean()),
-            bytes_sent=self.comm.counters.bytes_wire,
-            rounds_total=self.rounds_total,
             virtual_time=time.perf_counter() - peer.started,
             local_steps=1,
             staleness_mean=sum(s) / len(s) if s else None,
