@@ -9,55 +9,16 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.integration.peers import Peers, write_config
+from tests.integration.tiny_ring import DEADLINE, records, tiny_ring, wait_steps
 
 pytestmark = pytest.mark.slow  # ~40 s with start-ups
 
-RUN = """
-topology = "ring"
-algorithm = "async-sgp"
-engine = "processes"
-seed = 3
-epochs = 400  # 10 steps each: the others run on while it is gone
-[dataset]
-samples = 800
-[model]
-name = "mlp"
-hidden = [32]
-[control]
-mode = "none"
-"""
-DEADLINE = 1.0
-
-
-@pytest.fixture
-def started() -> Iterator[list[Peers]]:
-    runs: list[Peers] = []
-    yield runs
-    for p in runs:
-        p.kill_all()
-
-
-def _steps(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("kind") == "step"]
-
-
-def _wait_steps(path: Path, steps: int, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if len(_steps(path)) >= steps:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{path} has fewer than {steps} steps after {timeout} s")
+RUN = tiny_ring("async-sgp", 400, engine="processes")  # 10 steps each: the others run on
 
 
 def test_a_killed_async_sgp_peer_restarts_and_its_neighbours_never_block(
@@ -66,7 +27,7 @@ def test_a_killed_async_sgp_peer_restarts_and_its_neighbours_never_block(
     config = write_config(tmp_path / "run.toml", 4, RUN, deadline=DEADLINE)
     peers = Peers(config, tmp_path, [0, 1, 2, 3])
     started.append(peers)
-    _wait_steps(tmp_path / "peer-3" / "metrics.jsonl", 40, timeout=120)
+    wait_steps(tmp_path / "peer-3" / "metrics.jsonl", 40, timeout=120)
     peers.procs[3].send_signal(signal.SIGKILL)
     peers.procs[3].wait(timeout=30)
     time.sleep(3 * DEADLINE)  # the others go on without it
@@ -75,7 +36,7 @@ def test_a_killed_async_sgp_peer_restarts_and_its_neighbours_never_block(
     assert restart.wait(timeout=300) == {3: 0}
     assert {i: peers.procs[i].wait(timeout=300) for i in (0, 1, 2)} == {0: 0, 1: 0, 2: 0}
     for i in (0, 2):  # peer 3's in-neighbours on the ring
-        steps = _steps(tmp_path / f"peer-{i}" / "metrics.jsonl")
+        steps = records(tmp_path / f"peer-{i}" / "metrics.jsonl")
         lost = [r["step"] for r in steps if r.get("async_lost")]
         assert lost  # they noticed it gone …
         assert len(lost) <= 3  # … once (then suspect, not waited for), not once a step
@@ -85,5 +46,5 @@ def test_a_killed_async_sgp_peer_restarts_and_its_neighbours_never_block(
         assert last["step"] == len(steps) - 1 or last["step"] > lost[-1]
     summary = json.loads((tmp_path / "peer-3" / "summary.json").read_text())
     assert summary["completed"]
-    steps3 = _steps(tmp_path / "peer-3" / "metrics.jsonl")
+    steps3 = records(tmp_path / "peer-3" / "metrics.jsonl")
     assert any((r.get("staleness_max") is not None) for r in steps3[-20:])  # mixing again

@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,36 +25,11 @@ from concord.core.records import PeerSummary
 from concord.orchestrator.broker import MosquittoBroker, mosquitto_binary
 from concord.runtime.records import read_peer_summary
 from tests.integration.peers import Peers, write_config
+from tests.integration.tiny_ring import DEADLINE, records, tiny_ring, wait_steps
 
 pytestmark = pytest.mark.slow  # ~35 s: the separate CI step (.ci/run)
 
-TINY = """
-topology = "ring"
-algorithm = "dsgd"
-seed = 3
-[dataset]
-samples = 800
-[model]
-name = "mlp"
-hidden = [32]
-[control]
-mode = "none"
-"""
-DEADLINE = 1.0
 SKIP_AFTER = 3
-
-
-@pytest.fixture
-def started() -> Iterator[list[Peers]]:
-    runs: list[Peers] = []
-    yield runs
-    for p in runs:
-        p.kill_all()
-
-
-def _records(path: Path, kind: str = "step") -> list[dict[str, Any]]:
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 def _summary(peer_dir: Path) -> PeerSummary:
@@ -79,26 +53,17 @@ def _accuracy(summary: PeerSummary) -> float:
     return value
 
 
-def _wait_steps(path: Path, steps: int, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if path.is_file() and len(path.read_text().splitlines()) > steps:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{path} has not reached {steps} lines in {timeout} s")
-
-
 def test_a_stalled_peer_is_skipped_after_skip_after_deadlines_and_mixed_again_after_sigcont(
     tmp_path: Path, started: list[Peers]
 ) -> None:
     # 10 steps per epoch per peer; long enough that peer 3 is stopped well inside the run
-    extra = f"epochs = 150\n{TINY}"
+    extra = tiny_ring("dsgd", 150)
     config = write_config(tmp_path / "run.toml", 4, extra, deadline=DEADLINE)
     with config.open("a") as f:
         f.write(f"skip_after = {SKIP_AFTER}\n")  # appended to [network]
     peers = Peers(config, tmp_path, [0, 1, 2, 3])
     started.append(peers)
-    _wait_steps(tmp_path / "peer-3" / "metrics.jsonl", 40, timeout=120)
+    wait_steps(tmp_path / "peer-3" / "metrics.jsonl", 40, timeout=120)
     stopped_at = time.time()
     peers.procs[3].send_signal(signal.SIGSTOP)
     # eight deadlines stalled — or less, once its neighbours (skipping it after SKIP_AFTER
@@ -117,7 +82,7 @@ def test_a_stalled_peer_is_skipped_after_skip_after_deadlines_and_mixed_again_af
         assert _counter(summary, "neighbours_skipped") >= 1
         assert _counter(summary, "neighbours_back") >= 1
         assert _counter(summary, "rounds_not_waited") >= 1
-        steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
+        steps = records(tmp_path / f"peer-{i}" / "metrics.jsonl")
         assert len(steps) == 1500
         without = [r for r in steps if 3 in r["missing"]]
         slow = [r for r in without if r["step_ms"] >= 0.9 * DEADLINE * 1e3]
@@ -142,7 +107,7 @@ def test_a_stalled_peer_is_skipped_after_skip_after_deadlines_and_mixed_again_af
     assert summary3.completed
     # far behind all its neighbours after SIGCONT, it jumped to their step
     assert _counter(summary3, "jumps") >= 1
-    jumped = [r for r in _records(tmp_path / "peer-3" / "metrics.jsonl") if "jumped_from" in r]
+    jumped = [r for r in records(tmp_path / "peer-3" / "metrics.jsonl") if "jumped_from" in r]
     assert jumped
     assert jumped[0]["step"] > jumped[0]["jumped_from"] + 2
 
@@ -164,14 +129,14 @@ def test_a_killed_static_peer_restarted_fetches_its_neighbours_parameters_and_re
 ) -> None:
     # long enough that the neighbours, unhindered while it is gone (~200 steps/s here), are not
     # near the end when it is back (~7 s: 5 deadlines, then Python and torch start again)
-    extra = f"epochs = {EPOCHS}\n{TINY}"
+    extra = tiny_ring("dsgd", EPOCHS)
     config = write_config(tmp_path / "run.toml", 4, extra, deadline=DEADLINE)
     with config.open("a") as f:
         f.write(f"skip_after = {SKIP_AFTER}\nrejoin_fetch_after = 10\n")  # to [network]
     peers = Peers(config, tmp_path, [0, 1, 2, 3])
     started.append(peers)
     metrics3 = tmp_path / "peer-3" / "metrics.jsonl"
-    _wait_steps(metrics3, 45, timeout=120)  # past its first checkpoints (every 10 steps)
+    wait_steps(metrics3, 45, timeout=120)  # past its first checkpoints (every 10 steps)
     peers.procs[3].send_signal(signal.SIGKILL)
     killed_at = time.time()
     peers.procs[3].wait(timeout=30)
@@ -182,7 +147,7 @@ def test_a_killed_static_peer_restarted_fetches_its_neighbours_parameters_and_re
     mixed_at = None
     end = time.monotonic() + 120
     while mixed_at is None and time.monotonic() < end and restart.procs[3].poll() is None:
-        rejoined = [r for r in _records(metrics3) if r["step"] > 60 and r["missing"] == []]
+        rejoined = [r for r in records(metrics3) if r["step"] > 60 and r["missing"] == []]
         mixed_at = time.time() if rejoined else None
         time.sleep(0.05)
     assert restart.wait(timeout=600) == {3: 0}
@@ -197,7 +162,7 @@ def test_a_killed_static_peer_restarted_fetches_its_neighbours_parameters_and_re
     assert rejoined["checkpoint_step"] >= 40  # it did resume from its checkpoint first
     (adopted,) = _log_events(tmp_path / "peer-3" / "log.jsonl", "peer.rejoin_state")
     assert (adopted["from_peer"], adopted["parts"]) == (rejoined["from_peer"], ["momentum"])
-    steps3 = _records(metrics3)
+    steps3 = records(metrics3)
     first = next(r for r in steps3 if r["step"] >= rejoined["at_step"])
     assert first["step"] == rejoined["at_step"]  # no step in between ran
     accuracy = {}
@@ -206,7 +171,7 @@ def test_a_killed_static_peer_restarted_fetches_its_neighbours_parameters_and_re
         summary = _summary(tmp_path / f"peer-{i}")
         assert summary.completed
         accuracy[i] = _accuracy(summary)
-        steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
+        steps = records(tmp_path / f"peer-{i}" / "metrics.jsonl")
         without = [r for r in steps if 3 in r["missing"]]
         assert without  # it was gone for a while
         # … and mixed again from its return to the end
@@ -238,7 +203,7 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
     broker.start()
     config = tmp_path / "run.toml"
     config.write_text(
-        f'name = "rejoin"\npeers = 4\nepochs = 150\n{TINY}'
+        f'name = "rejoin"\npeers = 4\n{tiny_ring("dsgd", 150)}'
         "[orchestrator]\nheartbeat = 0.5\nliveness_timeout = 6\n"
         f"[network]\ndeadline = {DEADLINE}\nskip_after = {SKIP_AFTER}\n"
     )
@@ -266,7 +231,7 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
             spawn(name)
         metrics3 = tmp_path / "peer-3" / "metrics.jsonl"
         # 45 lines: at least 41 step records (an evaluation every 10 steps), whenever it is killed
-        _wait_steps(metrics3, 45, timeout=180)
+        wait_steps(metrics3, 45, timeout=180)
         procs["peer-3"].send_signal(signal.SIGKILL)
         killed_at = time.time()
         procs["peer-3"].wait(timeout=30)
@@ -280,7 +245,7 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
         mixed_at = None
         end = time.monotonic() + 120
         while mixed_at is None and time.monotonic() < end and procs["peer-3"].poll() is None:
-            back = [r for r in _records(metrics3) if r["step"] > 60 and r["missing"] == []]
+            back = [r for r in records(metrics3) if r["step"] > 60 and r["missing"] == []]
             mixed_at = time.time() if back else None
             time.sleep(0.05)
         codes = {n: p.wait(timeout=600) for n, p in procs.items()}
@@ -316,7 +281,7 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
         rejoined["from_peer"],
         ["momentum"],
     )
-    steps3 = [r["step"] for r in _records(metrics3)]
+    steps3 = [r["step"] for r in records(metrics3)]
     before = [t for t in steps3 if t < readmitted["effective_step"]]
     assert len(before) >= 40  # its records from before the kill are kept …
     after = steps3[len(before) :]
@@ -327,7 +292,7 @@ def test_an_orchestrated_peer_killed_and_restarted_is_readmitted_and_mixed_again
         summary = _summary(tmp_path / f"peer-{i}")
         assert summary.completed
         accuracy[i] = _accuracy(summary)
-        steps = _records(tmp_path / f"peer-{i}" / "metrics.jsonl")
+        steps = records(tmp_path / f"peer-{i}" / "metrics.jsonl")
         # On an idle machine the Last-Will drop can reach the neighbours inside one deadline, so
         # they may never have waited for it (the schedules above show it was out): if they did,
         # they mixed it again from its re-admission on
