@@ -139,3 +139,31 @@ def test_start_continues_a_resumed_run_from_that_step() -> None:
         ).steps
         == 4
     )  # nothing left to run
+
+
+class _Budget:
+    """Spent after step 5; an evaluation due after steps 1 and 4 (not on the interval)."""
+
+    def spent(self, step: int) -> bool:
+        return step == 5
+
+    def evaluation_due(self, step: int) -> bool:
+        return step in (1, 4)
+
+
+def test_a_budget_ends_the_loop_and_schedules_the_evaluations() -> None:
+    # async.budget = "global": `steps` is only an upper bound, the interval and last_step unused
+    sink = Sink()
+    result = drive(
+        steps=100,
+        interval=2,
+        last_step=99,
+        train=train,
+        evaluate=evaluate,
+        sink=sink,
+        budget=_Budget(),
+    )
+    assert (result.steps, result.spent, result.stopped) == (6, True, False)
+    evals = [(r.step, r.final) for r in sink.records if isinstance(r, Eval)]
+    assert evals == [(1, False), (4, False), (5, True)]
+    assert [r.step for r in sink.records if isinstance(r, Step)] == list(range(6))
