@@ -11,7 +11,11 @@ all-reduce overlapped with the backward pass); ``--hook fp16``: PyTorch's
 ``fp16_compress_hook``. ``--slow-ranks 3,6 --slow-factor F``: each of those ranks sleeps, before
 each step, (F − 1) × the CPU time its main thread spent on the previous step — as a Concord
 straggler does (`concord.peer.pace.Straggler`'s emulation of a processor F times slower);
-``--slow-factors 1,1,1.5,…``: one factor per rank instead (``bench/async.py``).
+``--slow-factors 1,1,1.5,…``: one factor per rank instead (``bench/async.py``). ``--device-ms D``:
+the factors are emulated devices instead (`concord.peer.pace.DeviceTime`, a Concord peer's
+``network.device``): before each step rank r sleeps F_r·D less the CPU time its main thread spent
+since its previous sleep ended (the step, rank 0's evaluation), an overrun when that CPU time
+exceeds F_r·D (counted in the summary: ``device_cycles``, ``device_overruns``).
 
 Rank 0 evaluates the model (every rank holds the same one) on the whole test set every
 ``eval.every`` epochs and after the last step, and writes JSON lines to ``--out``: one
@@ -103,6 +107,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     from concord.core.config import load_config
     from concord.core.control.runplan import make_lr_schedule
     from concord.core.task import ClassificationTask
+    from concord.peer.pace import device_sleep
 
     torch.set_num_threads(1)
     cfg = load_config(args.config, environ={})
@@ -120,6 +125,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     interval = max(1, round(cfg.eval.every * task.steps_per_epoch))
     loss_fn = nn.CrossEntropyLoss()
     slow = slow_factor(args, rank, world)
+    device_s = slow * args.device_ms / 1e3 if args.device_ms else None
+    mark: float | None = None  # --device-ms: main-thread CPU time when the last sleep ended
+    cycles = overruns = 0
     owed = slept = cpu = 0.0
     write = _Log(Path(args.out) if rank == 0 else None)
     dist.barrier()
@@ -127,11 +135,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     write({"kind": "start", "time": t_start})
     accuracy = None
     for step in range(total):
+        if device_s is not None and mark is not None:
+            owed, over = device_sleep(device_s, time.thread_time() - mark)
+            cycles, overruns = cycles + 1, overruns + over
         if owed > 0:
             t0 = time.perf_counter()
             time.sleep(owed)
             slept += time.perf_counter() - t0
-        cpu0 = time.thread_time()
+            owed = 0.0
+        cpu0 = mark = time.thread_time()
         for group in opt.param_groups:
             group["lr"] = schedule.lr(step)
         idx = task.sampler.batch_indices(step)[0]
@@ -140,7 +152,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         opt.step()
         spent = time.thread_time() - cpu0
         cpu += spent
-        owed = (slow - 1.0) * spent
+        if device_s is None:
+            owed = (slow - 1.0) * spent
         now = time.time()
         write({"kind": "step", "step": step, "time": now})
         if rank == 0 and ((step + 1) % interval == 0 or step == total - 1):
@@ -158,6 +171,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "slow_sleep_s": slept,
         "slow_factor": slow,
         "compute_cpu_s": cpu,
+        "device_ms": args.device_ms,
+        "device_cycles": cycles,
+        "device_overruns": overruns,
     }
     write(summary)
     dist.destroy_process_group()
@@ -193,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-ranks", default="", help="comma-separated ranks computing slower")
     p.add_argument("--slow-factor", type=float, default=1.0)
     p.add_argument("--slow-factors", default="", help="one factor per rank, comma-separated")
-    print(json.dumps(train(p.parse_args(argv))), flush=True)
+    p.add_argument("--device-ms", type=float, default=0.0,
+                   help="emulate devices: rank r's step takes factor_r × this many ms")  # fmt: skip
+    args = p.parse_args(argv)
+    if not args.device_ms >= 0:
+        raise SystemExit(f"--device-ms: expected milliseconds ≥ 0, got {args.device_ms}")
+    print(json.dumps(train(args)), flush=True)
     return 0
 
 

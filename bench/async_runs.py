@@ -72,13 +72,17 @@ class Churn:
 @dataclass(frozen=True)
 class Settings:
     """What every run of the matrix shares: the config overrides ``sets`` (peers, data, model,
-    schedule, seed), the per-peer slowdowns ``factors``, and ``churn`` (None: none)."""
+    schedule, seed), the per-peer slowdowns ``factors``, and ``churn`` (None: none).
+    ``device_ms``: the factors are emulated devices (peer i's step takes factors[i] ×
+    ``device_ms``: ``network.device``, ``bench/_ddp.py --device-ms``), else CPU stretches
+    (``network.straggler``, ``--slow-factors``)."""
 
     out: Path
     sets: tuple[str, ...]
     factors: tuple[float, ...]
     total_steps: int
     churn: Churn | None = None
+    device_ms: float | None = None  # emulated devices (``network.device``), else stragglers
 
 
 def free_ports(n: int) -> list[int]:
@@ -159,6 +163,7 @@ def _peer_eval_curve(peer_dir: Path) -> tuple[list[tuple[int, float, float]], di
     wait = 0.0
     steps = 0
     stale: list[float] = []
+    cycles = overruns = 0.0
     start = end = None
     for r in records:
         if isinstance(r, StepRecord) and "time" in r.extra:
@@ -172,12 +177,18 @@ def _peer_eval_curve(peer_dir: Path) -> tuple[list[tuple[int, float, float]], di
             steps += 1
             if r.staleness_mean is not None:
                 stale.append(r.staleness_mean)
+            if "device_overrun" in r.extra and _float(r.extra.get("device_cpu_ms", 0.0)) > 0:
+                cycles += 1  # the first step has no measured cycle
+                overruns += _float(r.extra["device_overrun"])
     curve = [
         (r.step, times[r.step], r.accuracy_mean_peer)
         for r in records
         if isinstance(r, EvalRecord) and r.step in times and r.accuracy_mean_peer is not None
     ]
-    totals = {"start": start or 0.0, "end": end or 0.0, "wait_s": wait, "steps": float(steps)}
+    totals = {"start": start or 0.0, "end": end or 0.0, "wait_s": wait, "steps": float(steps),
+              "device_cycles": cycles, "device_overruns": overruns}  # fmt: skip
+    if curve:
+        totals["final_acc"] = curve[-1][2]
     if stale:
         totals["staleness"] = statistics.fmean(stale)
     return curve, totals
@@ -206,6 +217,13 @@ def read_concord(run: Run, peers_dir: Path, n: int) -> None:
         statistics.fmean(t["wait_s"] / max(t["end"] - t["start"], 1e-9) for t in totals), 4
     )
     run.detail["local_steps"] = [int(t["steps"]) for t in totals]
+    run.detail["final_acc_per_peer"] = [round(t.get("final_acc", float("nan")), 4)
+                                        for t in totals]  # fmt: skip
+    cycles = sum(t["device_cycles"] for t in totals)
+    if cycles:
+        run.detail["overrun_fraction"] = round(
+            sum(t["device_overruns"] for t in totals) / cycles, 4
+        )
     stale = [t["staleness"] for t in totals if "staleness" in t]
     if stale:  # synchronous peers mix no stale information and record none
         run.detail["staleness"] = round(statistics.fmean(stale), 3)
@@ -215,6 +233,14 @@ def _straggler(peer: int, factor: float) -> list[str]:
     if factor <= 1.0:
         return []
     return [f"network.straggler.peer={peer}", f"network.straggler.factor={factor}"]
+
+
+def _device(s: Settings) -> list[str]:
+    """Every peer's ``network.device`` overrides (the same in every peer's config)."""
+    if s.device_ms is None:
+        return []
+    return [f"network.device.step_ms={s.device_ms:g}",
+            f"network.device.factors={json.dumps(list(s.factors))}"]  # fmt: skip
 
 
 def run_concord(s: Settings, c: Contender) -> Run:
@@ -227,7 +253,8 @@ def run_concord(s: Settings, c: Contender) -> Run:
     sets = [*s.sets, *c.sets, f"network.addresses={json.dumps(addresses)}"]
     argv = {}
     for i, f in enumerate(s.factors):
-        config = write_config(d / f"peer-{i}.toml", [*sets, *_straggler(i, f)])
+        slow = _device(s) if s.device_ms is not None else _straggler(i, f)
+        config = write_config(d / f"peer-{i}.toml", [*sets, *slow])
         argv[i] = concord("peer", "--config", str(config), "--id", str(i),
                           "--out", str(d / "peers" / f"peer-{i}"))  # fmt: skip
 
@@ -280,6 +307,10 @@ def read_ddp(run: Run, d: Path, n: int) -> None:
     ]
     run.detail["idle_fraction"] = round(statistics.fmean(idle), 4) if idle else None
     run.detail["staleness"] = 0.0
+    cycles = sum(x.get("device_cycles", 0) for x in sums if x is not None)
+    if cycles:
+        over = sum(x.get("device_overruns", 0) for x in sums if x is not None)
+        run.detail["overrun_fraction"] = round(over / cycles, 4)
 
 
 def run_ddp(s: Settings, c: Contender) -> Run:
@@ -296,7 +327,7 @@ def run_ddp(s: Settings, c: Contender) -> Run:
         argv = [sys.executable, str(ROOT / "bench" / "_ddp.py"), "--config", str(config),
                 "--rank", str(i), "--world", str(n), "--master", master,
                 "--out", str(d / "rank-0.jsonl"), "--hook", c.hook,
-                "--slow-factors", factors]  # fmt: skip
+                "--slow-factors", factors, "--device-ms", f"{s.device_ms or 0:g}"]  # fmt: skip
         procs[i] = spawn(argv, d / f"rank-{i}.out", env=env)
     try:
         if s.churn is not None:

@@ -72,6 +72,31 @@ class StragglerConfig(Section):
     )
 
 
+class DeviceConfig(Section):
+    """Emulated devices of different speeds, for experiments: peer i's training step takes
+    ``factors[i]`` × ``step_ms`` milliseconds of wall time — before each step it sleeps that time
+    less the CPU time its training thread spent since its previous sleep ended (the step, the
+    evaluation after it, the codec work), so eight peers on a host of two cores each run as if on
+    a device of its own as long as their CPU stays under the device time (an overrun, recorded:
+    `concord.peer.pace.DeviceTime`). Real peers only: the vectorized engine ignores it."""
+
+    step_ms: float = Field(
+        gt=0, le=60000.0, description="the base device's time per training step (milliseconds)"
+    )
+    factors: list[float] = Field(
+        min_length=1,
+        description="one per peer: how many times slower than the base device it computes (≥ 1)",
+    )
+
+    @field_validator("factors")
+    @classmethod
+    def _factors(cls, v: list[float]) -> list[float]:
+        bad = [f for f in v if not 1.0 <= f <= 100.0]
+        if bad:
+            raise ValueError(f"every factor must be in 1 … 100; got {bad}")
+        return v
+
+
 class TorchPlaneConfig(Section):
     """``network.transport = "torch"``: the tensors of gossip, all-reduce and per-edge messages
     move with torch.distributed point-to-point operations (`concord.peer.torch_plane`); the
@@ -171,6 +196,11 @@ class NetworkConfig(Section):
     straggler: StragglerConfig | None = Field(
         default=None,
         description="slow one peer's computation down by a factor, e.g. {peer = 3, factor = 2.0}",
+    )
+    device: DeviceConfig | None = Field(
+        default=None,
+        description="emulated per-peer devices: step i takes factors[i] × step_ms of wall time, "
+        "e.g. {step_ms = 40, factors = [1, 1, 2, 6]} (one factor per peer)",
     )
     emulation: dict[str, Any] | None = Field(
         default=None,

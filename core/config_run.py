@@ -270,6 +270,17 @@ class RunConfig(Section):
                 f"network.straggler.peer = {straggler.peer} names no peer: ids are "
                 f"0 … {self.peers - 1}"
             )
+        device = self.network.device
+        if device is not None and len(device.factors) != self.peers:
+            problems.append(
+                f"network.device.factors lists {len(device.factors)} factors for "
+                f"{self.peers} peers (one per peer)"
+            )
+        if device is not None and straggler is not None:
+            problems.append(
+                "network.device and network.straggler both slow peers down; use one "
+                "(network.device: a factor per peer)"
+            )
         if self.network.transport == "torch" and spec.adaptive_graph == "feedback":
             problems.append(
                 "network.transport = 'torch' needs every peer to run the same rounds; algorithm "
