@@ -94,22 +94,25 @@ MAX_STREAMS = 8  # per connection: a neighbour needs its Hello and one Exchange 
 BUDGET_TENSORS = 2  # tensors' bytes in flight per sender
 PER_SENDER = 16  # early mailbox entries per sender (tensors, rejections no round awaits yet)
 PER_STEP = 256  # … and per step
-WINDOW_BYTES = 8 << 20
-"""Each stream's HTTP/2 receive window (``grpc.http2.lookahead_bytes``; with BDP probing off
-gRPC's default is 64 KiB): a sender may have this much of a stream unacknowledged, so a tensor
-of a few MB goes out without waiting for a WINDOW_UPDATE every 64 KiB — each a wake-up of the
-receiver's and the sender's gRPC threads. On 2 cores shared by 4 peers (`bench/step_overhead.py`,
-~4.4 MB per tensor) the waits per step fell from 18–20 ms to 12–13 ms (docs/performance.md).
-What gRPC may buffer before the servicer reads it grows with it: at most this much per stream,
-`MAX_STREAMS` streams per connection (the servicer reads each chunk as it arrives)."""
+WINDOW_SLACK = 64 << 10
+"""Each stream's HTTP/2 receive window (``grpc.http2.lookahead_bytes``) is one chunk
+(``network.chunk_bytes``) plus this, room for its header: with BDP probing off gRPC's default is
+64 KiB, and a sender then waits for a WINDOW_UPDATE every 64 KiB of a tensor — each a wake-up of
+the receiver's and the sender's gRPC threads. On 2 cores shared by 4 peers
+(`bench/step_overhead.py`, 4.4 MB tensors in 1 MiB chunks) the gRPC peers' wait per step fell
+from 30.2 and 15.6 ms to 14.7 and 11.4 ms with a 1 MiB window (interleaved, load ≈ 8;
+docs/performance.md). A
+window of a chunk keeps what gRPC buffers before the servicer reads (and refuses) it at about a
+chunk per stream: 8 MiB windows let 40 stalled connections grow the receiver beyond
+tests/peer/test_bounds.py's bound."""
 
 
 def server_options(chunk_bytes: int, idle_timeout: float) -> list[tuple[str, int]]:
     """The server's gRPC options: `SERVER_OPTIONS` with the receive limit at twice the chunk size
     (a chunk somewhat over ``chunk_bytes`` still reaches the servicer, which refuses it with its
     reason and counts it; anything larger gRPC refuses itself), `MAX_STREAMS` concurrent streams
-    per connection, a `WINDOW_BYTES` receive window per stream, and connections without any call
-    closed after the idle timeout."""
+    per connection, a receive window of a chunk per stream (`WINDOW_SLACK`), and connections
+    without any call closed after the idle timeout."""
     limit = min(MAX_MESSAGE, 2 * chunk_bytes + (64 << 10))  # + room for the header
     options = [(k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"]
     return [
@@ -118,7 +121,7 @@ def server_options(chunk_bytes: int, idle_timeout: float) -> list[tuple[str, int
         ("grpc.max_concurrent_streams", MAX_STREAMS),
         ("grpc.http2.bdp_probe", 0),
         ("grpc.max_connection_idle_ms", max(1000, int(idle_timeout * 1000))),
-        ("grpc.http2.lookahead_bytes", WINDOW_BYTES),
+        ("grpc.http2.lookahead_bytes", chunk_bytes + WINDOW_SLACK),
     ]
 
 

@@ -16,7 +16,7 @@ from concord.peer import serde
 from concord.peer.links import Fanout, Wire
 from concord.peer.mailbox import Arrival
 from concord.peer.transport import (
-    WINDOW_BYTES,
+    WINDOW_SLACK,
     Fetched,
     Transport,
     TransportOptions,
@@ -101,12 +101,14 @@ def test_two_transports_exchange_and_early_tensors_wait(wire: Wire) -> None:
     _run(body)
 
 
-def test_server_streams_get_a_receive_window_of_several_megabytes() -> None:
-    """A tensor of a few MB must not wait for a WINDOW_UPDATE every 64 KiB (gRPC's default
-    with BDP probing off): the server sets `WINDOW_BYTES`, at least a 4 MiB chunk's worth."""
-    options = dict(server_options(1 << 20, 60.0))
-    assert options["grpc.http2.bdp_probe"] == 0
-    assert options["grpc.http2.lookahead_bytes"] == WINDOW_BYTES >= 4 << 20
+def test_server_streams_get_a_receive_window_of_a_chunk() -> None:
+    """A chunk must not wait for a WINDOW_UPDATE every 64 KiB (gRPC's default with BDP probing
+    off): each stream's window is a whole chunk and its header (`WINDOW_SLACK`)."""
+    for chunk in (1 << 20, 4 << 20):
+        options = dict(server_options(chunk, 60.0))
+        assert options["grpc.http2.bdp_probe"] == 0
+        assert options["grpc.http2.lookahead_bytes"] == chunk + WINDOW_SLACK
+    assert WINDOW_SLACK >= 1 << 10  # a chunk's header fits
 
 
 def test_dead_neighbour_is_not_waited_for() -> None:
