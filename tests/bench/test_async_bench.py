@@ -271,3 +271,57 @@ def test_stretch_lengthens_every_sleep_and_keeps_unit_factors() -> None:
 def test_stretch_below_one_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_async.main(["--stretch", "0.5"]) == 2
     assert "--stretch" in capsys.readouterr().err
+
+
+def test_read_concord_overrun_fraction_and_final_accuracy_per_peer(tmp_path: Path) -> None:
+    # peer 0: 3 steps, the first unmeasured (device_cpu_ms 0), one of the other two overran;
+    # peer 1: 3 measured cycles, none overran → 1 overrun in 4 cycles
+    for i, overruns in enumerate([(0.0, 1.0, 0.0), (0.0, 0.0, 0.0)]):
+        d = tmp_path / f"peer-{i}"
+        d.mkdir()
+        lines = []
+        for step, over in enumerate(overruns):
+            cpu = 0.0 if (i, step) == (0, 0) else 30.0
+            extra: dict[str, Any] = {"time": 100.0 + step, "step_ms": 50.0,
+                                     "device_overrun": over, "device_cpu_ms": cpu}  # fmt: skip
+            lines.append(step_record(step, extra=extra).to_json())
+            lines.append({"kind": "eval", "version": 1, "step": step, "epoch": 0.1,
+                          "accuracy_mean_peer": 0.5 + 0.1 * i + 0.01 * step,
+                          "loss_mean_peer": 1.0, "peer": i})  # fmt: skip
+        (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run = Run("ad_psgd", True)
+    read_concord(run, tmp_path, 2)
+    assert run.detail["overrun_fraction"] == 0.2  # 1 of 5 measured cycles (3 − 1 + 3)
+    assert run.detail["final_acc_per_peer"] == [0.52, 0.62]
+
+
+def test_read_ddp_overrun_fraction_from_the_rank_summaries(tmp_path: Path) -> None:
+    (tmp_path / "rank-0.jsonl").write_text(json.dumps({"kind": "start", "time": 1.0}) + "\n")
+    for rank, over in enumerate([3, 1]):
+        summary = {"kind": "summary", "train_seconds": 10.0, "compute_cpu_s": 1.0,
+                   "slow_sleep_s": 5.0, "device_cycles": 20, "device_overruns": over}  # fmt: skip
+        (tmp_path / f"rank-{rank}.out").write_text(json.dumps(summary) + "\n")
+    run = Run("ddp_fp32", True)
+    read_ddp(run, tmp_path, 2)
+    assert run.detail["overrun_fraction"] == 0.1  # 4 of 40
+
+
+def test_a_contender_over_the_overrun_bound_is_flagged_unfaithful() -> None:
+    runs = [
+        _run("ddp_fp32", [(9, 20.0, 0.70)], overrun_fraction=0.01),
+        _run("ad_psgd", [(9, 4.0, 0.71)], overrun_fraction=0.2),
+    ]
+    assert bench_async.summarize(runs)["unfaithful"] == ["ad_psgd"]
+    assert bench_async.unfaithful(runs[:1]) == []
+
+
+def test_device_time_with_a_stretch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_async.main(["--stretch", "10"]) == 2  # the default --device-ms is set
+    assert "--device-ms" in capsys.readouterr().err
+    assert bench_async.main(["--device-ms", "-1"]) == 2
+
+
+def test_ddp_device_ms_below_zero_is_refused() -> None:
+    argv = ["--config", "x", "--rank", "0", "--world", "1", "--master", "h:1", "--out", "o"]
+    with pytest.raises(SystemExit, match="--device-ms"):
+        _ddp.main([*argv, "--device-ms", "-5"])
