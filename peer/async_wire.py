@@ -22,11 +22,11 @@ vector) is refused with FAILED_PRECONDITION.
 
 Every message is checked before it is used (`check`): magic, kind, flags, run key, sender (a
 peer of the run, not this one; with mTLS the one its client certificate names), the progress
-vector (n entries, each ≥ 0), dim (the model's), length (exactly dim float32 values), finite
-values and weight. A bad message ends its stream
-with INVALID_ARGUMENT (PERMISSION_DENIED for identity), is counted by reason
-(`Counters.rejected`, the peer summary's ``frames_rejected``) and never reaches the training
-thread.
+vector (n entries, each in [0, n·T] — `WireView.max_step` —, and for a data message the
+sender's own entry at least the message's step), dim (the model's), length (exactly dim
+float32 values), finite values and weight. A bad message ends its stream with INVALID_ARGUMENT
+(PERMISSION_DENIED for identity), is counted by reason (`Counters.rejected`, the peer summary's
+``frames_rejected``) and never reaches the training thread.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ CLOSED = 5  # not averaging any more (the receiver's training has ended, or not 
 PROGRESS = 6  # only the progress vector (the global budget's start-up barrier), answered by ACK
 KINDS = frozenset({REQUEST, REPLY, SHARE, ACK, CLOSED, PROGRESS})
 BODYLESS = frozenset({ACK, CLOSED, PROGRESS})
+DATA = frozenset({REQUEST, REPLY, SHARE})  # the sender's step: at most its own progress entry
 
 
 def run_key(run_id: str, fingerprint: str) -> bytes:
@@ -104,6 +105,9 @@ class WireView:
     key: bytes
     chunk_bytes: int
     max_abs_value: float | None = None
+    # the largest step count a progress vector may hold: n·T (`GlobalBudget.limit`: a peer's
+    # own steps alone would make g ≥ T); None: unchecked
+    max_step: int | None = None
 
 
 def encode(msg: Message, key: bytes, chunk_bytes: int) -> Iterator[bytes]:
@@ -134,7 +138,7 @@ async def decode(chunks: AsyncIterator[bytes], view: WireView) -> Message:
                 raise RejectedError("invalid", f"a message of {len(chunk)} bytes has no header")
             head, rest = chunk[: HEADER.size], chunk[HEADER.size :]
             msg, want = _header(head, view)
-            msg.progress, rest = _progress(rest, view)
+            msg.progress, rest = _progress(rest, view, msg)
             body += rest
         else:
             body += chunk
@@ -154,15 +158,28 @@ async def decode(chunks: AsyncIterator[bytes], view: WireView) -> Message:
     return msg
 
 
-def _progress(rest: bytes, view: WireView) -> tuple[tuple[int, ...], bytes]:
+def _progress(rest: bytes, view: WireView, msg: Message) -> tuple[tuple[int, ...], bytes]:
     """The progress vector at the start of ``rest`` (the first chunk after the header) and
-    what follows it."""
+    what follows it: entries in [0, `WireView.max_step`], and a data message's sender at or
+    past the step the message belongs to (it counts its own steps)."""
     size = 8 * view.world_size
     if len(rest) < size:
         raise RejectedError("invalid", "the first chunk does not hold the whole progress vector")
     progress = struct.unpack(f"<{view.world_size}q", rest[:size])
-    if min(progress, default=0) < 0:
-        raise RejectedError("invalid", f"progress vector {list(progress)} has a negative step")
+    who = f"from peer {msg.sender}"
+    for j, k in enumerate(progress):
+        if k < 0:
+            raise RejectedError("invalid", f"progress[{j}] = {k} {who} is a negative step")
+        if view.max_step is not None and k > view.max_step:
+            raise RejectedError(
+                "invalid", f"progress[{j}] = {k} {who} is above n·T = {view.max_step} steps"
+            )
+    if msg.kind in DATA and progress[msg.sender] < msg.step:
+        raise RejectedError(
+            "invalid",
+            f"progress[{msg.sender}] = {progress[msg.sender]} {who} is below its message's "
+            f"step {msg.step}",
+        )
     return progress, rest[size:]
 
 

@@ -74,7 +74,7 @@ import contextlib
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import structlog
@@ -200,9 +200,19 @@ class AsyncPeer:
             return tuple(self.progress)
 
     def heard(self, msg: Message | None) -> None:
-        """Merge the progress vector of a message or answer (call under the lock)."""
-        if msg is not None and len(msg.progress) == self.n:
-            merge_progress(self.progress, msg.progress)
+        """Merge the progress vector of a message or answer (call under the lock). Only this
+        peer counts its own steps: a larger entry for it (a restart from an older checkpoint,
+        or a dishonest sender) is not taken. A vector with an entry above n·T is dropped (the
+        wire refuses those once `attach` has set its bound; this covers messages filed
+        before)."""
+        if msg is None or len(msg.progress) != self.n:
+            return
+        if max(msg.progress) > self.n * self.runner.total_steps:
+            log.warning("async.progress_refused", sender=msg.sender, progress=list(msg.progress))
+            return
+        own = self.progress[self.rank]
+        merge_progress(self.progress, msg.progress)
+        self.progress[self.rank] = own
 
     def global_progress(self) -> float:
         """g = Σ_j k_j / n: this peer's estimate of the global progress, in steps (a lower
@@ -265,16 +275,20 @@ class AsyncPeer:
     def decide_final(self, step: int) -> bool:
         """Is local step ``step`` (just computed) this peer's last? Per-peer budget: step T − 1;
         global: the first step after which g ≥ T (its own step counted)."""
-        if not self.global_budget:
-            return step == self.runner.total_steps - 1
-        with self.cond:
+        with self.cond:  # the messages of this step carry step + 1 as this peer's entry
             self.progress[self.rank] = max(self.progress[self.rank], step + 1)
+            if not self.global_budget:
+                return step == self.runner.total_steps - 1
             final = sum(self.progress) >= self.n * self.runner.total_steps
         if final:
             self.last_step = step
         return final
 
     def attach(self, inbox: AsyncInbox) -> None:
+        """Take ``inbox``'s messages (on the event loop); from now on the wire refuses a
+        progress entry above n·T (`WireView.max_step`), in messages and answers alike."""
+        inbox.view = replace(inbox.view, max_step=self.n * self.runner.total_steps)
+        inbox.servicer.view = inbox.view
         self.wire = inbox.view
         self.channels = inbox.channels
         inbox.attach(self)

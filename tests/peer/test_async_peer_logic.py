@@ -22,6 +22,7 @@ import contextlib
 import random
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,8 +32,15 @@ from concord.core.comm import Comm, CommCounters, Edge, MixResult
 from concord.core.config import RunConfig, load_config
 from concord.core.records import StepRecord
 from concord.core.task import ClassificationTask
-from concord.peer.async_wire import ACK, REQUEST, Message
-from concord.peer.asynchronous import ADPSGDPeer, AsyncPeer, AsyncSGPPeer, AsyncStepRunner
+from concord.peer.async_wire import ACK, REQUEST, SHARE, Message, WireView
+from concord.peer.asynchronous import (
+    EARLY_LIMIT,
+    ADPSGDPeer,
+    AsyncInbox,
+    AsyncPeer,
+    AsyncSGPPeer,
+    AsyncStepRunner,
+)
 from concord.sim.engine import Trainer
 
 torch.set_num_threads(1)
@@ -398,3 +406,33 @@ def test_global_budget_slow_peer_follows_the_global_learning_rate() -> None:
         assert lrs == sorted(lrs, reverse=True)
         assert sorted(set(lrs)) == pytest.approx([lr0 * cfg.optim.gamma, lr0])
         assert all(p.last_step is not None for p in net.peers)
+
+
+def _global_sgp(*extra: str) -> RunConfig:
+    over = [*SMALL, "algorithm=async-sgp", "topology=ring", *extra]
+    return load_config(None, [*over, "async.budget=global"], environ={})
+
+
+def test_progress_vectors_cannot_raise_the_receivers_own_count_or_pass_n_t() -> None:
+    cfg = _global_sgp()
+    with _network(cfg) as net:
+        peer = net.peers[0]
+        limit = cfg.peers * net.runners[0].total_steps
+        peer.progress = [3, 0, 0, 0]
+        with peer.cond:  # only peer 0 counts its own steps; the others' entries merge
+            peer.heard(Message(ACK, 1, 0, progress=(9, 4, 0, 2)))
+        assert peer.progress == [3, 4, 0, 2]
+        with peer.cond:  # an entry above n·T: the whole vector is dropped
+            peer.heard(Message(ACK, 1, 0, progress=(0, limit + 1, 5, 2**62)))
+        assert peer.progress == [3, 4, 0, 2]
+        assert not peer.decide_final(3)  # g = (4 + 4 + 2) / 4, far from T
+        # attaching sets the wire's bound: the servicer refuses such vectors from now on
+        inbox = AsyncInbox.__new__(AsyncInbox)
+        inbox.view = WireView(peer_id=0, world_size=4, dim=10, key=b"k" * 8, chunk_bytes=1024)
+        inbox.servicer = SimpleNamespace(view=inbox.view)  # type: ignore[assignment]
+        inbox.channels = None  # type: ignore[assignment]
+        inbox.peer, inbox.early = None, []
+        peer.attach(inbox)
+        assert inbox.view.max_step == limit
+        assert inbox.servicer.view is inbox.view
+        assert peer.wire is inbox.view

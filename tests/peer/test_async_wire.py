@@ -34,7 +34,8 @@ from concord.peer.mailbox import Counters
 
 KEY = run_key("run", "fingerprint")
 VIEW = WireView(peer_id=0, world_size=4, dim=1000, key=KEY, chunk_bytes=1024)
-WIDE = WireView(peer_id=0, world_size=4, dim=1000, key=KEY, chunk_bytes=8192)  # one-chunk tests
+# one-chunk tests; progress entries at most n·T = 4 · 25
+WIDE = WireView(peer_id=0, world_size=4, dim=1000, key=KEY, chunk_bytes=8192, max_step=100)
 SENDER = WireView(peer_id=1, world_size=4, dim=1000, key=KEY, chunk_bytes=1024)  # peer 1's view
 
 
@@ -60,7 +61,7 @@ def test_messages_round_trip_in_chunks() -> None:
     assert (got.progress, got.last) == (PROGRESS, True)
     assert got.values is not None
     assert torch.equal(got.values, values)
-    empty = _decode(list(encode(Message(SHARE, 3, 17, progress=PROGRESS), KEY, 1024)))
+    empty = _decode(list(encode(Message(SHARE, 1, 17, progress=PROGRESS), KEY, 1024)))
     assert (empty.kind, empty.weight, empty.values, empty.last) == (SHARE, 0.0, None, False)
     ack = _decode(list(encode(Message(ACK, 3, 17, progress=PROGRESS), KEY, 1024)))
     assert ack.kind == ACK
@@ -77,7 +78,7 @@ def test_progress_vectors_merge_by_elementwise_max() -> None:
 def _header(**change: object) -> bytes:
     fields = {"magic": MAGIC, "kind": SHARE, "flags": 0, "sender": 1, "step": 3}
     fields |= {"weight": 0.5, "dim": 1000, "key": KEY, "peers": 4}
-    progress = change.pop("progress", (1, 2, 3, 4))
+    progress = change.pop("progress", (1, 5, 3, 4))
     fields |= change
     assert isinstance(progress, tuple)
     return HEADER.pack(*fields.values()) + struct.pack(f"<{len(progress)}q", *progress)
@@ -96,6 +97,14 @@ BODY = torch.zeros(1000).numpy().tobytes()
         ([_header(flags=2) + BODY], "invalid", "flags 0x02"),
         ([_header(peers=3, progress=(1, 2, 3)) + BODY], "invalid", "progress vector of 3"),
         ([_header(progress=(1, -2, 3, 4)) + BODY], "invalid", "negative"),
+        # a forged vector: g ≈ 3.5e18 ≥ T would stop every peer it reaches
+        ([_header(progress=(0, 2**63 - 1, 5, 2**62)) + BODY], "invalid", "progress[1] = 9223"),
+        ([_header(progress=(0, 5, 101, 0)) + BODY], "invalid", "progress[2] = 101 from peer 1"),
+        # kind 6: PROGRESS (body-less)
+        ([_header(kind=6, dim=0, progress=(0, 0, 0, 101))], "invalid", "above n·T = 100"),
+        # a data message of a step its sender has not reached (it counts its own steps)
+        ([_header(step=3, progress=(9, 2, 9, 9)) + BODY], "invalid", "progress[1] = 2"),
+        ([_header(kind=REQUEST, step=7, progress=(0, 6, 0, 0)) + BODY], "invalid", "step 7"),
         ([_header()[:60]], "invalid", "whole progress vector"),
         ([_header(key=b"\0" * 8) + BODY], "permission", "run key"),
         ([_header(kind=9) + BODY], "invalid", "kind 9"),
