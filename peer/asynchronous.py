@@ -265,6 +265,13 @@ class AsyncPeer:
             log.warning("async.start_without", neighbours=sorted(pending))
         self.notes.wait_s += time.perf_counter() - t0
 
+    def ended_answer(self, answer: Message) -> bool:
+        """Does ``answer`` (a CLOSED) come from a peer whose training has ended? CLOSED also
+        means "not training yet" (a late starter, `AsyncInbox.handle`): only a global budget
+        spent in the answer's own progress vector (Σ ≥ n·T: its sender stopped, or stops after
+        its next step) says it ended; a peer that has not started sends zeros."""
+        return self.global_budget and sum(answer.progress) >= self.n * self.runner.total_steps
+
     def progress_message(self, msg: Message) -> Message:
         """The answer to a PROGRESS message (event loop)."""
         with self.cond:
@@ -531,7 +538,7 @@ class AsyncSGPPeer(AsyncPeer):
         delivered = answer is not None and answer.kind == ACK
         with self.cond:
             self.heard(answer)
-            if answer is not None and answer.kind == CLOSED and self.global_budget:
+            if answer is not None and answer.kind == CLOSED and self.ended_answer(answer):
                 self.ended.setdefault(j, share.step)  # its training has ended: keep its share
             if delivered:
                 self.unreachable.discard(j)

@@ -436,3 +436,45 @@ def test_progress_vectors_cannot_raise_the_receivers_own_count_or_pass_n_t() -> 
         assert inbox.view.max_step == limit
         assert inbox.servicer.view is inbox.view
         assert peer.wire is inbox.view
+
+
+def test_closed_from_a_late_starter_does_not_end_the_neighbour() -> None:
+    # forced interleaving: peer 1's process has not attached its stage yet and its early queue
+    # is full, so it answers peer 0's share CLOSED ("not training yet", progress all zeros);
+    # peer 0 takes its share back but keeps sending to it. Later peer 1 has ended (closed, its
+    # vector sums to n·T): that CLOSED marks it ended
+    cfg = _global_sgp()
+    with _network(cfg) as net:
+        sender, late = net.peers[0], net.peers[1]
+        assert isinstance(sender, AsyncSGPPeer)
+        dim = net.runners[0].task.x.shape[1]
+        inbox = AsyncInbox.__new__(AsyncInbox)
+        inbox.view = WireView(peer_id=1, world_size=4, dim=dim, key=b"k" * 8, chunk_bytes=1024)
+        inbox.peer = None
+        early = Message(SHARE, 2, 0, 0.5, torch.zeros(dim), progress=(0, 0, 1, 0))
+        inbox.early = [early] * EARLY_LIMIT
+        attached = False
+
+        async def send(j: int, msg: Message) -> Message | None:
+            assert j == 1
+            if attached:
+                return late.on_message(msg)
+            answer = await inbox.handle(msg)
+            answer.progress = answer.progress or (0,) * cfg.peers  # as `AsyncServicer.push`
+            return answer
+
+        sender._send = send  # type: ignore[method-assign]
+        share = Message(SHARE, 0, 0, 0.5, torch.ones(dim), progress=(1, 0, 0, 0))
+
+        def push() -> None:
+            asyncio.run_coroutine_threadsafe(sender._share(1, share), net.loop).result(10)
+
+        push()
+        assert 1 not in sender.ended  # a live neighbour that starts late
+        assert 1 in sender.unreachable  # its share came back (the sender mixes it)
+        assert sender.notes.returned == 1
+        T = net.runners[1].total_steps
+        late.progress = [T, 2 * T, T, 0]  # Σ = n·T: its budget is spent
+        late.closed = attached = True
+        push()
+        assert sender.ended == {1: 0}
