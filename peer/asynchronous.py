@@ -225,16 +225,37 @@ class AsyncPeer:
         with self.cond:
             self.progress[self.rank] = max(self.progress[self.rank], step)
 
+    def contacts(self) -> tuple[set[int], set[int]]:
+        """(in-neighbours, out-neighbours) of this peer in any round of the run: over one
+        period of each phase's schedule (its ``period``; AD-PSGD's partners come from the
+        same matrices), or for a random schedule (no period) its peers in the support of
+        E[W], both ways (a superset of any round's)."""
+        ins: set[int] = set()
+        outs: set[int] = set()
+        r = self.runner
+        for phase in r.plan.phases:
+            if phase.mode != "gossip":
+                continue
+            schedule = r.schedules.get(phase)
+            if schedule.period is None:
+                for a, b in schedule.union_graph().edges:
+                    if self.rank in (a, b):
+                        ins.add(b if a == self.rank else a)
+                outs |= ins
+                continue
+            for k in range(schedule.period):
+                P = schedule.matrix(k)
+                ins |= {int(j) for j in np.nonzero(P[self.rank])[0]}
+                outs |= {int(j) for j in np.nonzero(P[:, self.rank])[0]}
+        ins.discard(self.rank)
+        outs.discard(self.rank)
+        return ins, outs
+
     def neighbours(self) -> set[int]:
-        """Every peer this one exchanges with in the first rounds of the schedule (in- and
-        out-neighbours, a period of AD-PSGD's partners)."""
-        out: set[int] = set()
-        for k in range(min(self.runner.total_steps, 64)):
-            P = self.matrix(k)
-            out |= {int(j) for j in np.nonzero(P[self.rank])[0]}
-            out |= {int(j) for j in np.nonzero(P[:, self.rank])[0]}
-        out.discard(self.rank)
-        return out
+        """Every peer this one exchanges with in some round (`contacts`: in- and
+        out-neighbours)."""
+        ins, outs = self.contacts()
+        return ins | outs
 
     def await_neighbours(self, limit: float) -> None:
         """The global budget's start-up barrier (training thread, before the stage's first
@@ -554,12 +575,8 @@ class AsyncSGPPeer(AsyncPeer):
         return future
 
     def out_neighbours(self) -> set[int]:
-        """The peers this one sends shares to in the schedule's first rounds (a period)."""
-        out: set[int] = set()
-        for k in range(min(self.runner.total_steps, 64)):
-            out |= {int(j) for j in np.nonzero(self.matrix(k)[:, self.rank])[0]}
-        out.discard(self.rank)
-        return out
+        """The peers this one sends shares to in some round (`contacts`)."""
+        return self.contacts()[1]
 
     def end_step(self, step: int, x: torch.Tensor, d: torch.Tensor, lr: float) -> int:
         w = self.weights()

@@ -478,3 +478,17 @@ def test_closed_from_a_late_starter_does_not_end_the_neighbour() -> None:
         late.closed = attached = True
         push()
         assert sender.ended == {1: 0}
+
+
+def test_contacts_cover_the_schedules_whole_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    # exponential-one-peer-directed on 8 peers: period 3, peer 0 pushes to 1, 2, 4 and hears
+    # from 7, 6, 4. A stage of 2 steps saw only the first two rounds before (range(min(T, 64)))
+    over = [*SMALL, "peers=8", "algorithm=async-sgp", "topology=exponential-one-peer-directed"]
+    cfg = load_config(None, over, environ={})
+    with _network(cfg) as net:
+        peer = net.peers[0]
+        assert isinstance(peer, AsyncSGPPeer)
+        monkeypatch.setattr(AsyncStepRunner, "total_steps", property(lambda self: 2))
+        assert peer.contacts() == ({4, 6, 7}, {1, 2, 4})
+        assert peer.out_neighbours() == {1, 2, 4}
+        assert peer.neighbours() == {1, 2, 4, 6, 7}
