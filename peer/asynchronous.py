@@ -682,14 +682,15 @@ class AsyncStepRunner(StepRunner):
         task, x = self.task, self.task.x
         self.comm.begin_step(step)
         peer.begin_step(step)
+        out = task.loss_and_grad(step, x)  # batch `step`: the peer's own shard, cycled
         # the schedule's step: this local step, or with the global budget ⌊g⌋ (g = Σ k / n,
-        # this peer's estimate before its step ends: the simulation's ⌊Σ k / n⌋)
+        # this peer's estimate as its step ends — with what arrived during the step — before
+        # its own count is added: the simulation's ⌊Σ k / n⌋ at the step's end instant)
         at = step
         if peer.global_budget:
             at = min(math.floor(peer.global_progress()), self.total_steps - 1)
         lr = self.schedule.lr(at)
         phase = self.plan.phase_at(at)
-        out = task.loss_and_grad(step, x)  # batch `step`: the peer's own shard, cycled
         grad_norms = out.grad.norm(dim=1)
         if self.clip_norm is not None:
             out.grad.mul_((self.clip_norm / (grad_norms + 1e-6)).clamp_(max=1.0).unsqueeze(1))

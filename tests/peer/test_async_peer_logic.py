@@ -492,3 +492,25 @@ def test_contacts_cover_the_schedules_whole_period(monkeypatch: pytest.MonkeyPat
         assert peer.contacts() == ({4, 6, 7}, {1, 2, 4})
         assert peer.out_neighbours() == {1, 2, 4}
         assert peer.neighbours() == {1, 2, 4, 6, 7}
+
+
+def test_global_learning_rate_is_read_as_the_step_ends() -> None:
+    # the simulation's rule: a local step uses the lr of ⌊g⌋ at its end instant. News that
+    # arrives during the step (here: the others at T / 2 steps each, past the milestone at
+    # 50 % of the run) sets the lr of that very step
+    over = [*SMALL, "algorithm=ad-psgd", "topology=ring", "optim.milestones=[0.5]"]
+    cfg = load_config(None, [*over, "async.budget=global", "optim.warmup=0"], environ={})
+    with _network(cfg) as net:
+        runner, peer = net.runners[0], net.peers[0]
+        T = runner.total_steps
+        peer.started = 0.0  # past the start-up barrier
+        compute = runner.task.loss_and_grad
+
+        def during(step: int, x: torch.Tensor) -> object:
+            with peer.cond:
+                peer.heard(Message(ACK, 1, 0, progress=(0, T, T, 0)))  # g = T / 2
+            return compute(step, x)
+
+        runner.task.loss_and_grad = during  # type: ignore[method-assign, assignment]
+        record = runner.run_step(0)[0]
+        assert record.lr == pytest.approx(cfg.optim.lr * cfg.optim.gamma)
