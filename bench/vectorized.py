@@ -25,11 +25,12 @@ and minor page faults per step. Run it on an idle machine: other load shows up i
 
 **Asynchronous step** (``--async-steps``, default 12; 0 skips it): at n = 64 (mlp, mnist1d,
 control off), the engine step of the asynchronous algorithms — ``ad-psgd`` and ``async-sgp``
-simulated on the virtual clock (`concord.sim.asynchronous`) with speeds ``uniform:1:4`` and a
-one-way delay of 0.1 × the fastest step — against the synchronous step of D-SGD on the same
-``bipartite-exponential`` topology. An asynchronous engine step is a window of virtual time as
-long as the fastest peer's step, in which the peers complete ``local_steps`` local steps (≈ n /
-mean speed). The three trainers are timed interleaved, repetition by repetition; the ratio
+simulated on the virtual clock (`concord.sim.asynchronous`) with speeds ``uniform:1:4``, a
+one-way delay of 0.1 × the fastest step and ``async.budget = "per-peer"`` — against the
+synchronous step of D-SGD on the same ``bipartite-exponential`` topology. An asynchronous
+engine step is a window of virtual time as long as the fastest peer's step, in which the peers
+complete ``local_steps`` local steps (≈ n / mean speed; pinned: the global budget's windows are
+of n local steps). The three trainers are timed interleaved, repetition by repetition; the ratio
 reported, ``async_step_ratio_n64``, is the larger median of the two algorithms over D-SGD's.
 
 Usage: ``python bench/vectorized.py [--quick] [--threads T] [--repeats R] [--sizes 4 16 64]
@@ -221,7 +222,9 @@ def bench_engine(n: int, warmup: int, steps: int) -> dict[str, Any]:
 
 
 ASYNC_N = 64
-ASYNC_CLOCK = ['async.speeds="uniform:1:4"', "async.delays=0.1"]
+# per-peer budget: an engine step is one window as long as the fastest peer's step (the
+# global budget's windows hold n local steps each: not a simulated step vs a synchronous one)
+ASYNC_CLOCK = ['async.speeds="uniform:1:4"', "async.delays=0.1", 'async.budget="per-peer"']
 
 
 def async_configs(n: int) -> dict[str, list[str]]:
