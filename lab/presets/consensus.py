@@ -567,6 +567,34 @@ def before_after(out: Path, cells: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+NOTES = {
+    256: "Seeds 3 and 4 were not run at this n: at the per-run times above (load average 7–17 on "
+    "the 2 cores, shared) they did not fit the session that ran it. This column ran on the code "
+    "after commit 4417a5f (ReplicaLinear: weight gradient row-major), the other sizes before it; "
+    "its cells are paired with each other on the same code.",
+}
+"""Facts about a column of the committed report that its runs.csv cannot show (by n)."""
+
+
+def _seeds_note(rows: Sequence[Mapping[str, Any]], n: int, meta: Mapping[str, Any]) -> list[str]:
+    """For a column run on fewer seeds than the report's: which seeds, the wall time per run of
+    each cell (runs.csv's ``wall_seconds``; calibration passes not included) and `NOTES`."""
+    mine = [r for r in rows if r["n"] == n and r["status"] == "ok"]
+    seeds = sorted({int(r["seed"]) for r in mine})
+    if not mine or len(seeds) >= len(meta.get("seeds", seeds)):
+        return []
+    times: dict[str, list[float]] = {}
+    for r in mine:
+        if r.get("wall_seconds") is not None:
+            times.setdefault(_label(r), []).append(float(r["wall_seconds"]))
+    text = "; ".join(f"{label} {statistics.fmean(v):.0f} s" for label, v in times.items())
+    return [
+        f"Seeds at n = {n}: {', '.join(map(str, seeds))}. Wall time per run (mean over them): "
+        f"{text}. {NOTES.get(n, '')}".rstrip(),
+        "",
+    ]
+
+
 def _title(cells: Sequence[Mapping[str, Any]]) -> str:
     """The report's title: `TITLE` with the sizes the table has."""
     ns = sorted({int(c["n"]) for c in cells})
@@ -639,6 +667,7 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
                 f"{c['bytes_per_peer'] / 1e6:.1f} |"
             )
         lines.append("")
+        lines += _seeds_note(rows, n, meta)
         found = checks(cells, n)
         lines += [f"Claims at n = {n}, phase 1:", ""]
         for claim, holds, numbers in found:
