@@ -228,8 +228,8 @@ class AsyncPeer:
     def contacts(self) -> tuple[set[int], set[int]]:
         """(in-neighbours, out-neighbours) of this peer in any round of the run: over one
         period of each phase's schedule (its ``period``; AD-PSGD's partners come from the
-        same matrices), or for a random schedule (no period) its peers in the support of
-        E[W], both ways (a superset of any round's)."""
+        same matrices), or for a random schedule (no period) every member of it, both ways (a
+        superset of any round's)."""
         ins: set[int] = set()
         outs: set[int] = set()
         r = self.runner
@@ -237,11 +237,9 @@ class AsyncPeer:
             if phase.mode != "gossip":
                 continue
             schedule = r.schedules.get(phase)
-            if schedule.period is None:
-                for a, b in schedule.union_graph().edges:
-                    if self.rank in (a, b):
-                        ins.add(b if a == self.rank else a)
-                outs |= ins
+            if schedule.period is None:  # random: any member may be drawn
+                ins |= {int(j) for j in schedule.members}
+                outs |= {int(j) for j in schedule.members}
                 continue
             for k in range(schedule.period):
                 P = schedule.matrix(k)

@@ -514,3 +514,9 @@ def test_global_learning_rate_is_read_as_the_step_ends() -> None:
         runner.task.loss_and_grad = during  # type: ignore[method-assign, assignment]
         record = runner.run_step(0)[0]
         assert record.lr == pytest.approx(cfg.optim.lr * cfg.optim.gamma)
+
+
+def test_contacts_of_a_random_schedule_are_every_member() -> None:
+    over = [*SMALL, "algorithm=async-sgp", "topology=random-matching"]
+    with _network(load_config(None, over, environ={})) as net:
+        assert net.peers[2].contacts() == ({0, 1, 3}, {0, 1, 3})
