@@ -545,6 +545,35 @@ def _span(values: Sequence[float], fmt: str, sep: str = "–") -> str:
     return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}{sep}{hi:{fmt}}"
 
 
+def _cell_name(c: dict[str, Any]) -> str:
+    return f"{'¼' if c['target'] == '1/4' else '⅛'} · max Θ at n = {c['n']}"
+
+
+def _two_rounds(
+    at_two: Sequence[dict[str, Any]], beyond: Sequence[dict[str, Any]], ratios: Sequence[float]
+) -> str:
+    """Where the Θ cells of the consensus-control report stop after round 2, from their late
+    rounds per step: the cells that do, and those that go on (named, with their rounds)."""
+    if not at_two and not beyond:
+        return " on most steps"
+    text = ""
+    if at_two:
+        text += (
+            f" on essentially every step in {', '.join(map(_cell_name, at_two))} (late rounds "
+            f"per step {_span([c['late_rounds'] for c in at_two], '.2f')})"
+        )
+    if beyond:
+        text += (", but not in " if at_two else " rarely: not in ") + ", ".join(
+            f"{_cell_name(c)} ({c['late_rounds']:.1f} rounds per step late)" for c in beyond
+        )
+    if ratios:
+        text += (
+            f" — {_span(ratios, '.2f')}× the uncontrolled rounds over the consensus-control "
+            "report's ¼ and ⅛ · max Θ cells"
+        )
+    return text
+
+
 def _reading(
     ns: Sequence[int],
     by: dict[tuple[int, str], dict[int, dict[str, str]]],
@@ -565,8 +594,12 @@ def _reading(
             fall.append(f"{float(xi[1]['theta_over_xi']) / float(xi[last]['theta_over_xi']):.0f}× "
                         f"at n = {n}")  # fmt: skip
     cells = {(c["n"], c["target"], c["statistic"]): c for c in summarize(rows) if c["phase"] == "1"}
-    theta_ratios = [c["rounds_ratio"] for (n, t, st), c in cells.items()
-                    if n in ns and st == "theta" and t in ("1/4", "1/8")]  # fmt: skip
+    theta_cells = [c for (n, t, st), c in cells.items()
+                   if n in ns and st == "theta" and t in ("1/4", "1/8")]  # fmt: skip
+    theta_ratios = [c["rounds_ratio"] for c in theta_cells]
+    # a cell "stops after round 2" when its late rounds per step are within 0.15 of 2
+    at_two = [c for c in theta_cells if abs(c["late_rounds"] - 2.0) <= 0.15]
+    beyond = [c for c in theta_cells if c not in at_two and not math.isnan(c["late_rounds"])]
     gaps = "".join(f", {1 - 2 * math.cos(2 * math.pi / n) / 3 - 1 / 3:.2g} at n = {n}" for n in ns)
     p1 = (
         "**Why a target on Θ stops at two rounds.** A step's local updates inject a disagreement "
@@ -580,14 +613,8 @@ def _reading(
         "Ξ and almost none of Θ. The calibration takes max Θ from round 1 of uncontrolled steps, "
         "early in the phase (the table of maxima: max Θ falls on an early step, at the highest "
         "learning rate; max Ξ on a late one), so ¼ · max Θ and ⅛ · max Θ both lie between Θ "
-        "after round 2 and Θ after round 1: the stop rule fires after round 2 on essentially "
-        "every step, whatever the factor"
-        + (
-            f" — the {_span(theta_ratios, '.2f')}× the uncontrolled rounds of the consensus-"
-            "control report's ¼ and ⅛ · max Θ cells"
-            if theta_ratios
-            else ""
-        )
+        "after round 2 and Θ after round 1: the stop rule fires after round 2"
+        + _two_rounds(at_two, beyond, theta_ratios)
         + ". Both hypotheses hold, and they compound: Θ/Ξ shrinks within a step as the "
         "disagreement concentrates in slow modes (over the rounds of a late ¼ · max Ξ step it "
         f"falls {', '.join(fall)}), and the calibrated target is one Θ meets after one repeat."
