@@ -486,7 +486,8 @@ def reading(
         out.append(
             f"- **Rounds of the ¼ Ξ target.** The paper's about {PAPER_RATIO}× the uncontrolled "
             "rounds counted one round for every all-reduce step of phases 2–3 as well; counted "
-            f"over phase 1 alone, an independent implementation of the same setting costs "
+            "over phase 1 alone, an independent implementation of the same setting (an external "
+            "audit of this report, MNIST-1D, n = 64; its code is not in this repository) costs "
             f"{OTHER_PHASE1_RATIO}×, {agree} this table's n = {big}: {ratio:.2f}×"
             + (f" (the other sizes: {others})" if others else "")
             + ". The cost is steady, not a warm-up effect: late in "
