@@ -51,7 +51,9 @@ default 5 ms), set when a `PeerComm` is made. The training thread gives the GIL 
 kernel and system call, and the event loop — copying gRPC chunks, which holds the GIL — keeps it
 for up to the interval before the training thread gets it back: with 1 ms the gRPC peers of
 `bench/step_overhead.py` stepped 58 ms against 66 ms (two interleaved pairs, load ≈ 10 on 2
-cores; docs/performance.md)."""
+cores; docs/performance.md). The setting is the interpreter's, not the object's: it stays for
+the rest of the process (a peer process makes one `PeerComm` and lives as long), and an
+application that embeds peers and wants another interval sets it after making them."""
 T = TypeVar("T")
 
 
