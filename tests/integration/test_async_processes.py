@@ -84,7 +84,10 @@ def test_async_algorithm_runs_in_peer_processes(algorithm: str, tmp_path: Path) 
         # or done)
         assert not any(r.get("async_lost") for r in steps)
         if algorithm == "async-sgp":
-            assert max(r.get("staleness_max") or 0 for r in steps) <= tau
+            # while the budget lasts (epoch < epochs): the steps at whose end g ≥ T stop
+            # waiting, and the last mixes whatever has arrived (docs/algorithms.md)
+            lasting = [r for r in steps if r["epoch"] < cfg.epochs]
+            assert max(r.get("staleness_max") or 0 for r in lasting) <= tau
             assert any(r.get("staleness_max") for r in steps)  # something was mixed
             assert all(r["rounds"] == 1 for r in steps)  # one push per step, never skipped
             state = load_checkpoint(_peer(tmp_path, i) / "checkpoint.pt")
@@ -145,7 +148,9 @@ def test_a_straggler_does_not_slow_the_others_in_ad_psgd(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_async_sgp_with_a_straggler_waits_within_the_staleness_bound(tmp_path: Path) -> None:
     # the straggler's neighbours run ahead until its shares are τ rounds old, then wait for them:
-    # staleness reaches τ but never exceeds it, and they spend time waiting
+    # staleness reaches τ but never exceeds it while the budget lasts, and they spend time
+    # waiting. Global budget: a step at whose end g ≥ T (epoch ≥ epochs) stops waiting and the
+    # last step waits for nothing, so they may mix older shares (docs/algorithms.md)
     cfg = _cfg(
         "algorithm=async-sgp", "async.max_staleness=3", "network.straggler={peer = 2, factor = 6}"
     )
@@ -155,7 +160,7 @@ def test_async_sgp_with_a_straggler_waits_within_the_staleness_bound(tmp_path: P
     waited = 0.0
     for i in (1, 3):  # the straggler's in-neighbours on the ring
         steps = _steps(_peer(tmp_path, i) / "metrics.jsonl")
-        staleness += [r.get("staleness_max") or 0 for r in steps]
+        staleness += [r.get("staleness_max") or 0 for r in steps if r["epoch"] < cfg.epochs]
         waited += sum(float(r["wait_s"]) for r in steps)
         assert not any(r.get("async_lost") for r in steps)
     assert max(staleness) == 3  # the bound is reached, and it holds
