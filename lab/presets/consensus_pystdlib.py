@@ -168,8 +168,9 @@ def reading(
                 same = "not comparable (MNIST-1D not measured)"
             out.append(
                 f"- a target on Θ leaves the exact Ξ higher than a target on Ξ (late Ξ ratio "
-                f"Θ-target / Ξ-target > 1.5): pystdlib {ratio:.1f}× ({th['late_rounds']:.1f} vs "
-                f"{xi['late_rounds']:.1f} rounds per step), MNIST-1D {_times(m_ratio, 1)}: "
+                f"Θ-target / Ξ-target > 1.5): pystdlib {ratio:.1f}× (late Ξ {th['late_xi']:.3g} "
+                f"vs {xi['late_xi']:.3g}, at {th['late_rounds']:.1f} vs {xi['late_rounds']:.1f} "
+                f"rounds per step), MNIST-1D {_times(m_ratio, 1)}: "
                 f"{same}."
             )
             out.append(
