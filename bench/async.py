@@ -1,19 +1,34 @@
 """Time to accuracy with heterogeneous compute: asynchronous gossip (AD-PSGD, asynchronous SGP)
 against synchronous D-SGD and gloo DDP, 8 peers / ranks as processes on this host.
 
-Peer / rank i computes `FACTORS`\\[i] times slower (1, 1, 1.5, 2, 2, 3, 4, 6): before each step it
-sleeps (factor − 1) × the CPU time of its previous step (`concord.peer.pace.Straggler`;
-``bench/_ddp.py --slow-factors``), so a synchronous step waits for the 6× peer and an
-asynchronous one does not. Every process runs one torch thread; links are loopback (no emulated
-network).
+Peer / rank i runs on an emulated device `FACTORS`\\[i] times slower than the base one (1, 1,
+1.5, 2, 2, 3, 4, 6): its step takes F_i × D of wall time, D = ``--device-ms`` (default
+`DEVICE_MS`, 50 ms) — before each step it sleeps F_i·D less the CPU time its training thread
+spent since its previous sleep ended (``network.device``, `concord.peer.pace.DeviceTime`;
+``bench/_ddp.py --device-ms`` for the DDP ranks), so a synchronous step waits for the 6× device
+(6 D) and an asynchronous one does not. Every process runs one torch thread; links are loopback
+(no emulated network). A cycle whose CPU exceeds F_i·D is an *overrun* (the host could not keep
+up: the device ran slower than emulated); each contender's ``overrun_fraction`` is in its row,
+and a contender above `MAX_OVERRUN` (5 %) is listed in ``unfaithful``, warned about on stderr,
+and the bench exits 3: its ratios do not measure the devices. ``cpu_cores``: the contender's
+processes' CPU time ÷ its run's wall time (start-up included) — what it asked of the host.
 
-``--stretch S`` multiplies every slowdown's sleep by S (factor F → 1 + S (F − 1)). The sleep is
-(F − 1) × the step's *CPU* time, so it emulates F only where a step's wall time is its CPU time.
-With 8 processes on a shared 2-core machine a step's wall time is many times its CPU time
-(~13× at load average 20–30: 5 ms of CPU, ~67 ms of wall time outside the waits), the sleeps
-are small beside it and the peers run at nearly the same pace: S ≈ wall ÷ CPU restores the
-intended ratios of wall time. Default 1 (no stretch); the JSON line records S and the factors
-applied.
+**Evaluations** are in the device cycle: the CPU time of a peer's (or DDP rank 0's) evaluation
+after step k is part of the cycle before step k + 1, so it takes no wall time of its own unless
+the cycle overruns — every contender's clock excludes evaluation the same way (Concord peers
+evaluate their own models, 8 × 48 evaluations of 4,000 samples, ~30 ms of CPU each; DDP rank 0
+only, 48), and the curves time an evaluation at the end of its step.
+
+**Why devices, not the CPU stretch used before** (``--device-ms 0``: peer i sleeps (F − 1) × its
+step's CPU time c, `concord.peer.pace.Straggler`, ``--slow-factors``; ``--stretch S``: the sleeps
+S times longer, F → 1 + S (F − 1)): on this host the 8 processes share 2 cores, so the cores, not
+the emulated devices, set the pace. A synchronous step needs 8 c of CPU (≥ 4 c of wall on 2
+cores) and waits for the 6× peer's 6 c; the asynchronous peers' n·T steps need 8 n·T c of CPU
+on the same 2 cores, 4 c per step of the run at best — so asynchronous ≥ 4 ÷ 6 = 0.67 of the
+synchronous run length whatever the algorithm, and the ≤ 0.6 target cannot be met (measured:
+AD-PSGD 19.8 s against D-SGD 18.7 s, c ≈ 4.5 ms, ~17 ms of wall per step and core). Device time
+decouples the pace from the host: n peers need n·c ÷ (F·D) cores, ~4.4 steps per D in all (the
+sum of the speeds 1 ÷ F_i) × (c + messaging), well under 2 cores at D = 50 ms.
 
 Same for every contender (``bench/edge.py``'s `base_sets`, with `SAMPLES` and `BATCH`):
 MNIST-1D (20,000 samples: 16,000 train, 4,000 test), the MLP 40 → 512 → 512 → 10 (287,754
@@ -58,8 +73,46 @@ thread nor in the emulated slowdown ÷ wall time, mean over ranks (it includes w
 restarted (its collective breaks: reported as it is — no torchrun elastic restart is set up), so
 DDP fp32 runs once more first without churn (``ddp_fp32_no_churn``) to set the target.
 
-**Measured** (12 epochs, on a 2-core machine shared with other jobs: load average per run in
-brackets; TTA in seconds / final worst-peer accuracy; target 0.668 = DDP fp32's 0.673 − 0.5 pp).
+**Measured with devices** (``python bench/async.py --device-ms 50``, 12 epochs, 2026-11-28, on
+the 2-core machine shared with other jobs, load average 2.5–13.7 over the run, 1-minute load at
+each contender's end in brackets; target 0.668 = DDP fp32's 0.673 − 0.5 pp; overruns: fraction
+of device cycles whose CPU exceeded F·D; cores: the contender's CPU ÷ its wall time):
+
+==============================  ======  =====  =======  =====  ========  =====  =================
+ contender                       TTA s   final  train s  idle   overruns  cores  load
+==============================  ======  =====  =======  =====  ========  =====  =================
+ ddp_fp32                        69.7    .673   125.5    0.62   0         0.34   9.5
+ ddp_fp16                        76.0    .672   125.9    0.62   0         0.38   8.3
+ dsgd_exp_none_bf16              66.9    .677   120.4    0.54   0.031     0.46   5.9
+ dsgd_exp_none_bf16_overlap      71.6    .678   129.9    0.49   0.031     0.43   9.8
+ ad_psgd                         32.8    .671    49.0    0.01   0.031     1.16   7.6
+ async_sgp                       63.7    .680   113.5    0.56   0.031     0.55   2.5
+==============================  ======  =====  =======  =====  ========  =====  =================
+
+``tta_ratio_async_vs_sync`` = 0.489 (≤ 0.6: met), ``tta_ratio_async_vs_ddp`` = 0.47 (≤ 0.5:
+met); ``unfaithful`` empty; the whole matrix 756 s. The devices ran as emulated: median step
+periods of AD-PSGD's peers 52, 54, 78, 105, 104, 156, 207, 309 ms for factors 1 … 6 (F·D = 50 …
+300 ms), median step CPU 3.9–4.7 ms for every contender. AD-PSGD's local steps 666, 640, 450,
+340, 344, 238, 186, 127 (``budget_used`` 1.005): the fast peers take 5× the 6× peer's steps, on
+their own shards, yet every peer ended at 0.671–0.675 (worst 0.6708, against D-SGD's 0.6765 and
+DDP's 0.673) — no data-sampling change was needed at these factors. async-sgp (τ = 2) waits
+for the slow peer like a synchronous run (idle 0.56). The overruns (3.1 %, under `MAX_OVERRUN`)
+are the two factor-1 peers' evaluations: a Concord evaluation takes 65–72 ms of CPU, more than
+the 50 ms cycle (DDP's evaluation of its plain ``nn.Sequential`` fits; 0 overruns).
+
+**Evaluation is not free for Concord.** A Concord evaluation took ~260 ms of *wall* time (median
+gap between an evaluated step's end and the next step's start; 70 ms of it CPU, the rest GIL and
+CPU contention with the peer's event loop and the other processes) — outside the device cycle,
+so the fast peers' evaluations cost their run time: ~12 s of AD-PSGD's 49 s per peer, 8.5 s of
+D-SGD's; DDP rank 0's evaluations hid in the 6× rank's slack (0.6 s of extra step time in all).
+With each peer's own evaluation gaps taken off its clock (offline, from the same records; DDP:
+the steps after an evaluation beyond the median period) the TTAs are DDP fp32 69.3, D-SGD 62.8,
+overlap 62.7, AD-PSGD 27.2, async-sgp 61.7 s: ratios 0.43 / 0.39. The bench keeps evaluation in
+every clock (what a user polling the peers sees); that counts against the asynchronous side.
+
+**Measured with the CPU stretch** (before devices: ``--device-ms 0``; 12 epochs, on a 2-core
+machine shared with other jobs: load average per run in brackets; TTA in seconds / final
+worst-peer accuracy; target 0.668 = DDP fp32's 0.673 − 0.5 pp).
 Rows "per-peer": before ``async.budget`` existed, every asynchronous peer took its own 372
 steps; rows "global": the asynchronous contenders on ``async.budget = "global"`` (the peers take
 8 × 372 local steps in all, docs/algorithms.md#the-global-budget):
@@ -95,7 +148,7 @@ a lower bound, so they overshoot by what the news takes to cross the graph) — 
    run, so the TTA ratio is about the ratio of run lengths: AD-PSGD's 25 s ÷ D-SGD's 32 s ≈ 0.8
    at best, not 0.6.
 2. **The compute is not where the time goes.** Wall time per step outside waits and sleeps was
-   1.0–1.4 × its CPU time (4.5 ms) in these runs — so ``--stretch`` 1 is what the rule above
+   1.0–1.4 × its CPU time (4.5 ms) in these runs — so ``--stretch`` 1 is what S ≈ wall ÷ CPU
    gives, and the factors were applied as intended — yet the asynchronous peers together took
    8 × 372 steps in ~25 s on 2 cores: ~17 ms of wall per step and core against 4.5 ms of
    compute. Evaluations are one cost that DDP does not share: every Concord peer evaluates its
@@ -117,19 +170,22 @@ Under churn (per-peer rows) every Concord contender finishes (each restarted pee
 its checkpoint, steps 80–112, then adopted a neighbour's parameters and step, 265–361), DDP
 stops with the killed ranks; async-sgp loses the push-sum mass the killed peers held.
 
-To re-run on an idle machine: ``python bench/async.py`` (the default matrix, ~4–5 minutes),
-then check that an unslowed peer's wall time per step outside waits (step records:
-``step_ms`` − ``wait_ms`` − ``straggler_sleep_ms``) is close to its CPU time
-(``straggler_sleep_ms`` ÷ (factor − 1) of a slowed peer); if it is r > 1.5 times it, re-run
-with ``--stretch r``.
+To re-run on an idle machine: ``python bench/async.py --device-ms 50`` (the default matrix,
+~13 minutes: each synchronous contender ~125 s of training, 372 steps at the 6× device's 300 ms,
+plus ~15–40 s of start-up; AD-PSGD ~50 s; async-sgp ~115 s); the run is faithful when every row's
+``overrun_fraction`` is ≤ 0.05 (exit status 0; 3 lists the others in ``unfaithful``). A smaller
+D shortens it (D = 25 ms: ~7 minutes) but the factor-1 peers' evaluations then overrun more.
 
 Last stdout line, JSON: ``tta_ratio_async_vs_sync`` (best asynchronous TTA ÷ best synchronous
 D-SGD's; target ≤ 0.6), ``tta_ratio_async_vs_ddp`` (÷ the faster DDP's; target ≤ 0.5),
-``best_async``, ``best_sync``, ``target_acc`` and ``contenders`` (a row per run); ``async.csv``
+``best_async``, ``best_sync``, ``target_acc``, ``unfaithful``, ``device_ms`` and ``contenders``
+(a row per run: ``tta_s``, ``final_acc``, ``overrun_fraction``, ``cpu_cores``, Concord's
+``local_steps`` and ``final_acc_per_peer``); ``async.csv``
 (every point of every curve) and the run directories in ``--out``. ``--quick``: 2 epochs of 4,000
 samples (12 steps).
 
-    python bench/async.py [--quick] [--churn] [--contenders a,b] [--epochs E] [--out DIR]
+    python bench/async.py [--device-ms D | --device-ms 0 --stretch S] [--quick] [--churn]
+                          [--contenders a,b] [--epochs E] [--out DIR]
 """
 
 from __future__ import annotations

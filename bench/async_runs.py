@@ -2,19 +2,24 @@
 different speeds (`Settings.factors`), optionally with churn (`Churn`).
 
 * Concord: 8 static ``concord peer`` processes (``network.addresses``, no orchestrator and no
-  broker), each with a config of its own that differs from the others' only in
-  ``network.straggler`` (`concord.peer.pace.Straggler`: one slow peer per config). A killed
+  broker), each with a config of its own: with `Settings.device_ms` the same
+  ``network.device`` in every one (`concord.peer.pace.DeviceTime`: peer i's step takes
+  factors[i] × device_ms), else differing only in ``network.straggler``
+  (`concord.peer.pace.Straggler`: one slow peer per config). A killed
   static peer restarted with the same command resumes from its checkpoint and, when its
   neighbours went far past it, adopts a neighbour's parameters and step
   (`concord.peer.rejoin`, ``network.rejoin_fetch_after``).
-* DDP: 8 ranks of ``bench/_ddp.py`` (gloo on 127.0.0.1) with ``--slow-factors``; under churn
+* DDP: 8 ranks of ``bench/_ddp.py`` (gloo on 127.0.0.1) with ``--slow-factors`` (and
+  ``--device-ms``); under churn
   the killed ranks break the collective and the others stop with an error: reported as it is
   (no torchrun elastic restart is set up).
 
 Read from a run (`Run` of ``bench/time_to_accuracy.py``): the worst-peer accuracy curve on the
 wall clock (`worst_curve`), the mean staleness of mixed neighbour information (the step
 records' ``staleness_mean``; 0 for the synchronous contenders, which never mix stale
-information) and the idle fraction (`Run.detail` ``idle_fraction``).
+information), the idle fraction (`Run.detail` ``idle_fraction``) and, with emulated devices,
+``overrun_fraction`` (the cycles whose CPU exceeded the device time ÷ the cycles measured);
+Concord also ``local_steps`` and ``final_acc_per_peer`` (rank order).
 """
 
 from __future__ import annotations
