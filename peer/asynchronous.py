@@ -30,14 +30,15 @@ only if a share of a round ≤ k − τ (`due_rounds`; round 0 at the end of ste
 barrier) from an in-neighbour has not arrived, at most ``network.deadline`` seconds
 (``network.startup_timeout`` at step 0: the neighbours may still be starting); an in-neighbour
 that misses it becomes *suspect* (not waited for until one of its shares arrives again;
-``async_lost``). It mixes (`absorb`) every share that has
-arrived, whatever its round. Push-sum mass: a share the sender could not deliver (no ack within
-the deadline) is mixed back into the sender itself, as if p_ii had been larger, so Σ w = n still
-holds at quiescence (a share delivered but unacknowledged in time would be counted twice: the
-deadline is long); a share lost with a dying peer is lost mass (Σ w < n afterwards — the
-de-biased z = x / w are still averages, of fewer contributions). The last step waits for the
-acknowledgements of its own shares and for every share of rounds ≤ its own (τ = 0), then
-refuses shares (CLOSED: the sender mixes them back): a run whose peers all finish ends
+``async_lost``). It mixes (`absorb`) every share that has arrived of a round ≤ k; a share of a
+later round m (a neighbour ahead of it) is held until its own step m ends (`mixable`), except at
+its last step, which mixes every share it holds. Push-sum mass: a share the sender could not
+deliver (no ack within the deadline) is mixed back into the sender itself, as if p_ii had been
+larger, so Σ w = n still holds at quiescence (a share delivered but unacknowledged in time would
+be counted twice: the deadline is long); a share lost with a dying peer is lost mass (Σ w < n
+afterwards — the de-biased z = x / w are still averages, of fewer contributions). The last step
+waits for the acknowledgements of its own shares and for every share of rounds ≤ its own (τ = 0),
+then refuses shares (CLOSED: the sender mixes them back): a run whose peers all finish ends
 quiescent. An in-neighbour back from suspicion is waited for again from the first round it
 sends after its return. A peer keeps the share of a neighbour that is suspect or that its last
 share did not reach (``async_held``: p_ii += p_ji, the column still sums to 1) and sends it an
@@ -82,7 +83,7 @@ import torch
 
 from concord.core.algorithms import StepReport
 from concord.core.algorithms.ad_psgd import absorb_reply, is_active, partner
-from concord.core.algorithms.async_sgp import absorb, due_rounds, push_split
+from concord.core.algorithms.async_sgp import absorb, due_rounds, mixable, push_split
 from concord.core.loop import DivergedError, StepRunner
 from concord.core.records import JSON, StepRecord
 from concord.peer.async_wire import (
@@ -643,7 +644,8 @@ class AsyncSGPPeer(AsyncPeer):
                     self.suspect.update(gone)
                     self.notes.lost += len(gone)
                     log.warning("async.lost", step=step, neighbours=gone, rounds=sorted(missing))
-            box, self.inbox = self.inbox, []
+            box = [m for m in self.inbox if mixable(m.step, step, final)]
+            self.inbox = [m for m in self.inbox if not mixable(m.step, step, final)]
             self.closed = final  # from now on shares are refused (their senders keep them)
         self.notes.wait_s += time.perf_counter() - t0
         for msg in box:

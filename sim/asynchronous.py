@@ -22,7 +22,8 @@ the window where it ends.
 The end of the run (after the last window's events, `AsyncSimulation.drain`): the peers stop
 computing (steps in progress are dropped, as if never started) and the network settles — every
 message still in flight is delivered at its arrival time (AD-PSGD: a request's reply too, so
-Σ x is again Σ x⁰ minus the applied updates), then every ``async-sgp`` peer mixes what it holds:
+Σ x is again Σ x⁰ minus the applied updates), then every ``async-sgp`` peer mixes what it holds,
+whatever its round (shares of rounds ahead of its step included):
 a waiting peer stops waiting (the wait counts up to the end of the last window, in the last
 record) and mixes its kept numerator with its inbox, a computing peer mixes its inbox into
 w_i z_i; nothing is then in flight or unmixed and Σ w = n. The final evaluation and Ξ read that
@@ -50,7 +51,7 @@ import numpy as np
 import torch
 
 from concord.core.algorithms.ad_psgd import absorb_reply, is_active, pairwise_average, partner
-from concord.core.algorithms.async_sgp import absorb, due_rounds, push_split
+from concord.core.algorithms.async_sgp import absorb, due_rounds, mixable, push_split
 from concord.core.algorithms.bipartite import round_partner
 from concord.core.algorithms.optim import LocalSGD
 from concord.core.config import RunConfig
@@ -397,7 +398,8 @@ class _Message:
 class AsyncSGPSimulation(AsyncSimulation):
     """Asynchronous SGP (`concord.core.algorithms.async_sgp`): at step end the numerator is
     formed and split by column i of P^k (kept part and messages); the peer then mixes every
-    delivered message, unless a message of a round ≤ k − τ has not arrived, in which case it
+    delivered message of a round ≤ k (later rounds are held until its step of their round
+    ends, `mixable`), unless a message of a round ≤ k − τ has not arrived, in which case it
     waits for it. The engine tensor holds the de-biased models z; the push-sum weights live in
     the algorithm object (`SGP.weights`)."""
 
@@ -488,10 +490,13 @@ class AsyncSGPSimulation(AsyncSimulation):
             self._mix(j, self.kept[j], float(self.kept_w[j]))
         return mixing
 
-    def _mix(self, j: int, numerator: torch.Tensor, weight: float) -> None:
-        """Peer j mixes its inbox into ``numerator`` and ``weight``: z_j = x_j / w_j."""
-        box, self.inbox[j] = self.inbox[j], []
+    def _mix(self, j: int, numerator: torch.Tensor, weight: float, final: bool = False) -> None:
+        """Peer j mixes its inbox into ``numerator`` and ``weight``: z_j = x_j / w_j. Messages
+        of rounds after its step k are held for its step of their round (`mixable`), unless
+        ``final`` (the run settles)."""
         k = self.steps[j] - 1
+        box = [m for m in self.inbox[j] if mixable(m.round, k, final)]
+        self.inbox[j] = [m for m in self.inbox[j] if not mixable(m.round, k, final)]
         for m in box:
             self.mixed(k - m.round)
         shares = [m.share for m in box]
@@ -504,11 +509,11 @@ class AsyncSGPSimulation(AsyncSimulation):
         the others mix their inbox into w_j z_j (module docstring)."""
         for j in sorted(self.waiting):
             self._window.wait += end - self.waiting.pop(j)
-            self._mix(j, self.kept[j], float(self.kept_w[j]))
+            self._mix(j, self.kept[j], float(self.kept_w[j]), final=True)
         for j in range(self.n):
             if self.inbox[j]:
                 w = float(self.weights[j])
-                self._mix(j, self.x[j] * torch.tensor(w, dtype=self.x.dtype), w)
+                self._mix(j, self.x[j] * torch.tensor(w, dtype=self.x.dtype), w, final=True)
 
 
 def make_simulation(cfg: RunConfig, runner: StepRunner, comm: VectorizedComm) -> AsyncSimulation:

@@ -10,12 +10,19 @@ x_i = w_i z_i. When peer i's local step k ends (its gradient taken at z_i when t
     x_i ← p_ii x_i;  w_i ← p_ii w_i
     x_i += Σ arrived x-shares;  w_i += Σ arrived w-shares;  z_i = x_i / w_i       (`absorb`)
 
-"Arrived" is whatever has reached i by then: it never waits, unless the staleness of the oldest
-neighbour information it has not mixed would exceed τ (``async.max_staleness``). A message sent
-for round m (the sender's local step m) has staleness k − m when mixed at the receiver's step k;
-so at the end of step k peer i waits until every message addressed to it for rounds ≤ k − τ has
-arrived (`due_rounds`); round 0 is always due at the end of step 0 (every peer starts with its
-in-neighbours). τ = 0 is a barrier: synchronous ``sgp`` on the same matrices.
+"Arrived" is whatever has reached i by then for rounds ≤ k: it never waits, unless the staleness
+of the oldest neighbour information it has not mixed would exceed τ (``async.max_staleness``). A
+message sent for round m (the sender's local step m) has staleness k − m when mixed at the
+receiver's step k; so at the end of step k peer i waits until every message addressed to it for
+rounds ≤ k − τ has arrived (`due_rounds`); round 0 is always due at the end of step 0 (every peer
+starts with its in-neighbours). τ = 0 is a barrier: synchronous ``sgp`` on the same matrices.
+
+A message of a round m > k (from an in-neighbour ahead of i) is *held* until the end of i's step
+m, when i's own share of round m leaves (`mixable`; staleness 0), except at i's last step, which
+mixes everything. Mixing it earlier would let a behind peer absorb several rounds of income at
+once and then, catching up, push out a fraction 1 − p_ii of its weight at each of the following
+steps with nothing left to mix: w falls as p_ii^L and its gradient steps on z = x / w grow as
+η / w. Held, a peer's weight income matches its outgo round by round.
 
 Column stochasticity keeps Σ_i x_i + (x in flight) and Σ_i w_i + (w in flight) = n constant,
 whatever the peers' rates: at every quiescent point (no message in flight) Σ w_i = n, and the
@@ -84,6 +91,13 @@ def due_rounds(step: int, max_staleness: int) -> int:
     before its in-neighbours would otherwise push away half its weight at each of its first τ
     steps while receiving nothing, and its gradient steps on z = x / w grow as η / w = η 2^k."""
     return 0 if step == 0 else step - max_staleness
+
+
+def mixable(round_: int, step: int, final: bool) -> bool:
+    """Is a message of round ``round_`` mixed at the end of the receiver's step ``step``? Rounds
+    ≤ ``step``; a later round is held until the receiver's own step of that round ends (module
+    docstring), unless this is its ``final`` step, which mixes everything it holds."""
+    return final or round_ <= step
 
 
 @register_algorithm

@@ -327,6 +327,57 @@ def test_async_sgp_below_min_weight_sends_empty_shares() -> None:
         assert all(not p.suspect for p in sgp)
 
 
+def test_async_sgp_holds_shares_of_rounds_ahead_until_its_own_step() -> None:
+    # Ring of 4 (P = ⅓ on the band: doubly stochastic), τ = 8. Peers 0, 2, 3 run steps 1..8
+    # while peer 1 computes nothing; every share is delivered at once. Peer 1 then catches up:
+    # at its step 1 it holds the shares of rounds 2..8 from peers 0 and 2 (`mixable`) and mixes
+    # only round 1's. Each of its steps then mixes round k of both in-neighbours, so its weight
+    # is a convex combination (rows of P sum to 1) of weights ≥ the smallest any peer had: it
+    # never falls below that floor. The old rule (mix every arrived share at once) gave peer 1
+    # all the income of rounds 1..8 at step 1 (w ≤ n = 4) and none at steps 2..8, where it
+    # still pushed ⅔ of its weight out: w ≤ 4 · 3⁻⁷ ≈ 2e-3 after step 8, its steps on
+    # z = x / w ~500 times η — the divergence seen under load.
+    over = [*SMALL, "algorithm=async-sgp", "topology=ring", "async.max_staleness=8"]
+    cfg = load_config(None, over, environ={})
+    with _network(cfg, learn=False) as net:
+        net.immediate = True
+        sgp = [p for p in net.peers if isinstance(p, AsyncSGPPeer)]
+        _together(net, 0)
+        floor = 1.0
+        for k in range(1, 9):
+            for i in (0, 2, 3):
+                net.step(i, k)  # its shares are delivered before the next step
+                floor = min(floor, float(_weights(net)[i]))
+        # each of these steps keeps at least p_ii = ⅓ of the weight, and they ran τ = 8 steps
+        # with nothing from peer 1: ≥ 3⁻⁸ (the drain a τ-step lead allows)
+        assert floor >= 3.0**-8
+        catch_up: list[StepRecord] = []
+        for k in range(1, 9):
+            record, _ = net.runners[1].run_step(k)
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), net.loop).result(timeout=10)
+            catch_up.append(record)
+            if k == 1:  # rounds 2..8 of peers 0 and 2 are held, not mixed
+                assert sorted(m.step for m in sgp[1].inbox) == sorted(2 * list(range(2, 9)))
+            # float64 convex combinations: rounding only, 1e-12
+            assert float(_weights(net)[1]) >= floor - 1e-12
+        assert not sgp[1].inbox
+        assert all(r.staleness_max == 0 for r in catch_up)  # each share mixed at its round
+        # not vacuous: the old rule's bound, 4 · 3⁻⁷ ≈ 1.8e-3, is far below
+        assert float(_weights(net)[1]) > 50 * 4 * 3.0**-7
+        # the run to its end: the last steps mix everything held and Σ w = n (float64: 1e-9)
+        total = net.runners[0].total_steps
+        for k in range(9, total - 1):
+            for r in net.runners:
+                r.run_step(k)
+        last = [threading.Thread(target=r.run_step, args=(total - 1,)) for r in net.runners]
+        for t in last:
+            t.start()
+        for t in last:
+            t.join(timeout=60)
+        assert not any(p.inbox for p in sgp)
+        assert abs(_weights(net).sum() - cfg.peers) < 1e-9
+
+
 def _global(net: Network, periods: list[int], limit: int = 1000) -> list[list[StepRecord]]:
     """Run every peer until it decides its last step (``async.budget = "global"``): at tick t
     (from 1) peer i ends a step when t is a multiple of ``periods[i]``, in rank order; the

@@ -103,34 +103,39 @@ def test_async_sgp_staleness_never_exceeds_tau(tau: int) -> None:
         assert worst == tau  # … and it is reached, so the check above is not vacuous
 
 
-def _watch_weights(overrides: list[str]) -> tuple[list[float], list[float], float]:
+def _watch_weights(
+    overrides: list[str],
+) -> tuple[list[float], list[float], tuple[float, float]]:
     """Run async-sgp; after every instant of the virtual clock: Σ w + weight in flight, Σ w at
-    the quiescent instants (nothing in flight or unmixed), and the largest w_i seen."""
+    the quiescent instants (nothing in flight or unmixed), and the (smallest, largest) w_i
+    seen of peers not waiting to mix (a waiting peer holds only its kept p_ii w_i)."""
     trainer = Trainer(load_config(None, [*SMALL, "algorithm=async-sgp", *overrides], environ={}))
     sim = trainer.asynchronous
     assert isinstance(sim, AsyncSGPSimulation)
     totals: list[float] = []
     quiescent: list[float] = []
-    largest = [0.0]
+    extremes = [1.0, 1.0]
     wave = sim._wave
 
     def checked(events: list[Event]) -> None:
         wave(events)
         totals.append(sim.weight_total())
-        largest[0] = max(largest[0], float(sim.weights.max()))
+        mixed = [float(w) for i, w in enumerate(sim.weights) if i not in sim.waiting]
+        extremes[0] = min([extremes[0], *mixed])
+        extremes[1] = max([extremes[1], *mixed])
         if sim.quiescent():
             quiescent.append(float(sim.weights.sum()))
 
     sim._wave = checked  # type: ignore[method-assign]
     for s in range(trainer.total_steps):
         trainer.train_step(s)
-    return totals, quiescent, largest[0]
+    return totals, quiescent, (extremes[0], extremes[1])
 
 
 def test_push_sum_weights_sum_to_n_at_every_quiescent_point() -> None:
     # float64 sums of n = 8 weights, each built from halves and thirds: 1e-12 is rounding only.
     # τ = 0 without delay: the slowest peer's step end is a barrier, nothing left in flight
-    totals, quiescent, largest = _watch_weights(
+    totals, quiescent, (smallest, largest) = _watch_weights(
         [
             'async.speeds="uniform:1:5"',
             "async.max_staleness=0",
@@ -140,11 +145,15 @@ def test_push_sum_weights_sum_to_n_at_every_quiescent_point() -> None:
     assert quiescent
     assert max(abs(q - 8) for q in quiescent) < 1e-12
     assert max(abs(t - 8) for t in totals) < 1e-12
-    assert largest > 1 + 1e-6  # early messages moved the weights away from 1
+    # τ = 0: every step end mixes exactly the shares of its own round (a share of a later
+    # round that arrives early is held, `mixable`), and this P is doubly stochastic (½ + ½):
+    # each weight stays 1 exactly — the synchronous run's. Mixing early rounds at once (the
+    # old rule) moved them away from 1
+    assert smallest == largest == 1.0
     # with delays something is always in flight: the weight it carries completes the sum
-    totals, _, largest = _watch_weights(UNEQUAL)
+    totals, _, (smallest, largest) = _watch_weights(UNEQUAL)
     assert max(abs(t - 8) for t in totals) < 1e-12
-    assert largest > 1 + 1e-6
+    assert smallest < 1 - 1e-6  # late shares moved the weights away from 1
 
 
 def test_adpsgd_preserves_the_mean_with_delays_and_unequal_speeds() -> None:
