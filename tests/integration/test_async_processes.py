@@ -57,9 +57,9 @@ def test_async_algorithm_runs_in_peer_processes(algorithm: str, tmp_path: Path) 
     # async-sgp: a peer that runs ahead of its in-neighbours pushes out 1 − p_ii = ⅔ of its
     # weight at each step with no share of its round to mix, and its steps on z = x / w grow as
     # η / w (docs/algorithms.md#asynchronous-sgp, "Running ahead drains the weight"). τ = 2
-    # bounds one lead, but leads compound under this machine's load: without a floor, 2 of 11
-    # runs ended below 0.15 (loss spikes to ~12) even with shares of later rounds held.
-    # async.min_weight = 0.25 (the value documented for peer processes): 0 of 6
+    # bounds one lead, but leads compound under this machine's load: without a floor, 3 of 17
+    # runs ended below 0.15 (loss spikes to ~13) even with shares of later rounds held.
+    # async.min_weight = 0.25 (the value documented for peer processes): 0 of 10
     floor = ["async.min_weight=0.25"] if algorithm == "async-sgp" else []
     cfg = _cfg(f"algorithm={algorithm}", *floor)
     summary = run_processes(cfg, tmp_path, progress=False)
