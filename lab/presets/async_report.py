@@ -443,6 +443,21 @@ def plot_curves(curves: Sequence[Mapping[str, Any]], n: int, x: str, path: Path)
     return path
 
 
+def _reused(meta: Mapping[str, Any]) -> list[str]:
+    """A sentence on the runs this sweep took over from an earlier one in its directory."""
+    reused = meta.get("reused_runs") or []
+    n = len(reused) if isinstance(reused, list) else int(reused)
+    if not n:
+        return []
+    return [
+        f"This sweep ran with `--resume`: {n} of its runs were taken over from an earlier sweep "
+        f"in the same directory and were not re-run (the others ran at commit "
+        f"`{str(meta.get('git_commit', '?'))[:7]}`). The command above, in a fresh directory, "
+        "re-runs them all on the checked-out code.",
+        "",
+    ]
+
+
 def _not_run(out: Path, meta: Mapping[str, Any], table: Sequence[Mapping[str, Any]]) -> list[str]:
     seeds = tuple(int(s) for s in meta["seeds"])
     full = PresetGrid(spec.ASYNC, seeds).runs()
@@ -506,6 +521,7 @@ def write_async_report(out: Path, *, console: Any = None) -> Path:
         str(meta["command"]),
         "```",
         "",
+        *_reused(meta),
         *_not_run(out, meta, table),
         "## How time and samples are counted",
         "",
