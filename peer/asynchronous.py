@@ -194,6 +194,7 @@ class AsyncPeer:
         self.eval_block = 0  # ⌊g / eval interval⌋ at the last evaluation
         self.recorded = 0.0  # g in the last step record (its epoch)
         self.ready = False  # at or past the start-up barrier (`await_neighbours`)
+        self.ready_peers: set[int] = set()  # peers a PROGRESS came from: at or past theirs
 
     def progress_now(self) -> tuple[int, ...]:
         """The progress vector to send (any thread)."""
@@ -268,15 +269,32 @@ class AsyncPeer:
         while pending and time.perf_counter() - t0 < limit:
             msg = Message(PROGRESS, self.rank, 0, progress=self.progress_now())
             futures = {j: self.send(j, msg) for j in sorted(pending)}
-            for j, future in futures.items():
-                try:
-                    answer = future.result(timeout=self.deadline + 5)
-                except concurrent.futures.TimeoutError:
-                    answer = None
+            # a neighbour is through when it acks our PROGRESS or sends us one (it only does at
+            # or past its own barrier): without the second way, a peer whose own sends are slow
+            # (a channel still dialling) waits here while its neighbours, acked, train on
+            waited = time.perf_counter()
+            while (
+                futures
+                and pending
+                and time.perf_counter() - waited < self.deadline + 5
+                and time.perf_counter() - t0 < limit
+            ):
+                done, _ = concurrent.futures.wait(
+                    list(futures.values()),
+                    timeout=0.02,
+                    return_when=concurrent.futures.FIRST_COMPLETED,
+                )
+                for j, future in list(futures.items()):
+                    if future not in done:
+                        continue
+                    del futures[j]
+                    answer = future.result()
+                    with self.cond:
+                        self.heard(answer)
+                    if answer is not None and answer.kind == ACK:
+                        pending.discard(j)
                 with self.cond:
-                    self.heard(answer)
-                if answer is not None and answer.kind == ACK:
-                    pending.discard(j)
+                    pending -= self.ready_peers
             if pending and self.global_progress() < self.runner.total_steps:
                 time.sleep(0.05)
             else:
@@ -296,6 +314,7 @@ class AsyncPeer:
         """The answer to a PROGRESS message (event loop)."""
         with self.cond:
             self.heard(msg)
+            self.ready_peers.add(msg.sender)
             kind = ACK if self.ready and not self.closed else CLOSED
             return Message(kind, self.rank, 0, progress=tuple(self.progress))
 
