@@ -61,7 +61,12 @@ def test_async_algorithm_runs_in_peer_processes(algorithm: str, tmp_path: Path) 
     # runs ended below 0.15 (loss spikes to ~13) even with shares of later rounds held.
     # async.min_weight = 0.25 (the value documented for peer processes): 0 of 10
     floor = ["async.min_weight=0.25"] if algorithm == "async-sgp" else []
-    cfg = _cfg(f"algorithm={algorithm}", *floor)
+    # Devices of 20 ms per step: bare, a step of this model takes ~1 ms, so the whole global
+    # budget (n·T local steps) was spent in ~0.3 s — the spread of the peers' start-up — and a
+    # peer whose first step came ~0.3 s after the others' took 1-4 of the run's ~380 steps,
+    # leaving an untrained replica in the averaged model (2 of 10 runs at chance, idle machine).
+    device = ["network.device={step_ms=20, factors=[1, 1, 1, 1]}"]
+    cfg = _cfg(f"algorithm={algorithm}", *floor, *device)
     summary = run_processes(cfg, tmp_path, progress=False)
     assert summary["peers_completed"] == list(range(cfg.peers))
     accuracy = summary["accuracy_avg_model"]
@@ -135,6 +140,10 @@ def test_a_straggler_does_not_slow_the_others_in_ad_psgd(tmp_path: Path) -> None
     # waits for a 4× straggler cannot reach — and the ratio is printed.
     over = ["algorithm=ad-psgd", "model=mlp", "model.hidden=[512, 512]", "optim.batch_size=32"]
     over += ["epochs=4"]  # ~76 steps a peer
+    # each peer its own T steps, so every peer's step rate can be measured: under the global
+    # budget the 4× straggler may take only a step or two (no rate: "no median for empty data"
+    # in one run). Waiting, what this test is about, does not depend on the budget.
+    over += ["async.budget=per-peer"]
     plain = run_processes(_cfg(*over), tmp_path / "plain", progress=False)
     slowed = _cfg(*over, "network.straggler={peer = 2, factor = 4}")
     slow = run_processes(slowed, tmp_path / "slow", progress=False)
