@@ -184,6 +184,15 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
 """Two-sided 95 % quantiles of Student's t by degrees of freedom (`t95`)."""
 
 
+def pm(x: tuple[float, float], scale: int = 2) -> str:
+    """A (mean, 95 % half-width) pair as "m ± h" at `scale` decimals; "—" without a mean, the
+    mean alone without a half-width (one seed)."""
+    m, h = x
+    if math.isnan(m):
+        return "—"
+    return f"{m:.{scale}f} ± {h:.{scale}f}" if not math.isnan(h) else f"{m:.{scale}f}"
+
+
 def t95(k: int) -> float:
     """Two-sided 95 % quantile of Student's t with k degrees of freedom (`T95`, the nearest
     tabulated k below; more than 30: 1.96; NaN below 1)."""

@@ -25,7 +25,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ from concord.lab.presets.consensus_separation import separation
 from concord.lab.presets.recipes import BASELINE_FIX, MNIST1D_RECIPE
 from concord.lab.presets.report import environment, reproducibility_section, run_manifest
 from concord.lab.presets.spec import PresetRequest, RunList, Study, command_line
-from concord.lab.report import CellStats, markdown_grid
+from concord.lab.report import CellStats, markdown_grid, pm
 from concord.lab.sweep import SweepRun, run_sweep, run_without_plots, write_table
 
 if TYPE_CHECKING:
@@ -271,13 +271,6 @@ def _fmean(values: Any) -> float:
     return statistics.fmean(got) if got else math.nan
 
 
-def _pm(x: tuple[float, float], scale: int = 2) -> str:
-    m, h = x
-    if math.isnan(m):
-        return "—"
-    return f"{m:.{scale}f} ± {h:.{scale}f}" if not math.isnan(h) else f"{m:.{scale}f}"
-
-
 def checks(cells: Sequence[Mapping[str, Any]], n: int = 64) -> list[tuple[str, bool | None, str]]:
     """The issue's claims at n, phase 1: (claim, holds (None: not measured), the numbers)."""
     by = {(c["n"], c["phase"], c["target"], c["statistic"]): c for c in cells}
@@ -426,12 +419,12 @@ def reading(
     out = ["## Reading (computed from the table)", ""]
     gaps = [(n, by[(n, "1", "none", "")]["diff"]) for n in ns if (n, "1", "none", "") in by]
     if gaps:
-        text = ", ".join(f"n = {n}: {_pm(d)} pp" for n, d in gaps)
+        text = ", ".join(f"n = {n}: {pm(d)} pp" for n, d in gaps)
         out.append(
             f"- **Decentralizing phase 1, against n** (uncontrolled dec-phase-1 minus all-reduce, "
             f"paired; `scaling.png`): {text}. Phases 2 and 3 decentralized: "
             + ", ".join(
-                f"n = {n} phase {k}: {_pm(by[(n, k, 'none', '')]['diff'])} pp"
+                f"n = {n} phase {k}: {pm(by[(n, k, 'none', '')]['diff'])} pp"
                 for n in ns
                 for k in ("2", "3")
                 if (n, k, "none", "") in by
@@ -443,7 +436,7 @@ def reading(
         out.append(
             "- **The all-reduce baseline's spread over seeds, against n** (global batch 16·n at "
             "the same lr and epochs, so fewer and larger steps as n grows): "
-            + ", ".join(f"n = {n}: {_pm(c['acc'])} %" for n, c in spread)
+            + ", ".join(f"n = {n}: {pm(c['acc'])} %" for n, c in spread)
             + ". A wide interval here widens every Δ of that n."
         )
     for n in ns:
@@ -460,7 +453,7 @@ def reading(
             "shrinks with the fast-mixing components of the disagreement, while Ξ on a ring is "
             "dominated by the slow ones: controlling on Θ buys {:.2f}× the rounds and "
             "{} pp of the accuracy, controlling on Ξ {:.2f}× the rounds and {} pp.".format(
-                th["rounds_ratio"], _pm(th["diff"]), xi["rounds_ratio"], _pm(xi["diff"])
+                th["rounds_ratio"], pm(th["diff"]), xi["rounds_ratio"], pm(xi["diff"])
             )
         )
     for n in ns:
@@ -520,7 +513,7 @@ def reading(
             out.append(
                 f"- **n = {n}: halving a Θ target buys whole rounds.** {numbers}"
                 + (f" (¼ · max Ξ: {xi['late_xi']:.3g})" if xi is not None else "")
-                + f"; accuracy {_pm(eighth['diff'])} pp against {_pm(quarter['diff'])} pp (Δ vs "
+                + f"; accuracy {pm(eighth['diff'])} pp against {pm(quarter['diff'])} pp (Δ vs "
                 "all-reduce). The stop rule moves by whole rounds: a lower target that Θ no "
                 "longer meets after the second round of a step costs a third, and each extra "
                 "round removes little of the slow part of Ξ."
@@ -560,8 +553,8 @@ def before_after(out: Path, cells: Sequence[Mapping[str, Any]]) -> list[str]:
         b = before.get((c["n"], c["phase"], c["target"], c["statistic"]))
         if b is None:
             continue
-        diffs = ("", "") if c["phase"] == "all" else (_pm(b["diff"]), _pm(c["diff"]))
-        body.append([str(c["n"]), c["label"], _pm(b["acc"]), _pm(c["acc"]),
+        diffs = ("", "") if c["phase"] == "all" else (pm(b["diff"]), pm(c["diff"]))
+        body.append([str(c["n"]), c["label"], pm(b["acc"]), pm(c["acc"]),
                      f"{c['acc'][0] - b['acc'][0]:+.2f}", *diffs, f"{b['rounds']:.0f}",
                      f"{c['rounds']:.0f}"])  # fmt: skip
     lines += [*markdown_grid(header, body).splitlines(), ""]
@@ -605,11 +598,60 @@ def _title(cells: Sequence[Mapping[str, Any]]) -> str:
     return TITLE.replace("n = 16 to 256", sizes)
 
 
+Columns = tuple[Sequence[str], Callable[[Mapping[str, Any]], Sequence[str]]]
+
+
+def provenance_lines(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> list[str]:
+    """A report's commands (the CSV's provenance), seeds, failed runs and machine."""
+    commands = [str(c) for c in meta.get("commands", [meta["command"]])]
+    failed = [r["run"] for r in rows if r["status"] != "ok"]
+    return [
+        "Every number below is computed from [`runs.csv`](runs.csv), written by"
+        + (" (in this order; `--resume` keeps the earlier runs):" if len(commands) > 1 else ":"),
+        "",
+        "```bash",
+        *commands,
+        "```",
+        "",
+        f"Seeds: {', '.join(map(str, meta['seeds']))}. Runs: {len(rows)} ({len(failed)} failed"
+        f"{': ' + ', '.join(failed) if failed else ''}). Wall time {meta['wall_seconds'] / 60:.1f}"
+        f" min on {meta['cores']} core(s); torch {meta['torch']}, {meta['cpu']}, "
+        f"{meta['threads']} torch thread(s) per run, {meta['jobs']} run(s) at a time.",
+        "",
+    ]
+
+
+def cell_table(
+    cells: Sequence[Mapping[str, Any]], n: int, extra: Columns | None = None
+) -> list[str]:
+    """The table of the cells at n; `extra` (headers, a cell's values) goes after the Δ column."""
+    heads, values = extra if extra is not None else ((), lambda c: ())
+    head = ["cell", "seeds", "accuracy (%)", "Δ vs all-reduce (pp)", *heads, "gossip rounds",
+            "× uncontrolled", "rounds / step, late", "Ξ, late", "MB sent per peer"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for c in (c for c in cells if c["n"] == n):
+        ratio = "" if math.isnan(c["rounds_ratio"]) else f"{c['rounds_ratio']:.2f}"
+        late_r = "" if math.isnan(c["late_rounds"]) else f"{c['late_rounds']:.1f}"
+        late_x = "" if math.isnan(c["late_xi"]) else f"{c['late_xi']:.3g}"
+        row = [c["label"], str(len(c["seeds"])), pm(c["acc"]),
+               "" if c["phase"] == "all" else pm(c["diff"]), *values(c), f"{c['rounds']:.0f}",
+               ratio, late_r, late_x, f"{c['bytes_per_peer'] / 1e6:.1f}"]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def claims_lines(cells: Sequence[Mapping[str, Any]], n: int, heading: str) -> list[str]:
+    """The paper's claims at n with their verdicts (`checks`) under `heading`."""
+    lines = [heading, ""]
+    for claim, holds, numbers in checks(cells, n):
+        verdict = {True: "holds", False: "**does not hold**", None: "not measured"}[holds]
+        lines.append(f"- {claim}: {verdict} ({numbers})")
+    return lines
+
+
 def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
     cells = summarize(rows)
     plots = _plots(out, rows, cells) if cells else []
-    commands = [str(c) for c in meta.get("commands", [meta["command"]])]
-    failed = [r["run"] for r in rows if r["status"] != "ok"]
     lines = [
         f"# {_title(cells)}",
         "",
@@ -636,45 +678,12 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         "gossip phase (rounds per step, and the exact Ξ after the step — measured for every "
         "run, whatever its control statistic).",
         "",
-        "Every number below is computed from [`runs.csv`](runs.csv), written by"
-        + (" (in this order; `--resume` keeps the earlier runs):" if len(commands) > 1 else ":"),
-        "",
-        "```bash",
-        *commands,
-        "```",
-        "",
-        f"Seeds: {', '.join(map(str, meta['seeds']))}. Runs: {len(rows)} ({len(failed)} failed"
-        f"{': ' + ', '.join(failed) if failed else ''}). Wall time {meta['wall_seconds'] / 60:.1f}"
-        f" min on {meta['cores']} core(s); torch {meta['torch']}, {meta['cpu']}, "
-        f"{meta['threads']} torch thread(s) per run, {meta['jobs']} run(s) at a time.",
-        "",
     ]
+    lines += provenance_lines(rows, meta)
     for n in sorted({c["n"] for c in cells}):
-        lines += [
-            f"## n = {n}",
-            "",
-            "| cell | seeds | accuracy (%) | Δ vs all-reduce (pp) | gossip rounds | "
-            "× uncontrolled | rounds / step, late | Ξ, late | MB sent per peer |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for c in (c for c in cells if c["n"] == n):
-            ratio = "" if math.isnan(c["rounds_ratio"]) else f"{c['rounds_ratio']:.2f}"
-            diff = "" if c["phase"] == "all" else _pm(c["diff"])
-            late_r = "" if math.isnan(c["late_rounds"]) else f"{c['late_rounds']:.1f}"
-            late_x = "" if math.isnan(c["late_xi"]) else f"{c['late_xi']:.3g}"
-            lines.append(
-                f"| {c['label']} | {len(c['seeds'])} | {_pm(c['acc'])} | {diff} | "
-                f"{c['rounds']:.0f} | {ratio} | {late_r} | {late_x} | "
-                f"{c['bytes_per_peer'] / 1e6:.1f} |"
-            )
-        lines.append("")
+        lines += [f"## n = {n}", "", *cell_table(cells, n), ""]
         lines += _seeds_note(rows, n, meta)
-        found = checks(cells, n)
-        lines += [f"Claims at n = {n}, phase 1:", ""]
-        for claim, holds, numbers in found:
-            verdict = {True: "holds", False: "**does not hold**", None: "not measured"}[holds]
-            lines.append(f"- {claim}: {verdict} ({numbers})")
-        lines.append("")
+        lines += [*claims_lines(cells, n, f"Claims at n = {n}, phase 1:"), ""]
     lines += reading(cells, rows)
     lines += before_after(out, cells)
     lines += [f"![accuracy against rounds]({p})" for p in plots if p == "accuracy-rounds.png"]

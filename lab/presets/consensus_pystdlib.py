@@ -33,7 +33,6 @@ from concord.lab.presets.pystdlib_report import (
     RESULTS,
     ci,
     final_loss,
-    pm,
     record_corpus,
     references,
     references_text,
@@ -41,6 +40,7 @@ from concord.lab.presets.pystdlib_report import (
 from concord.lab.presets.recipes import PYSTDLIB_RECIPE
 from concord.lab.presets.report import environment, reproducibility_section, run_manifest
 from concord.lab.presets.spec import PresetRequest, RunList, Study, command_line
+from concord.lab.report import pm
 from concord.lab.sweep import SweepRun, run_sweep, run_without_plots, write_table
 from concord.runtime.records import read_summary
 
@@ -194,14 +194,20 @@ def reading(
     return out
 
 
+LOSS_HEADS = ("loss (nats)", "perplexity")
+
+
 def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
     cells = cc.summarize(rows)
     loss = losses(rows)
     plots = cc._plots(out, rows, cells) if cells else []
-    commands = [str(c) for c in meta.get("commands", [meta["command"]])]
-    failed = [r["run"] for r in rows if r["status"] != "ok"]
     refs = meta.get("references") or {}
     mnist = cc.summarize(cc.read_runs_csv(MNIST1D)) if MNIST1D.is_file() else []
+
+    def loss_values(c: Mapping[str, Any]) -> list[str]:
+        lo = loss.get(_key(c), (math.nan, math.nan))
+        return [pm(lo, 3), "—" if math.isnan(lo[0]) else f"{math.exp(lo[0]):.2f}"]
+
     lines = [
         f"# {TITLE}",
         "",
@@ -223,47 +229,12 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         "difference to all-reduce on the same seed; *late*: means over the second half of the "
         "gossip phase.",
         "",
-        "Every number below is computed from [`runs.csv`](runs.csv), written by"
-        + (" (in this order; `--resume` keeps the earlier runs):" if len(commands) > 1 else ":"),
-        "",
-        "```bash",
-        *commands,
-        "```",
-        "",
-        f"Seeds: {', '.join(map(str, meta['seeds']))}. Runs: {len(rows)} ({len(failed)} failed"
-        f"{': ' + ', '.join(failed) if failed else ''}). Wall time {meta['wall_seconds'] / 60:.1f}"
-        f" min on {meta['cores']} core(s); torch {meta['torch']}, {meta['cpu']}, "
-        f"{meta['threads']} torch thread(s) per run, {meta['jobs']} run(s) at a time.",
-        "",
-        references_text(refs),
-        "",
     ]
+    lines += [*cc.provenance_lines(rows, meta), references_text(refs), ""]
     for n in sorted({c["n"] for c in cells}):
-        lines += [
-            f"## n = {n}",
-            "",
-            "| cell | seeds | accuracy (%) | Δ vs all-reduce (pp) | loss (nats) | perplexity | "
-            "gossip rounds | × uncontrolled | rounds / step, late | Ξ, late | MB sent per peer |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for c in (c for c in cells if c["n"] == n):
-            ratio = "" if math.isnan(c["rounds_ratio"]) else f"{c['rounds_ratio']:.2f}"
-            diff = "" if c["phase"] == "all" else pm(c["diff"])
-            late_r = "" if math.isnan(c["late_rounds"]) else f"{c['late_rounds']:.1f}"
-            late_x = "" if math.isnan(c["late_xi"]) else f"{c['late_xi']:.3g}"
-            lo = loss.get(_key(c), (math.nan, math.nan))
-            ppl = "—" if math.isnan(lo[0]) else f"{math.exp(lo[0]):.2f}"
-            lines.append(
-                f"| {c['label']} | {len(c['seeds'])} | {pm(c['acc'])} | {diff} | {pm(lo, 3)} | "
-                f"{ppl} | {c['rounds']:.0f} | {ratio} | {late_r} | {late_x} | "
-                f"{c['bytes_per_peer'] / 1e6:.1f} |"
-            )
-        lines.append("")
-        lines += [f"Claims at n = {n}, phase 1 (those of consensus-control):", ""]
-        for claim, holds, numbers in cc.checks(cells, n):
-            word = {True: "holds", False: "**does not hold**", None: "not measured"}[holds]
-            lines.append(f"- {claim}: {word} ({numbers})")
-        lines.append("")
+        lines += [f"## n = {n}", "", *cc.cell_table(cells, n, (LOSS_HEADS, loss_values)), ""]
+        heading = f"Claims at n = {n}, phase 1 (those of consensus-control):"
+        lines += [*cc.claims_lines(cells, n, heading), ""]
     lines += reading(cells, mnist, refs)
     lines += [f"![accuracy against rounds]({p})" for p in plots if p == "accuracy-rounds.png"]
     lines += [f"![degradation against n]({p})" for p in plots if p == "scaling.png"]

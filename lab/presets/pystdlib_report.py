@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from concord.lab.report import CellStats, markdown_grid
+from concord.lab.report import CellStats, markdown_grid, pm
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 """The committed reports (the MNIST-1D results the readings compare with)."""
@@ -96,13 +96,6 @@ def ci(values: Sequence[float]) -> tuple[float, float]:
     """Mean and the half-width of its 95 % confidence interval (Student's t; nan for one)."""
     stats = CellStats(tuple(values), len(values))
     return stats.mean, stats.ci95
-
-
-def pm(x: tuple[float, float], scale: int = 2) -> str:
-    m, h = x
-    if math.isnan(m):
-        return "—"
-    return f"{m:.{scale}f} ± {h:.{scale}f}" if not math.isnan(h) else f"{m:.{scale}f}"
 
 
 def _float(value: object) -> float | None:
