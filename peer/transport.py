@@ -94,24 +94,25 @@ MAX_STREAMS = 8  # per connection: a neighbour needs its Hello and one Exchange 
 BUDGET_TENSORS = 2  # tensors' bytes in flight per sender
 PER_SENDER = 16  # early mailbox entries per sender (tensors, rejections no round awaits yet)
 PER_STEP = 256  # … and per step
+WINDOW = 256 << 10
 WINDOW_SLACK = 64 << 10
-"""Each stream's HTTP/2 receive window (``grpc.http2.lookahead_bytes``) is one chunk
-(``network.chunk_bytes``) plus this, room for its header: with BDP probing off gRPC's default is
-64 KiB, and a sender then waits for a WINDOW_UPDATE every 64 KiB of a tensor — each a wake-up of
-the receiver's and the sender's gRPC threads. On 2 cores shared by 4 peers
-(`bench/step_overhead.py`, 4.4 MB tensors in 1 MiB chunks) the gRPC peers' wait per step fell
-from 30.2 and 15.6 ms to 14.7 and 11.4 ms with a 1 MiB window (interleaved, load ≈ 8;
-docs/performance.md). A
-window of a chunk keeps what gRPC buffers before the servicer reads (and refuses) it at about a
-chunk per stream: 8 MiB windows let 40 stalled connections grow the receiver beyond
-tests/peer/test_bounds.py's bound."""
+"""Each stream's HTTP/2 receive window (``grpc.http2.lookahead_bytes``) is min(chunk, `WINDOW`)
+plus this, room for a header. With BDP probing off gRPC's default is 64 KiB, and a sender then
+waits for a WINDOW_UPDATE every 64 KiB of a tensor — each a wake-up of the receiver's and the
+sender's gRPC threads: on 2 cores shared by 4 peers (`bench/step_overhead.py`) the gRPC peers'
+wait per step fell from 30.2 and 15.6 ms to 14.7 and 11.4 ms with a 1 MiB window (load ≈ 8).
+But a window is also what every connection may make the receiver buffer before the servicer
+reads (and refuses) its stream: with 1 MiB windows 40 stalled connections grew a receiver by
+59–77 MiB here and 94 MiB on CI (tests/peer/test_bounds.py's bound: 82 MiB); with 256 KiB,
+50–59 MiB, the 64 KiB default's 42–58, and the step time did not change (ratio to the
+hand-written gloo gossip 1.75 against 1.72, idle; docs/performance.md)."""
 
 
 def server_options(chunk_bytes: int, idle_timeout: float) -> list[tuple[str, int]]:
     """The server's gRPC options: `SERVER_OPTIONS` with the receive limit at twice the chunk size
     (a chunk somewhat over ``chunk_bytes`` still reaches the servicer, which refuses it with its
     reason and counts it; anything larger gRPC refuses itself), `MAX_STREAMS` concurrent streams
-    per connection, a receive window of a chunk per stream (`WINDOW_SLACK`), and connections
+    per connection, a receive window of up to `WINDOW` per stream, and connections
     without any call closed after the idle timeout."""
     limit = min(MAX_MESSAGE, 2 * chunk_bytes + (64 << 10))  # + room for the header
     options = [(k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"]
@@ -121,7 +122,7 @@ def server_options(chunk_bytes: int, idle_timeout: float) -> list[tuple[str, int
         ("grpc.max_concurrent_streams", MAX_STREAMS),
         ("grpc.http2.bdp_probe", 0),
         ("grpc.max_connection_idle_ms", max(1000, int(idle_timeout * 1000))),
-        ("grpc.http2.lookahead_bytes", chunk_bytes + WINDOW_SLACK),
+        ("grpc.http2.lookahead_bytes", min(chunk_bytes, WINDOW) + WINDOW_SLACK),
     ]
 
 

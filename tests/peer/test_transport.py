@@ -16,6 +16,7 @@ from concord.peer import serde
 from concord.peer.links import Fanout, Wire
 from concord.peer.mailbox import Arrival
 from concord.peer.transport import (
+    WINDOW,
     WINDOW_SLACK,
     Fetched,
     Transport,
@@ -101,13 +102,15 @@ def test_two_transports_exchange_and_early_tensors_wait(wire: Wire) -> None:
     _run(body)
 
 
-def test_server_streams_get_a_receive_window_of_a_chunk() -> None:
+def test_server_streams_get_a_receive_window_beyond_grpcs_default() -> None:
     """A chunk must not wait for a WINDOW_UPDATE every 64 KiB (gRPC's default with BDP probing
-    off): each stream's window is a whole chunk and its header (`WINDOW_SLACK`)."""
-    for chunk in (1 << 20, 4 << 20):
+    off): each stream's window is `WINDOW` (a smaller chunk: the chunk) and room for a header
+    (`WINDOW_SLACK`), never more — every connection may make a receiver buffer a window."""
+    for chunk, window in ((16 << 10, 16 << 10), (1 << 20, WINDOW), (4 << 20, WINDOW)):
         options = dict(server_options(chunk, 60.0))
         assert options["grpc.http2.bdp_probe"] == 0
-        assert options["grpc.http2.lookahead_bytes"] == chunk + WINDOW_SLACK
+        assert options["grpc.http2.lookahead_bytes"] == window + WINDOW_SLACK
+    assert WINDOW >= 4 * (64 << 10)  # 4× fewer WINDOW_UPDATEs than the default at least
     assert WINDOW_SLACK >= 1 << 10  # a chunk's header fits
 
 
