@@ -173,7 +173,7 @@ class NetworkConfig(Section):
     startup_timeout: float = Field(
         default=60.0, gt=0, description="seconds a peer waits for its neighbours at start"
     )
-    chunk_bytes: int = Field(default=1 << 20, ge=1024, le=4 << 20)
+    chunk_bytes: int = Field(default=4 << 20, ge=1024, le=4 << 20)
     max_tensor_bytes: int = Field(default=1 << 30, ge=1024)
     max_abs_value: float | None = Field(
         default=None,

@@ -135,7 +135,9 @@ DESCRIPTIONS: dict[str, str] = {
     "order; peer i listens at `addresses[i]`.",
     "network.deadline": "Seconds a gossip round waits for a neighbour's tensor.",
     "network.startup_timeout": "Seconds a peer waits for its neighbours at start.",
-    "network.chunk_bytes": "Maximum body bytes of one data-plane frame (docs/protocol.md).",
+    "network.chunk_bytes": "Maximum body bytes of one data-plane frame (docs/protocol.md). "
+    "Fewer, larger chunks cost less per tensor (docs/performance.md); on a link so slow that "
+    "a chunk takes longer than `stream_idle_timeout` to cross it, lower it.",
     "network.max_tensor_bytes": "Largest encoded tensor a peer accepts, in bytes.",
     "network.tls": "Optional mTLS between peers; every path may contain `{id}`, replaced by "
     "the peer id (docs/deployment.md#mtls-certificates).",

@@ -120,7 +120,9 @@ def test_garbage_frames_are_rejected_and_the_peer_keeps_running(tmp_path: Path) 
             (make(codec="topk"), grpc.StatusCode.INVALID_ARGUMENT, "codec"),
         ]
         big = make(chunk_bytes=8 << 20, parts={"values": torch.zeros(dim)})
-        big[0].body = b"\0" * (2 << 20)  # a 2 MiB chunk: over the 1 MiB chunk limit
+        # a chunk 1 MiB over the peer's chunk limit (network.chunk_bytes), under gRPC's message
+        # limit (twice it): the servicer refuses it
+        big[0].body = b"\0" * (cfg.network.chunk_bytes + (1 << 20))
         cases.append((big, grpc.StatusCode.RESOURCE_EXHAUSTED, "limit"))
         for frames, code, text in cases:
             err = _exchange(stub, frames)
