@@ -27,6 +27,7 @@ import math
 import numbers
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -332,7 +333,15 @@ class RunWriter:
             f.flush()
             os.fsync(f.fileno())
         if keep_previous and path.is_file():
-            path.replace(self.dir / PREVIOUS_CHECKPOINT)  # a crash here leaves this one only
+            # a second name for the current one first, so that checkpoint.pt exists at every
+            # instant (renaming it away left a moment with checkpoint.prev.pt only)
+            link = self.dir / (PREVIOUS_CHECKPOINT + ".tmp")
+            link.unlink(missing_ok=True)
+            try:
+                os.link(path, link)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(path, link)
+            link.replace(self.dir / PREVIOUS_CHECKPOINT)
         tmp.replace(path)
         return path
 

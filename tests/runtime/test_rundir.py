@@ -57,6 +57,38 @@ def test_checkpoint_is_replaced_atomically_and_loads_without_pickle(tmp_path: Pa
     writer.close()
 
 
+def test_keeping_the_previous_checkpoint_never_leaves_checkpoint_pt_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer killed while it rotates its checkpoints must still have ``checkpoint.pt`` (a
+    restart, and whoever reads it, looks there first): every rename of the rotation happens
+    while it exists, and the previous one ends up as ``checkpoint.prev.pt``."""
+    import os
+
+    cfg = load_config(None, [], environ={})
+    run = tmp_path / "run"
+    writer = RunWriter(run, cfg)
+    task = SimpleNamespace(x=torch.zeros(1, 6), flat=SimpleNamespace(buffers_flat=lambda: None))
+    algorithm = SimpleNamespace(state_dict=dict)
+    writer.save_checkpoint(task, algorithm, 4, keep_previous=True)
+    real = os.replace
+    seen: list[str] = []
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        seen.append(Path(dst).name)
+        assert (run / "checkpoint.pt").is_file(), f"checkpoint.pt missing before {dst}"
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    writer.save_checkpoint(task, algorithm, 9, keep_previous=True)
+    monkeypatch.setattr(os, "replace", real)
+    assert seen == ["checkpoint.prev.pt", "checkpoint.pt"]
+    assert int(load_checkpoint(run / "checkpoint.pt")["step"]) == 9
+    assert int(load_checkpoint(run / "checkpoint.prev.pt")["step"]) == 4
+    assert not list(run.glob("*.tmp"))
+    writer.close()
+
+
 def test_checkpoint_holds_run_state_and_rng_and_flushes_metrics(tmp_path: Path) -> None:
     from concord.runtime.rundir import restore_checkpoint
 
