@@ -159,6 +159,7 @@ class _StepNotes:
     refused: int = 0
     returned: int = 0
     held: int = 0
+    weight: float | None = None  # async-sgp: the push-sum weight the step's update was formed with
 
     def extra(self) -> dict[str, JSON]:
         out: dict[str, JSON] = {}
@@ -166,6 +167,8 @@ class _StepNotes:
             value = getattr(self, key)
             if value:
                 out[f"async_{key}"] = value
+        if self.weight is not None:
+            out["async_weight"] = self.weight
         return out
 
 
@@ -607,6 +610,7 @@ class AsyncSGPPeer(AsyncPeer):
         )
         final = self.decide_final(step)
         with self.cond:
+            self.notes.weight = float(w[0])
             away = self.suspect | self.unreachable
             ended = set(self.ended)
             progress = tuple(self.progress)
