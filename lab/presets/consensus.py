@@ -649,6 +649,26 @@ def claims_lines(cells: Sequence[Mapping[str, Any]], n: int, heading: str) -> li
     return lines
 
 
+def finish_report(
+    out: Path,
+    lines: list[str],
+    plots: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    meta: Mapping[str, Any],
+) -> Path:
+    """A consensus study's report: ``lines``, its figures and its reproducibility section, as
+    ``out/report.md``."""
+    lines = [*lines]
+    lines += [f"![accuracy against rounds]({p})" for p in plots if p == "accuracy-rounds.png"]
+    lines += [f"![degradation against n]({p})" for p in plots if p == "scaling.png"]
+    lines += [f"![Ξ over training]({p})" for p in plots if p.startswith("xi-")]
+    lines.append("")
+    lines.append(reproducibility_section(meta, directory=out, run=rows[0]["run"] if rows else None))
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
 def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
     cells = summarize(rows)
     plots = _plots(out, rows, cells) if cells else []
@@ -686,14 +706,7 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         lines += [*claims_lines(cells, n, f"Claims at n = {n}, phase 1:"), ""]
     lines += reading(cells, rows)
     lines += before_after(out, cells)
-    lines += [f"![accuracy against rounds]({p})" for p in plots if p == "accuracy-rounds.png"]
-    lines += [f"![degradation against n]({p})" for p in plots if p == "scaling.png"]
-    lines += [f"![Ξ over training]({p})" for p in plots if p.startswith("xi-")]
-    lines.append("")
-    lines.append(reproducibility_section(meta, directory=out, run=rows[0]["run"] if rows else None))
-    path = out / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return finish_report(out, lines, plots, rows, meta)
 
 
 def study_main(request: PresetRequest) -> Path:

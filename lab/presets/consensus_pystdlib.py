@@ -38,7 +38,7 @@ from concord.lab.presets.pystdlib_report import (
     references_text,
 )
 from concord.lab.presets.recipes import PYSTDLIB_RECIPE
-from concord.lab.presets.report import environment, reproducibility_section, run_manifest
+from concord.lab.presets.report import environment, run_manifest
 from concord.lab.presets.spec import PresetRequest, RunList, Study, command_line
 from concord.lab.report import pm
 from concord.lab.sweep import SweepRun, run_sweep, run_without_plots, write_table
@@ -236,14 +236,7 @@ def write_report(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str
         heading = f"Claims at n = {n}, phase 1 (those of consensus-control):"
         lines += [*cc.claims_lines(cells, n, heading), ""]
     lines += reading(cells, mnist, refs)
-    lines += [f"![accuracy against rounds]({p})" for p in plots if p == "accuracy-rounds.png"]
-    lines += [f"![degradation against n]({p})" for p in plots if p == "scaling.png"]
-    lines += [f"![Ξ over training]({p})" for p in plots if p.startswith("xi-")]
-    lines.append("")
-    lines.append(reproducibility_section(meta, directory=out, run=rows[0]["run"] if rows else None))
-    path = out / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return cc.finish_report(out, lines, plots, rows, meta)
 
 
 def _check_keys(rows: Sequence[str], columns: Sequence[str]) -> None:
