@@ -657,7 +657,7 @@ def finish_report(
     meta: Mapping[str, Any],
 ) -> Path:
     """A consensus study's report: ``lines``, its figures and its reproducibility section, as
-    ``out/report.md``."""
+    the file report.md in ``out``."""
     lines = [*lines]
     lines += [f"![accuracy against rounds]({p})" for p in plots if p == "accuracy-rounds.png"]
     lines += [f"![degradation against n]({p})" for p in plots if p == "scaling.png"]
