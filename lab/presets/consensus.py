@@ -562,21 +562,24 @@ def before_after(out: Path, cells: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 NOTES = {
-    256: "Seeds 3 and 4 were not run at this n: at the per-run times above (load average 7–17 on "
-    "the 2 cores, shared) they did not fit the session that ran it. This column ran on the code "
-    "after commit 4417a5f (ReplicaLinear: weight gradient row-major), the other sizes before it; "
-    "its cells are paired with each other on the same code.",
+    256: "This column ran on the code after commit 4417a5f (ReplicaLinear: weight gradient "
+    "row-major), the other sizes before it; its cells are paired with each other on the same "
+    "code. Seeds 0–2 of its first four cells ran one at a time on the 2 shared cores (load "
+    "average 7–17), seeds 3–4 and the ⅛ Θ and adaptive cells two at a time on an idle machine.",
 }
 """Facts about a column of the committed report that its runs.csv cannot show (by n)."""
 
 
 def _seeds_note(rows: Sequence[Mapping[str, Any]], n: int, meta: Mapping[str, Any]) -> list[str]:
-    """For a column run on fewer seeds than the report's: which seeds, the wall time per run of
-    each cell (runs.csv's ``wall_seconds``; calibration passes not included) and `NOTES`."""
+    """`NOTES` of column n; for a column run on fewer seeds than the report's also which seeds
+    and the wall time per run of each cell (runs.csv's ``wall_seconds``; calibration passes not
+    included)."""
     mine = [r for r in rows if r["n"] == n and r["status"] == "ok"]
     seeds = sorted({int(r["seed"]) for r in mine})
-    if not mine or len(seeds) >= len(meta.get("seeds", seeds)):
+    if not mine:
         return []
+    if len(seeds) >= len(meta.get("seeds", seeds)):
+        return [NOTES[n], ""] if n in NOTES else []
     times: dict[str, list[float]] = {}
     for r in mine:
         if r.get("wall_seconds") is not None:
