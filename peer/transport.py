@@ -103,9 +103,9 @@ sender's gRPC threads: on 2 cores shared by 4 peers (`bench/step_overhead.py`) t
 wait per step fell from 30.2 and 15.6 ms to 14.7 and 11.4 ms with a 1 MiB window (load ≈ 8).
 But a window is also what every connection may make the receiver buffer before the servicer
 reads (and refuses) its stream: with 1 MiB windows 40 stalled connections grew a receiver by
-59–77 MiB here and 94 MiB on CI (tests/peer/test_bounds.py's bound: 82 MiB); with 256 KiB,
-50–59 MiB, the 64 KiB default's 42–58, and the step time did not change (ratio to the
-hand-written gloo gossip 1.75 against 1.72, idle; docs/performance.md)."""
+59–77 MiB here and 94 MiB on CI (tests/peer/test_bounds.py's bound: 82 MiB); with 256 KiB by
+38–60 MiB (9 runs), the 64 KiB default's spread (42–58), and the step time did not change
+(ratio to the hand-written gloo gossip 1.75 against 1.72, idle; docs/performance.md)."""
 
 
 def server_options(chunk_bytes: int, idle_timeout: float) -> list[tuple[str, int]]:
