@@ -175,6 +175,7 @@ class Orchestrator:
         self._acks: dict[int, str] = {}
         self._online = False  # the first "online" presence is out: re-stamping may begin
         self._restamp: asyncio.Task[None] | None = None
+        self._acked: list[str] = []  # the nonces the latest presence published acknowledged
         self._lost_since: float | None = None  # monotonic time the broker was lost (liveness)
         self.broker_lost: str | None = None  # why the run gives up on the broker
         self.telemetry = OrchestratorMetrics(  # `metrics.listen` serves it
@@ -241,10 +242,23 @@ class Orchestrator:
         if self._acks.get(peer) == nonce:
             return
         self._acks[peer] = nonce
-        if self._online and (self._restamp is None or self._restamp.done()):
-            self._restamp = asyncio.create_task(self._presence("online"), name="restamp")
+        self._kick_restamp()
+
+    def _kick_restamp(self) -> None:
+        """Re-stamp the "online" presence while it lags the acknowledged nonces. One task at a
+        time, looping until a publication carries them all: a status that arrives while a
+        re-stamp is being published (its acks already taken) gets the next one, not the
+        periodic refresh `PRESENCE_REFRESH` seconds later (its peer would wait that long)."""
+        if not self._online or self._acked == sorted(self._acks.values()):
+            return
+        if self._restamp is None or self._restamp.done():
+            self._restamp = asyncio.create_task(self._restamp_until_current(), name="restamp")
             self._tasks.add(self._restamp)
             self._restamp.add_done_callback(self._tasks.discard)
+
+    async def _restamp_until_current(self) -> None:
+        while self._online and self._acked != sorted(self._acks.values()):
+            await self._presence("online")
 
     def _on_stats(
         self, kind: str, peer: int, stats: list[Stats], now: float, *, dropped: bool
@@ -381,6 +395,8 @@ class Orchestrator:
             "orchestrator", Presence(state=state, ts=ts, reason=reason, acks=acks)
         )
         self._online = state == "online"
+        self._acked = acks
+        self._kick_restamp()  # statuses that arrived while this one was being published
 
     async def _refresh_presence(self) -> None:
         """Owned task: keep the retained "online" presence fresh (what tells a second

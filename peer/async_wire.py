@@ -8,7 +8,8 @@ chunks of at most ``network.chunk_bytes`` — and half-closes; the receiver answ
 message: an AD-PSGD *reply* (the passive peer's model, same layout) or a body-less *ack*
 (``kind = ACK``; ``kind = CLOSED``: this peer does not average, its training has ended or not
 begun). A body-less ``PROGRESS`` message carries only the progress vector (the start-up barrier
-of ``async.budget = "global"``), answered by an ack once the receiver's training has begun.
+of ``async.budget = "global"``), answered by an ack once the receiver's training has begun; its
+step field, and its ack's, hold the sender's barrier level (`AsyncPeer.barrier_level`).
 
 Header, version 2 (little endian, `HEADER`): magic ``b"CAS2"``, kind (u8), flags (u8: bit 0
 `LAST`, a share of the sender's last round; the other bits 0), sender (u16), step (i64: the

@@ -53,10 +53,10 @@ Global (the default): every message carries the sender's progress vector (`Async
 merged by element-wise max); the learning rate follows ⌊g⌋, g = Σ k / n, the record's epoch and
 the evaluations (`GlobalBudget`, `concord.runtime.driver.Budget`) follow g, and the peer stops
 after the step at which g ≥ T (`AsyncPeer.decide_final`). Before its first step a peer waits
-for its neighbours to reach theirs (`AsyncPeer.await_neighbours`); AD-PSGD peers gossip their
-vectors in body-less PROGRESS messages (`ADPSGDPeer.gossip_progress`). async-sgp's last shares
-are flagged LAST so receivers stop expecting later rounds, and its last step waits only for the
-answers to its own shares.
+for every peer it can reach to reach theirs (`AsyncPeer.await_neighbours`); AD-PSGD peers
+gossip their vectors in body-less PROGRESS messages (`ADPSGDPeer.gossip_progress`). async-sgp's
+last shares are flagged LAST so receivers stop expecting later rounds, and its last step waits
+only for the answers to its own shares.
 
 Records: every step reports ``local_steps = 1``, ``virtual_time`` (wall-clock seconds since this
 stage's first step: a real peer has no virtual clock), ``staleness_mean`` / ``staleness_max`` of
@@ -197,7 +197,10 @@ class AsyncPeer:
         self.eval_block = 0  # ⌊g / eval interval⌋ at the last evaluation
         self.recorded = 0.0  # g in the last step record (its epoch)
         self.ready = False  # at or past the start-up barrier (`await_neighbours`)
-        self.ready_peers: set[int] = set()  # peers a PROGRESS came from: at or past theirs
+        # the barrier's levels (`await_neighbours`): the highest each peer told (in a PROGRESS
+        # or in its ack of ours), −1 while not known to be at its barrier; this peer's own
+        # entry is its own level
+        self.levels = [-1] * self.n
 
     def progress_now(self) -> tuple[int, ...]:
         """The progress vector to send (any thread)."""
@@ -260,50 +263,99 @@ class AsyncPeer:
         ins, outs = self.contacts()
         return ins | outs
 
+    def contact_graph(self) -> dict[int, set[int]]:
+        """Every peer → the peers it exchanges with in some round, both directions (over one
+        period of each gossip phase's schedule; a random schedule: all its members)."""
+        graph: dict[int, set[int]] = {i: set() for i in range(self.n)}
+        r = self.runner
+        for phase in r.plan.phases:
+            if phase.mode != "gossip":
+                continue
+            schedule = r.schedules.get(phase)
+            if schedule.period is None:
+                members = {int(j) for j in schedule.members}
+                for i in members:
+                    graph[i] |= members - {i}
+                continue
+            for k in range(schedule.period):
+                for i, j in zip(*np.nonzero(schedule.matrix(k)), strict=True):
+                    if i != j:
+                        graph[int(i)].add(int(j))
+                        graph[int(j)].add(int(i))
+        return graph
+
+    def eccentricity(self) -> int:
+        """The largest hop count from this peer to a peer it can reach in `contact_graph`."""
+        graph = self.contact_graph()
+        seen, frontier, hops = {self.rank}, {self.rank}, 0
+        while True:
+            frontier = {j for i in frontier for j in graph[i]} - seen
+            if not frontier:
+                return hops
+            seen |= frontier
+            hops += 1
+
+    def barrier_level(self, neighbours: set[int]) -> int:
+        """This peer's level (call under the lock): 0 at its barrier, then 1 + the lowest
+        level its neighbours told, 0 while one of them is not known to be at its barrier.
+        Level L means every peer within L hops is at or past its barrier (by induction: each
+        neighbour's L − 1 covers its own L − 1 hops)."""
+        told = [self.levels[j] for j in neighbours]
+        level = 1 + min(told) if told and min(told) >= 0 else 0
+        self.levels[self.rank] = max(self.levels[self.rank], min(level, self.n))
+        return self.levels[self.rank]
+
+    def told_level(self, sender: int, level: int) -> None:
+        """A PROGRESS from ``sender``, or its ack of ours: it is at its barrier, at ``level``
+        (call under the lock; levels only grow)."""
+        self.levels[sender] = max(self.levels[sender], min(level, self.n))
+
     def await_neighbours(self, limit: float) -> None:
         """The global budget's start-up barrier (training thread, before the stage's first
-        step): wait until every neighbour has reached its own barrier (answers a PROGRESS
-        message with an ack; CLOSED before), at most ``limit`` seconds. A peer that started
-        alone would otherwise spend the run's budget by itself while the others start."""
+        step): wait until every peer of the run this one can reach through the graph has
+        reached its own barrier, at most ``limit`` seconds. A peer that started alone would
+        otherwise spend the run's budget by itself while the others start.
+
+        Transitive, by levels carried in the step field of PROGRESS messages and of their
+        acks (`barrier_level`): a peer polls its neighbours until its level reaches its
+        eccentricity (every reachable peer at its barrier). A peer answers a PROGRESS with an
+        ack once at its barrier (CLOSED before). Waiting only for the neighbours would let
+        peers 1 and 3 of a ring start peer 2 while peer 0, their other neighbour, is still
+        joining: peer 2 would spend the global budget alone."""
         with self.cond:
             self.ready = True  # from now on PROGRESS is answered with an ack
-        pending = self.neighbours()
+            self.levels[self.rank] = max(self.levels[self.rank], 0)
+        neighbours = self.neighbours()
+        need = self.eccentricity()
         t0 = time.perf_counter()
-        while pending and time.perf_counter() - t0 < limit:
-            msg = Message(PROGRESS, self.rank, 0, progress=self.progress_now())
-            futures = {j: self.send(j, msg) for j in sorted(pending)}
-            # a neighbour is through when it acks our PROGRESS or sends us one (it only does at
-            # or past its own barrier): without the second way, a peer whose own sends are slow
-            # (a channel still dialling) waits here while its neighbours, acked, train on
-            waited = time.perf_counter()
-            while (
-                futures
-                and pending
-                and time.perf_counter() - waited < self.deadline + 5
-                and time.perf_counter() - t0 < limit
-            ):
-                done, _ = concurrent.futures.wait(
-                    list(futures.values()),
-                    timeout=0.02,
-                    return_when=concurrent.futures.FIRST_COMPLETED,
-                )
-                for j, future in list(futures.items()):
-                    if future not in done:
-                        continue
-                    del futures[j]
-                    answer = future.result()
-                    with self.cond:
-                        self.heard(answer)
-                    if answer is not None and answer.kind == ACK:
-                        pending.discard(j)
-                with self.cond:
-                    pending -= self.ready_peers
-            if pending and self.global_progress() < self.runner.total_steps:
-                time.sleep(0.05)
-            else:
+        inflight: dict[int, concurrent.futures.Future[Message | None]] = {}
+        sent: dict[int, float] = {}
+        level = 0
+        while time.perf_counter() - t0 < limit:
+            with self.cond:
+                level = self.barrier_level(neighbours)
+            if level >= need or self.global_progress() >= self.runner.total_steps:
                 break
-        if pending:
-            log.warning("async.start_without", neighbours=sorted(pending))
+            now = time.perf_counter()
+            for j in sorted(neighbours):  # one PROGRESS in flight per neighbour, ≥ 20 ms apart
+                if j not in inflight and now - sent.get(j, -math.inf) >= 0.02:
+                    msg = Message(PROGRESS, self.rank, level, progress=self.progress_now())
+                    inflight[j], sent[j] = self.send(j, msg), now
+            first = concurrent.futures.FIRST_COMPLETED
+            concurrent.futures.wait(list(inflight.values()), timeout=0.02, return_when=first)
+            for j, future in list(inflight.items()):
+                if not future.done():
+                    continue
+                del inflight[j]
+                answer = future.result()
+                with self.cond:
+                    self.heard(answer)
+                    if answer is not None and answer.kind == ACK:
+                        self.told_level(j, answer.step)
+        if level < need and self.global_progress() < self.runner.total_steps:
+            with self.cond:
+                waiting = sorted(j for j in neighbours if self.levels[j] < 0)
+            log.warning("async.start_without", neighbours=waiting, level=level, needed=need)
         self.notes.wait_s += time.perf_counter() - t0
 
     def ended_answer(self, answer: Message) -> bool:
@@ -317,9 +369,11 @@ class AsyncPeer:
         """The answer to a PROGRESS message (event loop)."""
         with self.cond:
             self.heard(msg)
-            self.ready_peers.add(msg.sender)
-            kind = ACK if self.ready and not self.closed else CLOSED
-            return Message(kind, self.rank, 0, progress=tuple(self.progress))
+            self.told_level(msg.sender, msg.step)
+            progress = tuple(self.progress)
+            if self.ready and not self.closed:
+                return Message(ACK, self.rank, self.levels[self.rank], progress=progress)
+            return Message(CLOSED, self.rank, 0, progress=progress)
 
     def decide_final(self, step: int) -> bool:
         """Is local step ``step`` (just computed) this peer's last? Per-peer budget: step T − 1;
@@ -419,11 +473,15 @@ class ADPSGDPeer(AsyncPeer):
         self.turn += 1
 
         async def push_progress() -> None:
+            with self.cond:
+                level = self.levels[self.rank]
             answer = await self._send(
-                j, Message(PROGRESS, self.rank, 0, progress=self.progress_now())
+                j, Message(PROGRESS, self.rank, level, progress=self.progress_now())
             )
             with self.cond:
                 self.heard(answer)
+                if answer is not None and answer.kind == ACK:
+                    self.told_level(j, answer.step)
 
         self.gossip = asyncio.run_coroutine_threadsafe(push_progress(), self.loop)
 

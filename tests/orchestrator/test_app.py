@@ -168,3 +168,47 @@ def test_a_dropped_peer_heard_again_during_training_is_readmitted(tmp_path: Path
     assert schedules[-1].peers == [0, 1, 2]
     assert schedules[-1].addresses[2] == "127.0.0.1:5002"
     assert schedules[-1].effective_step == 22  # the others' step 20 + REPAIR_AHEAD
+
+
+class SlowBus(FakeBus):
+    """A broker session whose publications take a while: what other statuses arrive during."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.publishing = asyncio.Event()
+
+    async def publish(self, kind: str, message: Message, peer: int | None = None) -> bool:
+        self.publishing.set()
+        await asyncio.sleep(0.05)
+        return await super().publish(kind, message, peer)
+
+
+def test_a_status_heard_while_a_restamp_is_published_gets_the_next_one(tmp_path: Path) -> None:
+    """The presence acknowledges every peer process's nonce soon after its status: one that
+    arrives while a re-stamp (its acks already taken) is on its way is in a re-stamp that
+    follows at once, not only in the periodic refresh 10 s later (its peer waits till then)."""
+    from concord.protos.control_plane import Presence
+
+    cfg = load_config(None, ["peers=3", "epochs=2", "control.mode=none"], environ={})
+
+    async def scenario() -> list[list[str]]:
+        orch = Orchestrator(cfg, tmp_path, broker="mqtt://unused:1", run_id="t")
+        bus = SlowBus()
+        orch.bus = bus  # type: ignore[assignment]
+        await orch._presence("online")  # the first "online", no peer acknowledged yet
+        bus.publishing.clear()
+        await orch.on_message("status", 0, Status(peer=0, state="ready", nonce="n0"))
+        await bus.publishing.wait()  # the re-stamp for n0 is being published
+        await orch.on_message("status", 1, Status(peer=1, state="ready", nonce="n1"))
+        await orch.on_message("status", 2, Status(peer=2, state="ready", nonce="n2"))
+        for _ in range(100):  # until no re-stamp is pending (each publication takes 50 ms)
+            await asyncio.sleep(0.05)
+            if orch._restamp is not None and orch._restamp.done():
+                break
+        orch.records.close()
+        return [m.acks for k, m in bus.sent if k == "orchestrator" and isinstance(m, Presence)]
+
+    published = asyncio.run(scenario())
+    assert published[0] == []
+    assert published[-1] == ["n0", "n1", "n2"]
+    assert len(published) <= 3  # the first, n0's, then one for both late statuses

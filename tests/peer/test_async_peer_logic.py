@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import random
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from types import SimpleNamespace
 
@@ -571,3 +572,35 @@ def test_contacts_of_a_random_schedule_are_every_member() -> None:
     over = [*SMALL, "algorithm=async-sgp", "topology=random-matching"]
     with _network(load_config(None, over, environ={})) as net:
         assert net.peers[2].contacts() == ({0, 1, 3}, {0, 1, 3})
+
+
+@pytest.mark.parametrize("algorithm", ["ad-psgd", "async-sgp"])
+def test_the_start_up_barrier_waits_for_peers_beyond_the_neighbours(algorithm: str) -> None:
+    # a ring of 6: peer 3 is 3 hops from peer 0. With peer 0 still joining, peers 2 and 4
+    # (its neighbours' neighbours) and 3 have every neighbour at its barrier, yet must not
+    # start: alone they would spend the global budget (`AsyncPeer.await_neighbours`)
+    over = [*SMALL, "peers=6", f"algorithm={algorithm}", "topology=ring", "async.budget=global"]
+    cfg = load_config(None, over, environ={})
+    with _network(cfg) as net:
+        net.immediate = True  # PROGRESS and its ack at once
+        assert [p.eccentricity() for p in net.peers] == [3] * 6
+        started: dict[int, float] = {}
+
+        def barrier(i: int) -> None:
+            net.peers[i].await_neighbours(20.0)
+            started[i] = time.perf_counter()
+
+        threads = {i: threading.Thread(target=barrier, args=(i,)) for i in range(6)}
+        for i in range(1, 6):
+            threads[i].start()
+        time.sleep(1.0)  # 50 polls each: ample for levels to settle
+        assert started == {}, "a peer started while peer 0 had not reached its barrier"
+        levels = [net.peers[i].levels[i] for i in range(6)]
+        assert levels == [-1, 0, 1, 2, 1, 0]  # within L hops of peer i, all are at theirs
+        joined = time.perf_counter()
+        threads[0].start()
+        for t in threads.values():
+            t.join(timeout=20)
+        assert sorted(started) == list(range(6))
+        assert max(started.values()) - joined < 5.0  # a few polls of 20 ms per hop, not 20 s
+        assert all(net.peers[i].levels[i] >= 3 for i in range(6))
