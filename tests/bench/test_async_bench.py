@@ -189,7 +189,8 @@ def test_quick_sync_and_ddp_run_ends_with_the_json_line(tmp_path: Path) -> None:
     out = json.loads(done.stdout.strip().splitlines()[-1])
     rows = {r["name"]: r for r in out["contenders"]}
     assert set(rows) == {"ddp_fp32", "dsgd_exp_none_bf16"}
-    assert all(r["ok"] for r in rows.values()), rows
+    failed = {k: (r.get("exit_codes"), r.get("tail")) for k, r in rows.items() if not r["ok"]}
+    assert not failed, failed
     assert out["best_ddp"] == "ddp_fp32"
     assert out["target_acc"] is not None
     assert rows["ddp_fp32"]["tta_s"] is not None  # DDP reaches its own target by definition
