@@ -33,7 +33,7 @@ def test_chaos_runs_two_cases_and_meets_their_targets(tmp_path: Path) -> None:
     by_name = {c["name"]: c for c in result["cases"]}
     assert sorted(by_name) == sorted(cases)
     for name in cases:
-        assert by_name[name]["ok"], by_name[name]["detail"]
+        assert by_name[name]["ok"], _why(tmp_path / "out", name, by_name[name]["detail"])
         assert by_name[name]["seconds"] > 0
     assert result["cases_total"] == result["cases_ok"] == 2
     assert result["orphans"] == 0
@@ -47,3 +47,11 @@ def test_chaos_runs_two_cases_and_meets_their_targets(tmp_path: Path) -> None:
     assert detail["interrupted_at_step"] < detail["total_steps"]  # really interrupted
     assert "PASS forged_crashes = 0" in p.stdout
     assert "PASS resume_max_abs_diff" in p.stdout
+
+
+def _why(out: Path, name: str, detail: dict[str, object]) -> str:
+    """A failed case's detail in full and the end of its launcher's output (a flake seen once
+    on CI showed only a truncated detail)."""
+    log = out / f"{name}.launcher.out"
+    end = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no launcher output)"
+    return f"{json.dumps(detail, default=str)}\n--- {log.name}, last 4000 characters ---\n{end}"
