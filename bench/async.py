@@ -54,7 +54,8 @@ runs measured below):
   faster of the two is "sync";
 * ``ad_psgd`` (on ``bipartite-exponential``: AD-PSGD needs odd peers active and even passive),
   ``async_sgp`` (on ``exponential-one-peer-directed``, SGP's graph) with the default staleness
-  bound τ = 2 — its neighbours wait for a peer they are τ steps ahead of — and
+  bound τ = 2 — its neighbours wait for a peer they are τ steps ahead of — and the default
+  weight floor ``async.min_weight = 0.25`` (the figures below predate that default: 0), and
   ``async_sgp_tau16`` with τ = 16 and ``async.min_weight = 0.25`` (without the weight floor a
   peer running ahead drains its push-sum weight and diverges, docs/algorithms.md): the
   asynchronous algorithms in peer processes (``peer/asynchronous.py``), fp32 on the wire and no

@@ -15,7 +15,8 @@ docs/algorithms.md#asynchronous-simulation). Torch-free, like the whole config.
   older than τ steps (0: a barrier, synchronous SGP). AD-PSGD never waits;
 * ``min_weight``: ``async-sgp`` only — a peer whose push-sum weight is below it keeps its shares
   at that step (empty shares complete the round), so its weight stays ≥ ``min_weight`` / 2 on
-  one-peer graphs (0: off, the default). Both engines, peer processes too;
+  one-peer graphs (default 0.25; 0: off, Assran et al.'s published algorithm). Both engines,
+  peer processes too;
 * ``budget``: how the run's T = ``epochs`` × steps-per-epoch steps are counted. ``"global"``
   (default, Lian et al. 2018: the peers together process the epochs): the run ends when the
   peers' local steps add up to n·T, and the learning rate, ``epoch`` and evaluations follow the
@@ -78,13 +79,13 @@ class AsyncConfig(Section):
     )
 
     min_weight: float = Field(
-        default=0.0,
+        default=0.25,
         ge=0,
         le=1,
         description="async-sgp: a peer whose push-sum weight is below this keeps its whole "
-        "numerator at that step and sends empty shares (0: off); bounds its gradient steps on "
-        "z = x / w, which grow as η / w when it runs ahead of its in-neighbours (0.25 keeps "
-        "peer processes with a loose max_staleness stable)",
+        "numerator at that step and sends empty shares (0: off, the published algorithm); "
+        "bounds its gradient steps on z = x / w, which grow as η / w when it runs ahead of its "
+        "in-neighbours or rejoins behind them (without it a restarted peer process diverged)",
     )
 
     budget: str = Field(

@@ -201,6 +201,7 @@ class AsyncPeer:
         # or in its ack of ours), −1 while not known to be at its barrier; this peer's own
         # entry is its own level
         self.levels = [-1] * self.n
+        self.barrier_neighbours: set[int] | None = None  # `neighbours`, once at the barrier
 
     def progress_now(self) -> tuple[int, ...]:
         """The progress vector to send (any thread)."""
@@ -322,10 +323,11 @@ class AsyncPeer:
         ack once at its barrier (CLOSED before). Waiting only for the neighbours would let
         peers 1 and 3 of a ring start peer 2 while peer 0, their other neighbour, is still
         joining: peer 2 would spend the global budget alone."""
+        neighbours = self.neighbours()
         with self.cond:
             self.ready = True  # from now on PROGRESS is answered with an ack
             self.levels[self.rank] = max(self.levels[self.rank], 0)
-        neighbours = self.neighbours()
+            self.barrier_neighbours = neighbours
         need = self.eccentricity()
         t0 = time.perf_counter()
         inflight: dict[int, concurrent.futures.Future[Message | None]] = {}
@@ -370,6 +372,8 @@ class AsyncPeer:
         with self.cond:
             self.heard(msg)
             self.told_level(msg.sender, msg.step)
+            if self.barrier_neighbours is not None:  # past it too: a level left low by a
+                self.barrier_level(self.barrier_neighbours)  # timeout still rises
             progress = tuple(self.progress)
             if self.ready and not self.closed:
                 return Message(ACK, self.rank, self.levels[self.rank], progress=progress)

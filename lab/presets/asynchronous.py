@@ -37,6 +37,7 @@ LR = 0.1
 COMPUTE_S = 1.0
 _ORDER_SEED = 2018  # the fixed shuffle of the speeds over the ranks
 BUDGET = "per-peer"  # the committed study's budget (the default is now "global")
+MIN_WEIGHT = 0.0  # the committed study's async-sgp: no weight floor (the default is now 0.25)
 
 
 def speeds(n: int, spread: float) -> list[float]:
@@ -150,6 +151,7 @@ ASYNC = Preset(
                 "topology": "exponential-one-peer-directed",
                 "async.max_staleness": 2,
                 "async.budget": BUDGET,
+                "async.min_weight": MIN_WEIGHT,
             },
             _lrs(),
             (LR,),

@@ -59,14 +59,14 @@ def test_async_algorithm_runs_in_peer_processes(algorithm: str, tmp_path: Path) 
     # η / w (docs/algorithms.md#asynchronous-sgp, "Running ahead drains the weight"). τ = 2
     # bounds one lead, but leads compound under this machine's load: without a floor, 3 of 17
     # runs ended below 0.15 (loss spikes to ~13) even with shares of later rounds held.
-    # async.min_weight = 0.25 (the value documented for peer processes): 0 of 10
-    floor = ["async.min_weight=0.25"] if algorithm == "async-sgp" else []
+    # async.min_weight = 0.25 (the default, asserted below): 0 of 10
     # Devices of 20 ms per step: bare, a step of this model takes ~1 ms, so the whole global
     # budget (n·T local steps) was spent in ~0.3 s — the spread of the peers' start-up — and a
     # peer whose first step came ~0.3 s after the others' took 1-4 of the run's ~380 steps,
     # leaving an untrained replica in the averaged model (2 of 10 runs at chance, idle machine).
     device = ["network.device={step_ms=20, factors=[1, 1, 1, 1]}"]
-    cfg = _cfg(f"algorithm={algorithm}", *floor, *device)
+    cfg = _cfg(f"algorithm={algorithm}", *device)
+    assert cfg.asynchrony.min_weight == 0.25
     summary = run_processes(cfg, tmp_path, progress=False)
     assert summary["peers_completed"] == list(range(cfg.peers))
     accuracy = summary["accuracy_avg_model"]

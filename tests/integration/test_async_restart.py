@@ -18,13 +18,13 @@ from tests.integration.tiny_ring import DEADLINE, records, tiny_ring, wait_steps
 
 pytestmark = pytest.mark.slow  # ~40 s with start-ups
 
-# 10 steps each: the others run on. async.min_weight = 0.25, the value documented for peer
-# processes: the restarted peer adopts a neighbour's parameters and step, waits a deadline for
-# shares its in-neighbours (holding theirs while it was away) never sent (async_lost), and is
-# then ~10 rounds behind them; their shares are held until its own step reaches their rounds,
-# and meanwhile it pushed ⅔ of its weight out at every step: w fell to 1.2e-5 in 10 steps and
-# z = x / w diverged (CI, once). The floor keeps w ≥ ¼ · p_ii.
-RUN = tiny_ring("async-sgp", 400, engine="processes") + "[async]\nmin_weight = 0.25\n"
+# 10 steps each: the others run on. async.min_weight = 0.25, the default since this test
+# failed without it: the restarted peer adopts a neighbour's parameters and step, waits a
+# deadline for shares its in-neighbours (holding theirs while it was away) never sent
+# (async_lost), and is then ~10 rounds behind them; their shares are held until its own step
+# reaches their rounds, and meanwhile it pushed ⅔ of its weight out at every step: w fell to
+# 1.2e-5 in 10 steps and z = x / w diverged (CI, once). The floor keeps w ≥ ¼ · p_ii.
+RUN = tiny_ring("async-sgp", 400, engine="processes")  # async.min_weight: its default
 
 
 def test_a_killed_async_sgp_peer_restarts_and_its_neighbours_never_block(

@@ -339,6 +339,7 @@ def test_async_sgp_holds_shares_of_rounds_ahead_until_its_own_step() -> None:
     # still pushed ⅔ of its weight out: w ≤ 4 · 3⁻⁷ ≈ 2e-3 after step 8, its steps on
     # z = x / w ~500 times η — the divergence seen under load.
     over = [*SMALL, "algorithm=async-sgp", "topology=ring", "async.max_staleness=8"]
+    over += ["async.min_weight=0"]  # the hold rule alone: the peers ahead drain below 0.25
     cfg = load_config(None, over, environ={})
     with _network(cfg, learn=False) as net:
         net.immediate = True
