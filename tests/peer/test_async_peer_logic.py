@@ -602,6 +602,9 @@ def test_the_start_up_barrier_waits_for_peers_beyond_the_neighbours(algorithm: s
         threads[0].start()
         for t in threads.values():
             t.join(timeout=20)
+        # the PROGRESS messages still in flight when the barriers passed: run them before the
+        # loop closes (a coroutine never awaited warns)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), net.loop).result(timeout=10)
         assert sorted(started) == list(range(6))
         assert max(started.values()) - joined < 5.0  # a few polls of 20 ms per hop, not 20 s
         assert all(net.peers[i].levels[i] >= 3 for i in range(6))
