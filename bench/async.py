@@ -171,6 +171,16 @@ Under churn (per-peer rows) every Concord contender finishes (each restarted pee
 its checkpoint, steps 80–112, then adopted a neighbour's parameters and step, 265–361), DDP
 stops with the killed ranks; async-sgp loses the push-sum mass the killed peers held.
 
+**Churn with devices, global budget** (``python bench/async.py --device-ms 50 --churn
+--contenders ddp_fp32,dsgd_exp_none_bf16,ad_psgd,async_sgp``, 2026-11-28, load 0.1–2.9; TTA s
+/ final worst-peer accuracy / ``budget_used``; target 0.668 from ``ddp_fp32_no_churn``, 68.0 s
+/ .673): DDP fp32 stops at the kill (.594: every rank exits, gloo "Connection closed by
+peer"); D-SGD bf16 84.1 / .672 / 0.916; async-sgp 75.6 / .683 / 0.919; AD-PSGD never / .639 /
+0.862 — its restarted peers had taken a neighbour's step, jumping 181 and 226 steps that then
+counted as progress. With AD-PSGD's rejoiners keeping their own step (the fix, re-run with
+``--contenders ad_psgd`` against the same target): 23.5 / .685 / 1.005, a ratio of 0.28 to
+D-SGD's and 0.35 to DDP's run without churn.
+
 To re-run on an idle machine: ``python bench/async.py --device-ms 50`` (the default matrix,
 ~13 minutes: each synchronous contender ~125 s of training, 372 steps at the 6× device's 300 ms,
 plus ~15–40 s of start-up; AD-PSGD ~50 s; async-sgp ~115 s); the run is faithful when every row's

@@ -55,6 +55,7 @@ from typing import Any
 import structlog
 import torch
 
+from concord.core.algorithms.catalog import CATALOG
 from concord.core.config import RunConfig
 from concord.core.config_run import async_process_problems
 from concord.core.graphs.topology import exponential_name, max_exponential_k
@@ -602,7 +603,9 @@ class PeerProcess:
             how = Readmission(join_at)
             peers = [j for j in fetch_from if j in neighbours] or list(fetch_from)
         elif self.broker is None and self.origin is not Origin.FRESH:
-            how = Restart(start, self.cfg.network.rejoin_fetch_after)
+            spec = CATALOG[self.cfg.algorithm]
+            keep = spec.asynchronous and not spec.steps_align and self.cfg.asynchrony.global_budget
+            how = Restart(start, self.cfg.network.rejoin_fetch_after, keep_step=keep)
         if how is None:
             return start, {}
         self.life.to(State.REJOINING, start=start, readmitted_at=join_at)

@@ -52,6 +52,10 @@ class Restart:
 
     start: int
     fetch_after: int
+    # adopt the parameters but stay at ``start``: an asynchronous algorithm whose messages are
+    # not matched by step under the global budget, where a peer's step count is the progress
+    # it adds (taking a neighbour's would count steps nobody took: the run would stop early)
+    keep_step: bool = False
 
     def place(self, got: Fetched | None, step_base: int, total: int) -> Rejoined:
         if got is None:
@@ -59,6 +63,9 @@ class Restart:
         to = got.step - step_base + 1
         if got.step - step_base - self.start <= self.fetch_after or to >= total:
             return Rejoined(self.start, None, None, {})
+        if self.keep_step:
+            record = {"from_peer": got.sender, "at_step": self.start, "neighbour_step": to - 1}
+            return Rejoined(self.start, None, got, {**record, "checkpoint_step": self.start})
         record = {"from_peer": got.sender, "at_step": to, "checkpoint_step": self.start}
         return Rejoined(to, got.round + 1, got, record)
 

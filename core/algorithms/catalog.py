@@ -101,6 +101,10 @@ class AlgorithmSpec:
     uncontrolled: str | None = None  # why consensus control does not apply (None: it does)
     lagged_control: bool = True  # admits the lagged protocol (control.lagged) when controllable
     repeats_rounds: bool = True  # control may add gossip rounds (False: θ reported once per step)
+    # its messages are matched by step (a round's): a peer that rejoins behind must take its
+    # neighbours' step. False (AD-PSGD: pairwise averaging with whatever model the partner has):
+    # under the global budget a restarted peer keeps its own step count, the progress it adds
+    steps_align: bool = True
     # hyperparameters --------------------------------------------------------------------------
     hyper: Mapping[str, Any] = field(default_factory=_frozen)  # [hyper] keys and their defaults
     hyper_check: str | None = None  # "module:function", a HyperCheck run by the config validator
@@ -311,6 +315,7 @@ _SPECS = (
         uncontrolled=f"ad-psgd {_ASYNC_UNCONTROLLED}",
         lagged_control=False,
         repeats_rounds=False,
+        steps_align=False,
     ),
     AlgorithmSpec(
         name="async-sgp",

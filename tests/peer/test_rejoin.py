@@ -36,6 +36,27 @@ def test_a_restarted_peer_far_behind_takes_the_answer_and_starts_after_it() -> N
     assert placed.record == {"from_peer": 2, "at_step": 52, "checkpoint_step": 40}
 
 
+def test_a_restarted_peer_that_keeps_its_step_takes_only_the_parameters() -> None:
+    # AD-PSGD under the global budget: its step count is the progress it adds to Σ k; taking
+    # the neighbour's (51) would count 11 steps nobody took, and the run would stop early
+    got = answer(2, 51, 57)
+    placed = Restart(start=40, fetch_after=10, keep_step=True).place(got, BASE, TOTAL)
+    assert placed.got is got
+    assert (placed.step, placed.rounds_total) == (40, None)  # its own step and rounds
+    assert placed.record == {
+        "from_peer": 2, "at_step": 40, "neighbour_step": 51, "checkpoint_step": 40
+    }  # fmt: skip
+    # close behind: nothing adopted, as without keep_step
+    close = Restart(start=40, fetch_after=10, keep_step=True).place(answer(2, 50, 50), BASE, TOTAL)
+    assert (close.step, close.got) == (40, None)
+
+
+def test_only_ad_psgd_keeps_its_step() -> None:
+    from concord.core.algorithms.catalog import CATALOG
+
+    assert [n for n, s in CATALOG.items() if not s.steps_align] == ["ad-psgd"]
+
+
 def test_a_restarted_peer_does_not_jump_past_the_end_of_the_stage() -> None:
     placed = Restart(start=0, fetch_after=10).place(answer(1, TOTAL - 1, 9), BASE, TOTAL)
     assert (placed.step, placed.got) == (0, None)
